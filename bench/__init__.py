@@ -1,0 +1,1 @@
+"""fedstream benchmarks (not tests): run them as scripts, e.g. ``python bench/ingest.py``."""

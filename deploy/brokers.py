@@ -1,0 +1,161 @@
+"""MQTT brokers fedstream starts itself: the embedded iotcore (rumqttd) one, and Mosquitto."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+from iotcore import Broker
+
+from deploy.local import ProcessGroup, free_port, wait_for_port
+from edge_client.constants import EMBEDDED_MAX_INFLIGHT, EMBEDDED_MAX_PAYLOAD
+
+__all__ = [
+    "BROKER_CONFIG_DIR",
+    "EmbeddedBroker",
+    "MosquittoBroker",
+    "embedded_broker",
+    "mosquitto_available",
+]
+
+#: The repository's broker_config/ folder (Mosquitto configs, ACL, certificate script).
+BROKER_CONFIG_DIR = Path(__file__).resolve().parent.parent / "broker_config"
+
+
+def embedded_broker(port: int, listen: str = "127.0.0.1") -> Broker:
+    """An iotcore broker with fedstream's settings (payload and in-flight limits)."""
+    return Broker(
+        port=port,
+        listen=listen,
+        max_payload_size=EMBEDDED_MAX_PAYLOAD,
+        max_inflight_count=EMBEDDED_MAX_INFLIGHT,
+    )
+
+
+class EmbeddedBroker:
+    """The embedded broker in a child process, on a free port unless one is given."""
+
+    def __init__(self, port: int | None = None, listen: str = "127.0.0.1") -> None:
+        self.port = port or free_port()
+        self.host = "127.0.0.1" if listen in ("0.0.0.0", "") else listen
+        self._broker = embedded_broker(self.port, listen)
+
+    @property
+    def url(self) -> str:
+        """``mqtt://host:port`` of the broker."""
+        return f"mqtt://{self.host}:{self.port}"
+
+    def start(self) -> EmbeddedBroker:
+        """Start and wait until it accepts connections."""
+        self._broker.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop it and release the port."""
+        self._broker.stop()
+
+    def __enter__(self) -> EmbeddedBroker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def mosquitto_available() -> bool:
+    """True when the ``mosquitto`` binary is on PATH (or in /usr/sbin)."""
+    return _mosquitto_binary() is not None
+
+
+def _mosquitto_binary() -> str | None:
+    return shutil.which("mosquitto") or shutil.which("mosquitto", path="/usr/sbin:/usr/bin")
+
+
+class MosquittoBroker:
+    """A Mosquitto process started from one of the configs in ``broker_config/``.
+
+    The config is copied with its ``listener`` ports replaced by free ones and any path
+    under ``/etc/mosquitto/fedstream`` pointed at ``files_dir`` (certificates, password
+    file, ACL made by ``broker_config/make-dev-certs.sh``).
+
+    Parameters
+    ----------
+    config : Path
+        A Mosquitto config file, e.g. ``broker_config/mosquitto-dev.conf``.
+    files_dir : Path, optional
+        Replaces ``/etc/mosquitto/fedstream`` in the config.
+    """
+
+    def __init__(self, config: Path | None = None, files_dir: Path | None = None) -> None:
+        binary = _mosquitto_binary()
+        if binary is None:
+            raise FileNotFoundError("mosquitto is not installed (apt-get install -y mosquitto)")
+        self.binary = binary
+        self.config = config or BROKER_CONFIG_DIR / "mosquitto-dev.conf"
+        self.files_dir = files_dir
+        self.ports: list[int] = []
+        self._tmp = tempfile.TemporaryDirectory(prefix="fedstream-mosquitto-")
+        self._group = ProcessGroup(grace=5.0)
+
+    @property
+    def port(self) -> int:
+        """The first listener's port."""
+        return self.ports[0]
+
+    @property
+    def url(self) -> str:
+        """``mqtt://127.0.0.1:<first port>``."""
+        return f"mqtt://127.0.0.1:{self.port}"
+
+    def start(self) -> MosquittoBroker:
+        """Write the adapted config, start Mosquitto, wait for every listener."""
+        text = self.config.read_text()
+        if self.files_dir is not None:
+            text = text.replace("/etc/mosquitto/fedstream", str(self.files_dir))
+        text = text.replace("/var/lib/mosquitto/", self._tmp.name + "/")
+
+        def new_port(match: re.Match[str]) -> str:
+            self.ports.append(free_port())
+            return f"listener {self.ports[-1]} 127.0.0.1"
+
+        text = re.sub(r"(?m)^listener\s+\d+(\s+\S+)?", new_port, text)
+        if os.geteuid() == 0:
+            # Started as root, Mosquitto would drop to user "mosquitto", which cannot read
+            # files in our private temporary folders. Deployments install them for that user.
+            text = "user root\n" + text
+        conf = Path(self._tmp.name) / "mosquitto.conf"
+        conf.write_text(text)
+        self._group.start(
+            "mosquitto", [self.binary, "-c", str(conf)], log_path=Path(self._tmp.name) / "log"
+        )
+        if not all(wait_for_port(p) for p in self.ports):
+            log = (Path(self._tmp.name) / "log").read_text(errors="replace")
+            self.stop()
+            raise RuntimeError(f"mosquitto did not start:\n{log}")
+        return self
+
+    def kill(self) -> None:
+        """SIGKILL the broker (for failure tests)."""
+        self._group.kill("mosquitto")
+
+    def restart(self) -> None:
+        """Start the same broker again on the same ports (after :meth:`kill` or stop)."""
+        conf = Path(self._tmp.name) / "mosquitto.conf"
+        self._group.start(
+            "mosquitto", [self.binary, "-c", str(conf)], log_path=Path(self._tmp.name) / "log"
+        )
+        if not all(wait_for_port(p) for p in self.ports):
+            raise RuntimeError("mosquitto did not restart")
+
+    def stop(self) -> None:
+        """Stop Mosquitto and remove its temporary files."""
+        self._group.close()
+        self._tmp.cleanup()
+
+    def __enter__(self) -> MosquittoBroker:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

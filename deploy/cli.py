@@ -1,0 +1,319 @@
+"""The ``fedstream`` command line."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import sys
+from enum import Enum
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+
+from edge_client.constants import (
+    DEFAULT_CAPACITY,
+    DEFAULT_MQTT_PORT,
+    DEFAULT_NUM_CLASSES,
+    DEFAULT_POLICY,
+    RATE_SETS,
+    STATUS_INTERVAL_S,
+)
+
+__all__ = ["app", "main"]
+
+app = typer.Typer(
+    name="fedstream",
+    help="Federated learning on live MQTT sensor streams.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+console = Console(stderr=True)
+
+
+class Policy(str, Enum):
+    truncation = "truncation"
+    persistence = "persistence"
+
+
+class Distribution(str, Enum):
+    constant = "constant"
+    poisson = "poisson"
+    bursty = "bursty"
+
+
+_DEFAULT_POLICY = Policy(DEFAULT_POLICY)
+
+RateSet = Enum("RateSet", {name: name for name in RATE_SETS}, type=str)  # type: ignore[misc]
+
+
+def _setup_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _parse_shape(text: str) -> tuple[int, ...]:
+    try:
+        shape = tuple(int(p) for p in text.replace("x", ",").split(",") if p.strip())
+    except ValueError:
+        raise typer.BadParameter(f"shape must look like 6,32 or 6x32, got {text!r}") from None
+    if not shape or min(shape) < 1:
+        raise typer.BadParameter(f"shape dimensions must be >= 1, got {text!r}")
+    return shape
+
+
+def _fail(message: str) -> typer.Exit:
+    console.print(f"[red]error:[/red] {message}")
+    return typer.Exit(2)
+
+
+@app.command()
+def broker(
+    port: Annotated[int, typer.Option(help="MQTT port.")] = DEFAULT_MQTT_PORT,
+    listen: Annotated[str, typer.Option(help="Bind address.")] = "127.0.0.1",
+) -> None:
+    """Run the embedded MQTT broker (iotcore / rumqttd) in the foreground."""
+    from deploy.brokers import embedded_broker
+
+    _setup_logging(False)
+    embedded = embedded_broker(port, listen)
+    try:
+        embedded._native.check_ports()  # a clear error when the port is taken
+    except OSError as err:
+        raise _fail(f"cannot listen on {listen}:{port}: {err}") from err
+    console.print(f"embedded MQTT broker listening on mqtt://{listen}:{port} (Ctrl+C stops it)")
+    with contextlib.suppress(KeyboardInterrupt):
+        embedded.run_forever()
+
+
+@app.command()
+def publish(
+    device_id: Annotated[str, typer.Option("--device-id", help="Device the stream feeds.")],
+    broker: Annotated[str, typer.Option(help="mqtt://HOST:PORT or mqtts://...")] = (
+        "mqtt://127.0.0.1:1883"
+    ),
+    rate: Annotated[float | None, typer.Option(help="Samples per second.")] = None,
+    rate_set: Annotated[
+        RateSet | None, typer.Option("--rate-set", help="Draw the rate from a ScaDLES set.")
+    ] = None,
+    distribution: Annotated[
+        Distribution, typer.Option(help="Arrival process.")
+    ] = Distribution.constant,
+    batch: Annotated[int, typer.Option(help="Samples per message.")] = 1,
+    count: Annotated[int | None, typer.Option(help="Stop after this many samples.")] = None,
+    duration: Annotated[float | None, typer.Option(help="Stop after this many seconds.")] = None,
+    source: Annotated[
+        str, typer.Option(help="'synthetic', or an .npz (x, y) or .csv (label,f1,...) file.")
+    ] = "synthetic",
+    labels: Annotated[
+        str | None, typer.Option(help="Only these classes, e.g. '0,3' (label skew).")
+    ] = None,
+    dirichlet: Annotated[
+        float | None, typer.Option(help="Class mix drawn from Dirichlet(ALPHA).")
+    ] = None,
+    feature_shift: Annotated[
+        float, typer.Option("--feature-shift", help="Per-device sensor gain/bias scale.")
+    ] = 0.0,
+    shape: Annotated[str, typer.Option(help="Synthetic/CSV sample shape.")] = "6,32",
+    num_classes: Annotated[int, typer.Option("--num-classes")] = DEFAULT_NUM_CLASSES,
+    qos: Annotated[int, typer.Option(help="MQTT QoS.")] = 1,
+    seed: Annotated[int, typer.Option(help="Seed for rate, samples and arrivals.")] = 0,
+    username: Annotated[str | None, typer.Option()] = None,
+    password: Annotated[str | None, typer.Option(envvar="FEDSTREAM_MQTT_PASSWORD")] = None,
+    cafile: Annotated[str | None, typer.Option(help="CA bundle (enables TLS).")] = None,
+    connect_timeout: Annotated[
+        float, typer.Option("--connect-timeout", help="Give up if not connected by then (s).")
+    ] = 30.0,
+    json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Publish a sensor stream at a rate; prints the achieved rate at the end."""
+    from edge_client.mqtt import BrokerURL, validate_device_id
+    from edge_client.publisher import PublisherConfig, run_publisher
+    from edge_client.schedule import device_rng, draw_rate
+    from edge_client.sources import (
+        ArraySource,
+        SampleSource,
+        SyntheticSource,
+        label_distribution,
+        load_file,
+    )
+    from edge_client.synthetic import SensorTask
+
+    _setup_logging(verbose)
+    try:
+        validate_device_id(device_id)
+        url = BrokerURL.parse(broker)
+        if (rate is None) == (rate_set is None):
+            raise ValueError("give exactly one of --rate and --rate-set")
+        if rate_set is not None:
+            rate = draw_rate(rate_set.value, device_rng(seed, device_id, 1))
+        assert rate is not None
+        label_list = [int(k) for k in labels.split(",")] if labels else None
+        rng = device_rng(seed, device_id, 2)
+        probs = label_distribution(num_classes, rng, label_list, dirichlet)
+        src: SampleSource
+        if source == "synthetic":
+            task = SensorTask(_parse_shape(shape), num_classes)
+            src = SyntheticSource(task, rng, probs, feature_shift)
+        else:
+            x, y = load_file(source, _parse_shape(shape))
+            skewed = labels is not None or dirichlet is not None
+            src = ArraySource(x, y, rng, probs if skewed else None)
+        config = PublisherConfig(
+            broker=url,
+            device_id=device_id,
+            rate=rate,
+            count=count,
+            duration=duration,
+            batch=batch,
+            distribution=distribution.value,
+            qos=qos,
+            seed=seed,
+            username=username,
+            password=password,
+            cafile=cafile,
+            connect_timeout=connect_timeout,
+        )
+    except (ValueError, OSError) as err:
+        raise _fail(str(err)) from err
+    console.print(
+        f"publishing to {url} as {device_id}: {rate:.1f} samples/s, "
+        f"{batch} per message, {distribution.value}"
+    )
+    try:
+        report = run_publisher(config, src)
+    except ConnectionError as err:
+        raise _fail(str(err)) from err
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
+    if json_out:
+        print(json.dumps(report.as_dict()), flush=True)
+    console.print(
+        f"published {report.samples} samples in {report.messages} messages over "
+        f"{report.elapsed_s:.1f} s: achieved {report.achieved_rate:.1f} samples/s "
+        f"(target {report.target_rate:.1f}); {report.acknowledged} acknowledged"
+    )
+
+
+@app.command()
+def ingest(
+    device_id: Annotated[str, typer.Option("--device-id", help="This device's id.")],
+    buffer: Annotated[Path, typer.Option(help="The SQLite buffer file.")],
+    broker: Annotated[str, typer.Option(help="mqtt://HOST:PORT or mqtts://...")] = (
+        "mqtt://127.0.0.1:1883"
+    ),
+    policy: Annotated[Policy, typer.Option(help="Overflow policy.")] = _DEFAULT_POLICY,
+    capacity: Annotated[int, typer.Option(help="Maximum samples held.")] = DEFAULT_CAPACITY,
+    capacity_bytes: Annotated[
+        int | None, typer.Option("--capacity-bytes", help="Also cap the buffer in bytes.")
+    ] = None,
+    shape: Annotated[str, typer.Option(help="Declared sample shape.")] = "6,32",
+    num_classes: Annotated[int, typer.Option("--num-classes")] = DEFAULT_NUM_CLASSES,
+    status_interval: Annotated[
+        float, typer.Option("--status-interval", help="Seconds between status messages.")
+    ] = STATUS_INTERVAL_S,
+    username: Annotated[str | None, typer.Option()] = None,
+    password: Annotated[str | None, typer.Option(envvar="FEDSTREAM_MQTT_PASSWORD")] = None,
+    cafile: Annotated[str | None, typer.Option(help="CA bundle (enables TLS).")] = None,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Run the ingest daemon: MQTT samples into the device's durable buffer."""
+    from edge_client.buffer import BufferStoreError
+    from edge_client.ingest import IngestConfig, IngestDaemon
+    from edge_client.mqtt import BrokerURL
+
+    _setup_logging(verbose)
+    try:
+        config = IngestConfig(
+            broker=BrokerURL.parse(broker),
+            device_id=device_id,
+            buffer=buffer,
+            policy=policy.value,
+            capacity=capacity,
+            capacity_bytes=capacity_bytes,
+            shape=_parse_shape(shape),
+            num_classes=num_classes,
+            username=username,
+            password=password,
+            cafile=cafile,
+            status_interval=status_interval,
+        )
+        daemon = IngestDaemon(config)
+    except (ValueError, BufferStoreError, OSError) as err:
+        raise _fail(str(err)) from err
+    daemon.run()
+
+
+@app.command()
+def status(
+    buffer: Annotated[Path, typer.Option(help="The SQLite buffer file.")],
+    json_out: Annotated[bool, typer.Option("--json", help="One JSON object.")] = False,
+) -> None:
+    """Show a buffer's counters, fill and stream rate."""
+    from rich.table import Table
+
+    from edge_client.buffer import BufferStore, BufferStoreError
+
+    try:
+        with BufferStore(buffer) as store:
+            stats = store.stats()
+    except BufferStoreError as err:
+        raise _fail(str(err)) from err
+    if json_out:
+        print(json.dumps(stats))
+        return
+    table = Table(title=str(buffer), show_header=False)
+    for key, value in stats.items():
+        table.add_row(key, json.dumps(value) if isinstance(value, (dict, list)) else str(value))
+    Console().print(table)
+
+
+@app.command()
+def demo(
+    devices: Annotated[int, typer.Option(help="Number of simulated devices.")] = 4,
+    duration: Annotated[float, typer.Option(help="Seconds of streaming.")] = 20.0,
+    rates: Annotated[str | None, typer.Option(help="Comma-separated samples/s per device.")] = None,
+    broker: Annotated[
+        str | None, typer.Option(help="Use this broker instead of starting one.")
+    ] = None,
+    mosquitto: Annotated[
+        bool, typer.Option("--mosquitto", help="Start Mosquitto instead of the embedded broker.")
+    ] = False,
+    capacity: Annotated[int, typer.Option(help="Buffer capacity per device.")] = 2000,
+    policy: Annotated[Policy, typer.Option(help="Buffer policy.")] = Policy.truncation,
+    out: Annotated[Path, typer.Option(help="Where runs/<id>/ goes.")] = Path("runs"),
+    live: Annotated[bool, typer.Option(help="Live table (off: periodic lines).")] = True,
+) -> None:
+    """Run the streaming half on one machine: broker, publishers, ingest daemons, live view."""
+    from deploy.demo import DemoConfig, run_demo
+
+    _setup_logging(False)
+    try:
+        rate_list = [float(r) for r in rates.split(",")] if rates else None
+        config = DemoConfig(
+            devices=devices,
+            duration=duration,
+            rates=rate_list,
+            broker=broker,
+            mosquitto=mosquitto,
+            capacity=capacity,
+            policy=policy.value,
+            out=out,
+            live=live,
+        )
+    except ValueError as err:
+        raise _fail(str(err)) from err
+    ok = run_demo(config, console=Console())
+    raise typer.Exit(0 if ok else 1)
+
+
+def main() -> None:
+    """Entry point of the ``fedstream`` console script."""
+    app()

@@ -1,0 +1,278 @@
+"""``fedstream demo``: everything on one machine, with a live view and a summary.
+
+This is the streaming half of the system: a broker, one publisher and one ingest daemon per
+simulated device, each device's buffer filling at its own rate. Every process it starts is
+stopped (by pid) when it ends, whatever happens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from deploy.brokers import EmbeddedBroker, MosquittoBroker
+from deploy.local import ProcessGroup, fedstream_command
+from edge_client.buffer import BufferStore, BufferStoreError
+from edge_client.constants import POLICIES
+from edge_client.mqtt import BrokerURL
+
+__all__ = ["DemoConfig", "run_demo"]
+
+DEMO_BATCH = 4  # samples per message
+DRAIN_TIMEOUT_S = 30.0
+
+
+@dataclass
+class DemoConfig:
+    """Options of ``fedstream demo``."""
+
+    devices: int = 4
+    duration: float = 20.0
+    rates: list[float] | None = None
+    broker: str | None = None
+    mosquitto: bool = False
+    capacity: int = 2000
+    policy: str = "truncation"
+    out: Path = field(default_factory=lambda: Path("runs"))
+    live: bool = True
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.devices <= 64:
+            raise ValueError(f"--devices must be in 1..64, got {self.devices}")
+        if not self.duration > 0:
+            raise ValueError(f"--duration must be > 0, got {self.duration}")
+        if self.rates is None:  # heterogeneous by default: 50, 100, 200, 400 samples/s, ...
+            self.rates = [50.0 * 2 ** (i % 4) for i in range(self.devices)]
+        if len(self.rates) != self.devices or min(self.rates) <= 0:
+            raise ValueError(f"--rates needs {self.devices} positive values, got {self.rates}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"--policy must be one of {POLICIES}")
+        if self.capacity < 1:
+            raise ValueError("--capacity must be >= 1")
+        if self.broker is not None:
+            BrokerURL.parse(self.broker)
+
+
+@contextlib.contextmanager
+def _broker(config: DemoConfig, console: Console) -> Iterator[str]:
+    if config.broker is not None:
+        yield config.broker
+        return
+    broker: EmbeddedBroker | MosquittoBroker = (
+        MosquittoBroker() if config.mosquitto else EmbeddedBroker()
+    )
+    with broker:
+        kind = "Mosquitto" if config.mosquitto else "embedded broker (iotcore)"
+        console.print(f"[bold]broker[/bold]: {kind} on {broker.url}")
+        yield broker.url
+
+
+def _device_ids(n: int) -> list[str]:
+    return [f"dev-{i}" for i in range(n)]
+
+
+def _read_stats(
+    paths: dict[str, Path], stores: dict[str, BufferStore]
+) -> dict[str, dict[str, Any]]:
+    stats: dict[str, dict[str, Any]] = {}
+    for dev, path in paths.items():
+        if dev not in stores:
+            try:
+                stores[dev] = BufferStore(path)
+            except BufferStoreError:
+                continue  # the daemon has not created it yet
+        stats[dev] = stores[dev].stats()
+    return stats
+
+
+def _table(
+    config: DemoConfig,
+    stats: dict[str, dict[str, Any]],
+    published: dict[str, int],
+    elapsed: float,
+    title: str,
+) -> Table:
+    table = Table(
+        title=f"{title}: {elapsed:.0f} s of {config.duration:.0f} s, "
+        f"{config.policy} buffers of {config.capacity} samples"
+    )
+    for col in ("device", "target/s", "rate/s", "fill", "accepted", "dropped", "rejected"):
+        table.add_column(col, justify="right")
+    if published:
+        table.add_column("published", justify="right")
+    assert config.rates is not None
+    for i, dev in enumerate(_device_ids(config.devices)):
+        s = stats.get(dev, {})
+        row = [
+            dev,
+            f"{config.rates[i]:.0f}",
+            f"{s.get('rate', 0.0):.1f}",
+            str(s.get("fill", 0)),
+            str(s.get("accepted", 0)),
+            str(s.get("dropped", 0)),
+            str(s.get("rejected", 0)),
+        ]
+        if published:
+            row.append(str(published.get(dev, "?")))
+        table.add_row(*row)
+    return table
+
+
+def run_demo(config: DemoConfig, console: Console) -> bool:
+    """Run the demo; return True when every sample published was received exactly once.
+
+    Writes ``<out>/<run id>/`` with the buffers, logs and ``summary.json``.
+    """
+    assert config.rates is not None
+    run_id = datetime.now(timezone.utc).strftime("stream-%Y%m%d-%H%M%S")
+    run_dir = config.out / run_id
+    run_dir.mkdir(parents=True, exist_ok=True)
+    devices = _device_ids(config.devices)
+    paths = {dev: run_dir / "buffers" / f"{dev}.sqlite" for dev in devices}
+    stores: dict[str, BufferStore] = {}
+    published: dict[str, int] = {}
+    ingest_rc: dict[str, int | None] = {}
+    start = time.monotonic()
+    with ProcessGroup() as group, _broker(config, console) as url:
+        for dev in devices:
+            group.start(
+                f"ingest-{dev}",
+                fedstream_command(
+                    "ingest",
+                    "--broker",
+                    url,
+                    "--device-id",
+                    dev,
+                    "--buffer",
+                    str(paths[dev]),
+                    "--policy",
+                    config.policy,
+                    "--capacity",
+                    str(config.capacity),
+                    "--status-interval",
+                    "2",
+                ),
+                log_path=run_dir / "logs" / f"ingest-{dev}.log",
+            )
+        _wait_for_buffers(paths, group, timeout=30.0)
+        pubs = {
+            dev: group.start(
+                f"publish-{dev}",
+                fedstream_command(
+                    "publish",
+                    "--broker",
+                    url,
+                    "--device-id",
+                    dev,
+                    "--rate",
+                    str(config.rates[i]),
+                    "--batch",
+                    str(DEMO_BATCH),
+                    "--duration",
+                    str(config.duration),
+                    "--seed",
+                    str(i),
+                    "--json",
+                ),
+                log_path=run_dir / "logs" / f"publish-{dev}.log",
+                stdout_pipe=True,
+            )
+            for i, dev in enumerate(devices)
+        }
+        console.print(
+            f"[bold]{config.devices} devices[/bold] streaming for {config.duration:.0f} s "
+            f"into {run_dir / 'buffers'} ({config.policy}, capacity {config.capacity})"
+        )
+        start = time.monotonic()
+        deadline = start + config.duration + 120.0
+        with Live(console=console, refresh_per_second=4, transient=False) as live:
+            last_line = 0.0
+            while any(p.poll() is None for p in pubs.values()) and time.monotonic() < deadline:
+                stats = _read_stats(paths, stores)
+                elapsed = time.monotonic() - start
+                if config.live:
+                    live.update(_table(config, stats, {}, elapsed, "streaming"))
+                elif elapsed - last_line >= 5.0:
+                    console.print(_table(config, stats, {}, elapsed, "streaming"))
+                    last_line = elapsed
+                time.sleep(0.5)
+        for dev, proc in pubs.items():
+            out, _ = proc.communicate(timeout=DRAIN_TIMEOUT_S)
+            report = _last_json(out.decode(errors="replace"))
+            published[dev] = int(report["samples"]) if report else -1
+            group.procs.pop(f"publish-{dev}", None)
+        _wait_drained(paths, stores, published, DRAIN_TIMEOUT_S)
+        for dev in devices:
+            ingest_rc[dev] = group.stop(f"ingest-{dev}")
+    stats = _read_stats(paths, stores)
+    for store in stores.values():
+        store.close()
+    elapsed = time.monotonic() - start
+    console.print(_table(config, stats, published, elapsed, "final"))
+    console.print("rate/s is the ingest daemon's EWMA of arrivals (time constant 5 s)")
+    exact = {dev: stats.get(dev, {}).get("received") == published[dev] for dev in devices}
+    summary = {
+        "run-id": run_id,
+        "devices": {
+            dev: {
+                "target-rate": config.rates[i],
+                "published": published[dev],
+                "exactly-once": exact[dev],
+                "ingest-exit-code": ingest_rc[dev],
+                **stats.get(dev, {}),
+            }
+            for i, dev in enumerate(devices)
+        },
+        "duration-s": config.duration,
+        "wall-s": round(elapsed, 2),
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    ok = all(exact.values()) and all(rc == 0 for rc in ingest_rc.values())
+    verdict = "[green]every published sample was received exactly once[/green]"
+    if not ok:
+        verdict = f"[red]mismatch[/red]: exactly-once {exact}, ingest exit codes {ingest_rc}"
+    console.print(f"{verdict}; clean shutdown of all processes. Summary: {run_dir}/summary.json")
+    return ok
+
+
+def _wait_for_buffers(paths: dict[str, Path], group: ProcessGroup, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not all(p.exists() for p in paths.values()):
+        dead = [n for n, p in group.procs.items() if p.poll() is not None]
+        if dead or time.monotonic() > deadline:
+            raise RuntimeError(f"ingest daemons did not start (exited: {dead}); see the logs")
+        time.sleep(0.1)
+
+
+def _wait_drained(
+    paths: dict[str, Path],
+    stores: dict[str, BufferStore],
+    published: dict[str, int],
+    timeout: float,
+) -> None:
+    """Wait until each buffer has seen every published sample (the tail is in flight)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        stats = _read_stats(paths, stores)
+        if all(stats.get(d, {}).get("received", -1) >= n for d, n in published.items()):
+            return
+        time.sleep(0.2)
+
+
+def _last_json(text: str) -> dict[str, Any] | None:
+    for line in reversed(text.strip().splitlines()):
+        with contextlib.suppress(json.JSONDecodeError):
+            obj = json.loads(line)
+            if isinstance(obj, dict):
+                return obj
+    return None

@@ -1,0 +1,467 @@
+"""The buffer store: one SQLite file (WAL mode) per device, between ingest and training.
+
+The ingest daemon appends decoded messages in batched transactions; the ClientApp, another
+process, takes samples with :meth:`BufferStore.take`. Both use ``BEGIN IMMEDIATE`` so that a
+take never sees half an append, and WAL lets ``fedstream status`` read while they write.
+
+Samples are stored one row per message ("chunk") with the features as a blob, so that
+64-sample messages cost one row. A chunk is consumed or evicted from its front by moving its
+``start`` offset. Counters (all in samples unless named otherwise):
+
+``messages``   MQTT messages handled (accepted, duplicate or rejected)
+``received``   samples in valid, non-duplicate messages
+``accepted``   samples stored
+``dropped``    samples discarded by the policy (at arrival or by eviction)
+``duplicates`` messages dropped as QoS 1 redeliveries
+``rejected``   messages refused as malformed (``rejected:<reason>`` per reason)
+``consumed``   samples taken by training
+``fill``       samples in the buffer now (= accepted - evicted - consumed)
+
+Policies: ``truncation`` keeps the newest ``capacity`` samples and evicts the oldest;
+``persistence`` keeps everything until consumed and drops the newest arrivals once full.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edge_client.constants import (
+    POLICIES,
+    POLICY_PERSISTENCE,
+    POLICY_TRUNCATION,
+    SQLITE_BUSY_TIMEOUT_S,
+    SQLITE_PAGE_SIZE,
+)
+from edge_client.frames import SampleBatch
+
+__all__ = ["AppendResult", "BufferStore", "BufferStoreError"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS publishers (publisher TEXT PRIMARY KEY, last_seq INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS chunks (
+    id INTEGER PRIMARY KEY,
+    n INTEGER NOT NULL,
+    start INTEGER NOT NULL DEFAULT 0,
+    ts BLOB NOT NULL,
+    y BLOB NOT NULL,
+    x BLOB NOT NULL
+);
+"""
+
+CHUNK_MAX_SAMPLES = 1024  # samples per stored row
+
+COUNTERS = ("messages", "received", "accepted", "dropped", "duplicates", "rejected", "consumed")
+
+
+class BufferStoreError(RuntimeError):
+    """The buffer file is missing, not a fedstream buffer, or configured incompatibly."""
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    """What one :meth:`BufferStore.append` did, in samples (duplicates in messages)."""
+
+    received: int
+    accepted: int
+    dropped: int
+    duplicates: int
+
+
+class BufferStore:
+    """A device's durable, bounded sample buffer.
+
+    Parameters
+    ----------
+    path : str or Path
+        The SQLite file. Created when ``shape`` is given and the file does not exist.
+    shape : sequence of int, optional
+        Per-sample feature shape. Required to create a buffer; checked against the stored
+        shape when opening an existing one.
+    policy : {"truncation", "persistence"}, optional
+        Overflow policy; stored in the file. Defaults to the stored one (or truncation).
+    capacity : int, optional
+        Maximum samples held; stored in the file.
+    capacity_bytes : int, optional
+        Also bound the buffer by feature+label+timestamp bytes; the tighter bound wins.
+
+    Raises
+    ------
+    BufferStoreError
+        If the file does not exist and no shape is given, or the configuration conflicts.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        shape: Sequence[int] | None = None,
+        policy: str | None = None,
+        capacity: int | None = None,
+        capacity_bytes: int | None = None,
+    ) -> None:
+        self.path = Path(path)
+        if shape is None and not self.path.exists():
+            raise BufferStoreError(f"no buffer at {self.path} (start `fedstream ingest` first)")
+        if policy is not None and policy not in POLICIES:
+            raise BufferStoreError(f"policy must be one of {POLICIES}, got {policy!r}")
+        if capacity is not None and capacity < 1:
+            raise BufferStoreError(f"capacity must be >= 1 sample, got {capacity}")
+        if capacity_bytes is not None and capacity_bytes < 1:
+            raise BufferStoreError(f"capacity-bytes must be >= 1, got {capacity_bytes}")
+        if shape is not None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(
+            self.path,
+            timeout=SQLITE_BUSY_TIMEOUT_S,
+            isolation_level=None,  # we issue BEGIN/COMMIT ourselves
+            check_same_thread=False,  # the ingest writer thread owns it after start-up
+        )
+        try:
+            # Large pages: a 64-sample row is ~50 KB; takes effect only on a new file.
+            self._db.execute(f"PRAGMA page_size={SQLITE_PAGE_SIZE}")
+            self._db.execute("PRAGMA journal_mode=WAL")
+            # NORMAL survives a killed process (only power loss can lose the last commits).
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._configure(shape, policy, capacity, capacity_bytes)
+        except sqlite3.DatabaseError as err:
+            self._db.close()
+            raise BufferStoreError(f"{self.path} is not a fedstream buffer: {err}") from err
+
+    # -- set-up ---------------------------------------------------------------------------
+
+    def _configure(
+        self,
+        shape: Sequence[int] | None,
+        policy: str | None,
+        capacity: int | None,
+        capacity_bytes: int | None,
+    ) -> None:
+        with self._write() as db:
+            for statement in _SCHEMA.strip().split(";"):
+                if statement.strip():
+                    db.execute(statement)
+            meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
+            if "shape" not in meta:
+                if shape is None:
+                    raise BufferStoreError(f"{self.path} is not an initialised fedstream buffer")
+                meta["shape"] = json.dumps([int(d) for d in shape])
+                meta["created"] = repr(time.time())
+            stored = tuple(json.loads(meta["shape"]))
+            if shape is not None and tuple(int(d) for d in shape) != stored:
+                raise BufferStoreError(
+                    f"{self.path} holds samples of shape {stored}, not {tuple(shape)}"
+                )
+            if policy is not None:
+                meta["policy"] = policy
+            meta.setdefault("policy", POLICY_TRUNCATION)
+            if capacity is not None:
+                meta["capacity"] = str(capacity)
+            meta.setdefault("capacity", str(2**62))
+            if capacity_bytes is not None:
+                meta["capacity-bytes"] = str(capacity_bytes)
+            db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", meta.items())
+        self.shape: tuple[int, ...] = stored
+        self.policy: str = meta["policy"]
+        self.sample_bytes = 4 * math.prod(stored) + 16  # features + label + timestamp
+        cap = int(meta["capacity"])
+        if "capacity-bytes" in meta:
+            cap = min(cap, int(meta["capacity-bytes"]) // self.sample_bytes)
+        self.capacity: int = max(cap, 1)
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def close(self) -> None:
+        """Close the connection (idempotent)."""
+        self._db.close()
+
+    def __enter__(self) -> BufferStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- ingest side ----------------------------------------------------------------------
+
+    def append(
+        self,
+        batches: Sequence[SampleBatch],
+        *,
+        rejected: Mapping[str, int] | None = None,
+        messages: int | None = None,
+        rate: float | None = None,
+    ) -> AppendResult:
+        """Store decoded messages in one transaction, applying de-duplication and the policy.
+
+        Parameters
+        ----------
+        batches : sequence of SampleBatch
+            Decoded messages in arrival order. One whose ``(publisher, seq)`` is not newer
+            than the last stored for that publisher is a redelivery and is skipped.
+        rejected : mapping of str to int, optional
+            Messages refused by the decoder, by reason, to count in the same transaction.
+        messages : int, optional
+            Messages handled (defaults to ``len(batches) + sum(rejected)``).
+        rate : float, optional
+            Current stream-rate estimate to publish in the file.
+
+        Returns
+        -------
+        AppendResult
+        """
+        rejected = rejected or {}
+        n_rejected = sum(rejected.values())
+        received = accepted = dropped = duplicates = 0
+        with self._write() as db:
+            fill = self._counter(db, "fill")
+            last_seq: dict[str, int] = {}
+            rows = _ChunkBuilder()
+            for batch in batches:
+                if batch.publisher is not None:
+                    last = last_seq.get(batch.publisher)
+                    if last is None:
+                        row = db.execute(
+                            "SELECT last_seq FROM publishers WHERE publisher = ?",
+                            (batch.publisher,),
+                        ).fetchone()
+                        last = -1 if row is None else int(row[0])
+                    if batch.seq <= last:
+                        duplicates += 1
+                        last_seq[batch.publisher] = last
+                        continue
+                    last_seq[batch.publisher] = batch.seq
+                n = len(batch)
+                received += n
+                lo, hi = 0, n
+                if self.policy == POLICY_PERSISTENCE:
+                    hi = max(0, min(n, self.capacity - fill))  # drop the newest once full
+                else:
+                    lo = max(0, n - self.capacity)  # a message bigger than the buffer
+                kept = hi - lo
+                dropped += n - kept
+                if kept:
+                    rows.add(batch, lo, hi)
+                    fill += kept
+                    accepted += kept
+            db.executemany("INSERT INTO chunks (n, ts, y, x) VALUES (?, ?, ?, ?)", rows.finish())
+            evicted = 0
+            if self.policy == POLICY_TRUNCATION and fill > self.capacity:
+                evicted = self._evict_oldest(db, fill - self.capacity)
+                fill -= evicted
+                dropped += evicted
+            db.executemany(
+                "INSERT INTO publishers VALUES (?, ?) "
+                "ON CONFLICT(publisher) DO UPDATE SET last_seq = excluded.last_seq",
+                last_seq.items(),
+            )
+            deltas = {
+                "messages": len(batches) + n_rejected if messages is None else messages,
+                "received": received,
+                "accepted": accepted,
+                "dropped": dropped,
+                "duplicates": duplicates,
+                "rejected": n_rejected,
+                "fill": accepted - evicted,
+            }
+            deltas.update({f"rejected:{k}": v for k, v in rejected.items()})
+            self._add(db, deltas)
+            if rate is not None:
+                db.executemany(
+                    "INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                    [("rate", repr(float(rate))), ("rate-updated", repr(time.time()))],
+                )
+        return AppendResult(received, accepted, dropped, duplicates)
+
+    def _evict_oldest(self, db: sqlite3.Connection, excess: int) -> int:
+        evicted = 0
+        last_whole: int | None = None
+        partial: tuple[int, int] | None = None
+        cur = db.execute("SELECT id, n, start FROM chunks ORDER BY id")
+        for chunk_id, n, start in cur:
+            avail = n - start
+            if avail <= excess - evicted:
+                last_whole = chunk_id
+                evicted += avail
+            else:
+                partial = (start + excess - evicted, chunk_id)
+                evicted = excess
+            if evicted >= excess:
+                break
+        cur.close()
+        if last_whole is not None:
+            db.execute("DELETE FROM chunks WHERE id <= ?", (last_whole,))
+        if partial is not None:
+            db.execute("UPDATE chunks SET start = ? WHERE id = ?", partial)
+        return evicted
+
+    # -- training side --------------------------------------------------------------------
+
+    def take(self, n: int) -> SampleBatch:
+        """Atomically remove and return up to ``n`` of the oldest samples.
+
+        Parameters
+        ----------
+        n : int
+            Samples wanted; fewer are returned when fewer are buffered.
+
+        Returns
+        -------
+        SampleBatch
+            ``x`` of shape ``(k, *shape)`` with ``k <= n``, oldest first.
+        """
+        if n < 0:
+            raise ValueError(f"cannot take {n} samples")
+        per = math.prod(self.shape)
+        xs: list[np.ndarray] = []
+        ys: list[np.ndarray] = []
+        tss: list[np.ndarray] = []
+        got = 0
+        with self._write() as db:
+            last_whole: int | None = None
+            partial: tuple[int, int] | None = None
+            cur = db.execute("SELECT id, n, start, ts, y, x FROM chunks ORDER BY id")
+            while got < n:
+                row = cur.fetchone()
+                if row is None:
+                    break
+                chunk_id, count, start, ts, y, x = row
+                use = min(count - start, n - got)
+                tss.append(np.frombuffer(ts, "<f8")[start : start + use])
+                ys.append(np.frombuffer(y, "<i8")[start : start + use])
+                xs.append(np.frombuffer(x, "<f4")[start * per : (start + use) * per])
+                got += use
+                if start + use == count:
+                    last_whole = chunk_id
+                else:
+                    partial = (start + use, chunk_id)
+            cur.close()
+            if last_whole is not None:
+                db.execute("DELETE FROM chunks WHERE id <= ?", (last_whole,))
+            if partial is not None:
+                db.execute("UPDATE chunks SET start = ? WHERE id = ?", partial)
+            if got:
+                self._add(db, {"consumed": got, "fill": -got})
+        if not got:
+            return SampleBatch(
+                x=np.empty((0, *self.shape), np.float32),
+                y=np.empty(0, np.int64),
+                ts=np.empty(0, np.float64),
+            )
+        return SampleBatch(
+            x=np.concatenate(xs).reshape(got, *self.shape).astype(np.float32),
+            y=np.concatenate(ys).astype(np.int64),
+            ts=np.concatenate(tss).astype(np.float64),
+        )
+
+    # -- observation ------------------------------------------------------------------------
+
+    @property
+    def fill(self) -> int:
+        """Samples buffered now."""
+        return self._counter(self._db, "fill")
+
+    def stats(self) -> dict[str, Any]:
+        """Counters, fill, rate and configuration as one JSON-ready dict (kebab-case keys)."""
+        self._db.execute("BEGIN")
+        try:
+            counters = dict(self._db.execute("SELECT name, value FROM counters").fetchall())
+            meta = dict(self._db.execute("SELECT key, value FROM meta").fetchall())
+        finally:
+            self._db.execute("COMMIT")
+        out: dict[str, Any] = {name: int(counters.get(name, 0)) for name in COUNTERS}
+        out["fill"] = int(counters.get("fill", 0))
+        out["rejected-by-reason"] = {
+            k.split(":", 1)[1]: int(v) for k, v in sorted(counters.items()) if ":" in k
+        }
+        updated = float(meta.get("rate-updated", 0.0))
+        out["rate"] = float(meta.get("rate", 0.0))
+        out["rate-age-s"] = round(time.time() - updated, 3) if updated else None
+        out["capacity"] = self.capacity
+        out["fill-fraction"] = out["fill"] / self.capacity
+        out["fill-bytes"] = out["fill"] * self.sample_bytes
+        out["policy"] = self.policy
+        out["shape"] = list(self.shape)
+        out["path"] = str(self.path)
+        return out
+
+    # -- helpers --------------------------------------------------------------------------
+
+    @staticmethod
+    def _counter(db: sqlite3.Connection, name: str) -> int:
+        row = db.execute("SELECT value FROM counters WHERE name = ?", (name,)).fetchone()
+        return 0 if row is None else int(row[0])
+
+    @staticmethod
+    def _add(db: sqlite3.Connection, deltas: Mapping[str, int]) -> None:
+        db.executemany(
+            "INSERT INTO counters VALUES (?, ?) "
+            "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value",
+            [(k, v) for k, v in deltas.items() if v],
+        )
+
+
+class _ChunkBuilder:
+    """Packs consecutive messages into rows of up to :data:`CHUNK_MAX_SAMPLES` samples.
+
+    One row per transaction instead of one per message keeps SQLite's per-row cost off
+    the 1-sample-message path; the cap keeps a partial :meth:`BufferStore.take` cheap.
+    """
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, bytes, bytes, bytes]] = []
+        self._parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self._n = 0
+
+    def add(self, batch: SampleBatch, lo: int, hi: int) -> None:
+        while lo < hi:
+            take = min(hi - lo, CHUNK_MAX_SAMPLES - self._n)
+            self._parts.append(
+                (batch.ts[lo : lo + take], batch.y[lo : lo + take], batch.x[lo : lo + take])
+            )
+            self._n += take
+            lo += take
+            if self._n >= CHUNK_MAX_SAMPLES:
+                self._flush()
+
+    def finish(self) -> list[tuple[int, bytes, bytes, bytes]]:
+        self._flush()
+        return self.rows
+
+    def _flush(self) -> None:
+        if not self._n:
+            return
+        # bytes.join copies each (contiguous, little-endian) array's buffer once.
+        self.rows.append(
+            (
+                self._n,
+                b"".join(_le(ts, "<f8") for ts, _, _ in self._parts),
+                b"".join(_le(y, "<i8") for _, y, _ in self._parts),
+                b"".join(_le(x, "<f4") for _, _, x in self._parts),
+            )
+        )
+        self._parts = []
+        self._n = 0
+
+
+def _le(a: np.ndarray, dtype: str) -> memoryview:
+    contiguous: Any = np.ascontiguousarray(a, dtype=dtype)
+    return memoryview(contiguous).cast("B")

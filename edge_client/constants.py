@@ -1,0 +1,70 @@
+"""Constants shared by every fedstream component: topics, wire format, defaults.
+
+The aggregator and the deploy tools import these from here so that there is one home for
+each number.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- MQTT topics -------------------------------------------------------------------------
+TOPIC_ROOT: Final = "fedstream/v1"
+INJECT_TOPIC: Final = f"{TOPIC_ROOT}/inject"
+DEVICE_ID_PATTERN: Final = r"[A-Za-z0-9_-]{1,64}"
+
+# --- Sample task (the synthetic sensor windows, and the default device shape) -------------
+DEFAULT_SHAPE: Final = (6, 32)  # channels x time steps (accelerometer + gyroscope, 32 ticks)
+DEFAULT_NUM_CLASSES: Final = 6
+TASK_SEED: Final = 20221217  # fixes the class prototypes: every device learns the same task
+
+# --- Sample frames ---------------------------------------------------------------------
+FRAME_MAGIC: Final = b"FSSF"
+FRAME_VERSION: Final = 1
+FRAME_DTYPE_FLOAT32: Final = 1
+FRAME_MAX_NDIM: Final = 4
+FRAME_MAX_SAMPLES: Final = 65_536  # per message; bigger declared counts are refused unread
+MAX_PAYLOAD_BYTES: Final = 16 * 1024 * 1024
+PUBLISHER_ID_MAX_BYTES: Final = 128
+
+# --- Buffer store ----------------------------------------------------------------------
+POLICY_TRUNCATION: Final = "truncation"
+POLICY_PERSISTENCE: Final = "persistence"
+POLICIES: Final = (POLICY_TRUNCATION, POLICY_PERSISTENCE)
+DEFAULT_POLICY: Final = POLICY_TRUNCATION
+DEFAULT_CAPACITY: Final = 50_000  # samples
+SQLITE_BUSY_TIMEOUT_S: Final = 30.0
+SQLITE_PAGE_SIZE: Final = 65_536
+
+# --- Stream rate estimation ------------------------------------------------------------
+RATE_TAU_S: Final = 5.0  # EWMA time constant
+RATE_MIN_TICK_S: Final = 0.5  # shortest window that updates the EWMA
+
+# --- Ingest daemon ---------------------------------------------------------------------
+STATUS_INTERVAL_S: Final = 5.0
+INGEST_MAX_BATCH: Final = 8192  # messages per SQLite transaction
+INGEST_GATHER_S: Final = 0.01  # how long the writer gathers messages for one transaction
+REJECT_LOG_INTERVAL_S: Final = 60.0
+RECONNECT_MIN_DELAY_S: Final = 1
+RECONNECT_MAX_DELAY_S: Final = 30
+KEEPALIVE_S: Final = 30
+
+# --- Publisher -------------------------------------------------------------------------
+PUBLISH_MAX_INFLIGHT: Final = 1000
+PUBLISH_MAX_OUTSTANDING: Final = 60_000  # paho message ids are 16 bit
+DISTRIBUTIONS: Final = ("constant", "poisson", "bursty")
+BURST_FACTOR: Final = 4.0  # bursty: on-phases send at 4x the mean rate, a quarter of the time
+
+# ScaDLES stream-rate sets, samples/s: (distribution, mean, standard deviation).
+RATE_SETS: Final = {
+    "S1": ("uniform", 38.0, 24.0),
+    "S2": ("uniform", 300.0, 112.0),
+    "S1p": ("normal", 64.0, 24.0),
+    "S2p": ("normal", 256.0, 28.0),
+}
+MIN_STREAM_RATE: Final = 1.0
+
+# --- Embedded broker (iotcore / rumqttd) -------------------------------------------------
+EMBEDDED_MAX_PAYLOAD: Final = 1024 * 1024
+EMBEDDED_MAX_INFLIGHT: Final = 1000
+DEFAULT_MQTT_PORT: Final = 1883

@@ -1,0 +1,279 @@
+"""The ingest daemon: MQTT samples in, durable buffer out, at line rate.
+
+paho's network thread only queues each payload (receiving is the bottleneck, so it does
+nothing else); a writer thread gathers messages for ~10 ms, decodes and validates them,
+commits them in one transaction and then acknowledges them. Acknowledging
+after the commit, with a persistent session (``clean_session=False``, stable client id) and
+de-duplication by ``(publisher, seq)`` inside the same transaction, makes the buffer hold
+each published sample exactly once, even across ``kill -9``: a message is either committed
+(and a redelivery is dropped) or unacknowledged (and the broker redelivers it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import signal
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import paho.mqtt.client as mqtt
+
+from edge_client.buffer import BufferStore
+from edge_client.constants import (
+    DEFAULT_CAPACITY,
+    DEFAULT_NUM_CLASSES,
+    DEFAULT_POLICY,
+    DEFAULT_SHAPE,
+    INGEST_GATHER_S,
+    INGEST_MAX_BATCH,
+    REJECT_LOG_INTERVAL_S,
+    STATUS_INTERVAL_S,
+)
+from edge_client.frames import FrameError, decode_payload
+from edge_client.mqtt import BrokerURL, connect_async, make_client, samples_topic, status_topic
+from edge_client.rate import RateEstimator
+
+__all__ = ["IngestConfig", "IngestDaemon"]
+
+log = logging.getLogger(__name__)
+
+# (message id, qos, payload, arrival time)
+_Item = tuple[int, int, bytes | bytearray, float]
+
+
+@dataclass
+class IngestConfig:
+    """Settings of one device's ingest daemon."""
+
+    broker: BrokerURL
+    device_id: str
+    buffer: Path
+    policy: str = DEFAULT_POLICY
+    capacity: int = DEFAULT_CAPACITY
+    capacity_bytes: int | None = None
+    shape: tuple[int, ...] = DEFAULT_SHAPE
+    num_classes: int = DEFAULT_NUM_CLASSES
+    username: str | None = None
+    password: str | None = None
+    cafile: str | None = None
+    status_interval: float = STATUS_INTERVAL_S
+    client_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.status_interval <= 0:
+            raise ValueError(f"status interval must be > 0, got {self.status_interval}")
+        if self.num_classes < 1:
+            raise ValueError(f"num-classes must be >= 1, got {self.num_classes}")
+        samples_topic(self.device_id)  # validates the id
+
+
+class _RejectLog:
+    """Logs each reject reason at most once per interval, with the count since."""
+
+    def __init__(self, interval: float = REJECT_LOG_INTERVAL_S) -> None:
+        self.interval = interval
+        self._last: dict[str, float] = {}
+        self._since: Counter[str] = Counter()
+
+    def record(self, reasons: Counter[str], now: float) -> None:
+        for reason, n in reasons.items():
+            self._since[reason] += n
+            if now - self._last.get(reason, -1e18) >= self.interval:
+                log.warning(
+                    "rejected %d message(s) as %s (logged once per %.0f s)",
+                    self._since.pop(reason),
+                    reason,
+                    self.interval,
+                )
+                self._last[reason] = now
+
+
+class IngestDaemon:
+    """Subscribes to a device's samples topic and commits them to its buffer store.
+
+    Parameters
+    ----------
+    config : IngestConfig
+        Broker, device, buffer file and policy.
+
+    Notes
+    -----
+    Use :meth:`start` / :meth:`stop` to embed it, or :meth:`run` to block until SIGTERM or
+    SIGINT, which flushes, acknowledges and exits cleanly.
+    """
+
+    def __init__(self, config: IngestConfig) -> None:
+        self.config = config
+        self.store = BufferStore(
+            config.buffer,
+            shape=config.shape,
+            policy=config.policy,
+            capacity=config.capacity,
+            capacity_bytes=config.capacity_bytes,
+        )
+        self._topic = samples_topic(config.device_id)
+        self._status_topic = status_topic(config.device_id)
+        self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
+        self._stopping = threading.Event()
+        self._connected = threading.Event()
+        self._rate = RateEstimator(time.monotonic())
+        self._rejects = _RejectLog()
+        self._client = make_client(
+            config.client_id or f"fedstream-ingest-{config.device_id}",
+            config.broker,
+            clean_session=False,  # the broker queues QoS 1 messages while we are away
+            manual_ack=True,  # ack only what is committed
+            username=config.username,
+            password=config.password,
+            cafile=config.cafile,
+        )
+        self._client.will_set(
+            self._status_topic,
+            json.dumps({"device-id": config.device_id, "online": False}),
+            qos=1,
+            retain=True,
+        )
+        self._client.on_connect = self._on_connect
+        self._client.on_disconnect = self._on_disconnect
+        self._client.on_message = self._on_message
+        self._writer = threading.Thread(target=self._write_loop, name="ingest-writer", daemon=True)
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the writer thread and connect (retrying with back-off until connected)."""
+        self._writer.start()
+        connect_async(self._client, self.config.broker)
+        log.info(
+            "ingesting %s from %s into %s (%s, capacity %d)",
+            self._topic,
+            self.config.broker,
+            self.config.buffer,
+            self.store.policy,
+            self.store.capacity,
+        )
+
+    def wait_connected(self, timeout: float) -> bool:
+        """Block until subscribed to the broker, or ``timeout`` seconds."""
+        return self._connected.wait(timeout)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Commit and acknowledge everything received, publish a last status, disconnect."""
+        self._stopping.set()
+        self._writer.join(timeout)
+        self._publish_status(online=False)
+        self._client.disconnect()  # after the queued PUBACKs: paho sends packets in order
+        self._client.loop_stop()
+        self.store.close()
+        log.info("ingest for %s stopped", self.config.device_id)
+
+    def run(self) -> None:
+        """Run until SIGTERM or SIGINT, then stop cleanly."""
+        done = threading.Event()
+
+        def handle(signum: int, _frame: FrameType | None) -> None:
+            log.info("received %s, flushing", signal.Signals(signum).name)
+            done.set()
+
+        signal.signal(signal.SIGTERM, handle)
+        signal.signal(signal.SIGINT, handle)
+        self.start()
+        while not done.wait(1.0):
+            if not self._writer.is_alive():
+                raise RuntimeError("ingest writer thread died")
+        self.stop()
+
+    # -- paho callbacks (network thread: never block here) ---------------------------------
+
+    def _on_connect(self, client: mqtt.Client, _u: Any, flags: Any, rc: Any, _p: Any) -> None:
+        if rc.is_failure:
+            log.error("broker %s refused the connection: %s", self.config.broker, rc)
+            return
+        # Subscribing again is harmless when the session survived, and needed when it did not.
+        client.subscribe(self._topic, qos=1)
+        log.info("connected to %s (session present: %s)", self.config.broker, flags.session_present)
+        self._connected.set()
+
+    def _on_disconnect(self, _c: mqtt.Client, _u: Any, _f: Any, rc: Any, _p: Any) -> None:
+        self._connected.clear()
+        if not self._stopping.is_set():
+            log.warning("disconnected from %s (%s); reconnecting", self.config.broker, rc)
+
+    def _on_message(self, _c: mqtt.Client, _u: Any, msg: mqtt.MQTTMessage) -> None:
+        self._queue.put((msg.mid, msg.qos, msg.payload, time.time()))
+
+    # -- writer thread --------------------------------------------------------------------
+
+    def _write_loop(self) -> None:
+        next_status = time.monotonic()
+        pending: list[_Item] = []
+        while True:
+            if not pending:
+                pending = self._drain()
+            now = time.monotonic()
+            if pending or now >= next_status:
+                try:
+                    self._commit(pending)
+                except Exception:  # disk full, locked file...: keep the items, retry
+                    log.exception("could not commit %d message(s); retrying", len(pending))
+                    time.sleep(1.0)
+                    continue
+                pending = []
+            if now >= next_status:
+                self._publish_status(online=True)
+                next_status = now + self.config.status_interval
+            if self._stopping.is_set() and self._queue.empty():
+                return
+
+    def _drain(self) -> list[_Item]:
+        """Gather messages for one transaction: up to a batch, or a short window."""
+        try:
+            items = [self._queue.get(timeout=0.2)]
+        except queue.Empty:
+            return []
+        # Waiting a few ms costs nothing (messages are unacknowledged meanwhile, the broker
+        # keeps sending up to its in-flight window) and turns many small transactions,
+        # each with a fixed cost, into few large ones.
+        deadline = time.monotonic() + INGEST_GATHER_S
+        while len(items) < INGEST_MAX_BATCH:
+            left = deadline - time.monotonic()
+            try:
+                items.append(
+                    self._queue.get(timeout=left) if left > 0 else self._queue.get_nowait()
+                )
+            except queue.Empty:
+                break
+        return items
+
+    def _commit(self, items: list[_Item]) -> None:
+        batches = []
+        reasons: Counter[str] = Counter()
+        shape, k = self.config.shape, self.config.num_classes
+        for _, _, payload, now in items:
+            try:
+                batches.append(decode_payload(payload, shape, k, now=now))
+            except FrameError as err:
+                reasons[err.reason] += 1
+            except Exception:  # never let input kill the writer
+                log.exception("unexpected error decoding a message")
+                reasons["decode-error"] += 1
+        rate = self._rate.update(time.monotonic())
+        result = self.store.append(batches, rejected=reasons, messages=len(items), rate=rate)
+        self._rate.add(result.received, time.monotonic())
+        for mid, qos, _, _ in items:  # in arrival order, as MQTT requires
+            if qos > 0:
+                self._client.ack(mid, qos)
+        if reasons:
+            self._rejects.record(reasons, time.monotonic())
+
+    def _publish_status(self, *, online: bool) -> None:
+        status = self.store.stats()
+        status.update({"device-id": self.config.device_id, "online": online, "ts": time.time()})
+        self._client.publish(self._status_topic, json.dumps(status), qos=1, retain=True)

@@ -1,0 +1,90 @@
+"""The ``fedstream`` command line as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from deploy.local import fedstream_command
+
+
+def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(fedstream_command(*args), capture_output=True, text=True, timeout=timeout)
+
+
+def test_demo_streams_and_shuts_everything_down(tmp_path: Path) -> None:
+    # Execute: the main job, small.
+    proc = run(
+        "demo",
+        "--devices",
+        "2",
+        "--duration",
+        "4",
+        "--rates",
+        "100,400",
+        "--capacity",
+        "500",
+        "--out",
+        str(tmp_path),
+        "--no-live",
+        timeout=180,
+    )
+    # Assert
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    (summary_path,) = tmp_path.glob("stream-*/summary.json")
+    summary = json.loads(summary_path.read_text())
+    devices = summary["devices"]
+    assert set(devices) == {"dev-0", "dev-1"}
+    for dev in devices.values():
+        assert dev["exactly-once"] and dev["ingest-exit-code"] == 0
+        assert dev["received"] == dev["published"] > 0
+    fast = devices["dev-1"]
+    assert fast["fill"] == 500 and fast["dropped"] == fast["published"] - 500  # truncation
+    assert "exactly once" in proc.stdout
+
+
+def test_status_reports_a_missing_buffer_clearly(tmp_path: Path) -> None:
+    proc = run("status", "--buffer", str(tmp_path / "nope.sqlite"), "--json")
+    assert proc.returncode == 2
+    assert "no buffer" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--rate", "10", "--rate-set", "S1"], "exactly one of --rate"),
+        (["--rate", "10"], "exactly one of count and duration"),
+        (["--rate", "-1", "--count", "5"], "rate must be > 0"),
+        (["--rate", "10", "--count", "5", "--labels", "9"], "labels must be classes"),
+        (["--rate", "10", "--count", "5", "--source", "missing.npz"], "No such file"),
+    ],
+)
+def test_publish_refuses_bad_options(args: list[str], message: str) -> None:
+    proc = run("publish", "--device-id", "d", *args)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+
+
+def test_publish_fails_clearly_without_a_broker() -> None:
+    proc = run(
+        "publish",
+        "--device-id",
+        "d",
+        "--broker",
+        "mqtt://127.0.0.1:1",
+        "--rate",
+        "10",
+        "--count",
+        "5",
+        "--connect-timeout",
+        "2",
+    )
+    assert proc.returncode == 2 and "could not connect" in proc.stderr
+
+
+def test_demo_refuses_bad_options(tmp_path: Path) -> None:
+    proc = run("demo", "--devices", "2", "--rates", "1,2,3", "--out", str(tmp_path))
+    assert proc.returncode == 2 and "--rates needs 2" in proc.stderr

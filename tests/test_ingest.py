@@ -1,0 +1,219 @@
+"""End to end through a real broker: publisher -> broker -> ingest daemon -> buffer."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from deploy.brokers import EmbeddedBroker, MosquittoBroker
+from deploy.local import ProcessGroup, fedstream_command
+from edge_client.buffer import BufferStore
+from edge_client.frames import encode_frame, encode_json
+from edge_client.mqtt import samples_topic, status_topic
+from tests.conftest import RawClient, needs_mosquitto, start_ingest, stats, wait_until
+
+Broker = EmbeddedBroker | MosquittoBroker
+
+
+def publish_cmd(url: str, *args: str) -> list[str]:
+    return fedstream_command("publish", "--broker", url, "--device-id", "dev-a", "--json", *args)
+
+
+def report_of(proc: subprocess.Popen[bytes], timeout: float = 120) -> dict[str, Any]:
+    out, _ = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, out
+    report: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
+    return report
+
+
+def test_counts_match_exactly_at_qos1(broker: Broker, procs: ProcessGroup, tmp_path: Path) -> None:
+    # Prepare
+    buf = tmp_path / "dev-a.sqlite"
+    start_ingest(procs, broker.url, buf)
+    # Execute
+    pub = procs.start(
+        "pub",
+        publish_cmd(broker.url, "--count", "3000", "--rate", "3000", "--batch", "5"),
+        stdout_pipe=True,
+    )
+    report = report_of(pub)
+    # Assert
+    assert report["samples"] == 3000 and report["acknowledged"] == report["messages"] == 600
+    assert wait_until(lambda: stats(buf)["received"] >= 3000, 30)
+    status = subprocess.run(
+        fedstream_command("status", "--buffer", str(buf), "--json"),
+        capture_output=True,
+        check=True,
+        timeout=60,
+    )
+    s = json.loads(status.stdout)
+    assert (s["accepted"], s["rejected"], s["dropped"], s["duplicates"]) == (3000, 0, 0, 0)
+    assert s["fill"] == 3000 and s["consumed"] == 0 and "rate" in s
+
+
+def test_kill9_restart_loses_and_duplicates_nothing(
+    broker: Broker, procs: ProcessGroup, tmp_path: Path
+) -> None:
+    # Prepare: a stream of 4000 samples over ~8 s.
+    buf = tmp_path / "dev-a.sqlite"
+    start_ingest(procs, broker.url, buf)
+    pub = procs.start(
+        "pub",
+        publish_cmd(broker.url, "--count", "4000", "--rate", "500", "--batch", "4"),
+        stdout_pipe=True,
+    )
+    assert wait_until(lambda: stats(buf)["accepted"] >= 600, 30)
+    # Execute: kill -9 mid-stream, stay down ~1.5 s while publishing goes on, restart.
+    procs.kill("ingest")
+    at_kill = stats(buf)["accepted"]
+    time.sleep(1.5)
+    start_ingest(procs, broker.url, buf)
+    report = report_of(pub)
+    # Assert: exactly the published samples, each once.
+    assert wait_until(lambda: stats(buf)["received"] >= report["samples"], 60)
+    time.sleep(1.0)  # would-be redeliveries have time to show up
+    s = stats(buf)
+    assert 0 < at_kill < report["samples"] == 4000
+    assert s["accepted"] == s["received"] == 4000
+    with BufferStore(buf) as store:
+        taken = store.take(10_000)
+    digests = {hashlib.sha1(row.tobytes()).digest() for row in taken.x}
+    assert len(taken) == 4000 and len(digests) == 4000
+
+
+def test_stream_rate_is_estimated_within_10_percent(
+    broker: Broker, procs: ProcessGroup, tmp_path: Path
+) -> None:
+    buf = tmp_path / "dev-a.sqlite"
+    start_ingest(procs, broker.url, buf)
+    pub = procs.start(
+        "pub",
+        publish_cmd(broker.url, "--duration", "9", "--rate", "200", "--batch", "4"),
+        stdout_pipe=True,
+    )
+    time.sleep(7.5)
+    rate = stats(buf)["rate"]
+    report_of(pub)
+    assert abs(rate - 200) <= 20, rate
+
+
+def test_hostile_input_is_counted_and_the_daemon_survives(
+    broker: Broker, procs: ProcessGroup, tmp_path: Path, frames
+) -> None:
+    # Prepare
+    buf = tmp_path / "dev-a.sqlite"
+    start_ingest(procs, broker.url, buf)
+    client = RawClient(broker.url, "hostile")
+    assert client.wait_connected()
+    topic = samples_topic("dev-a")
+    rng = np.random.default_rng(3)
+    nan_x = np.zeros((2, 6, 32), np.float32)
+    nan_x[0, 0, 0] = np.nan
+    huge = bytearray(frames(2))
+    huge[8:12] = (2**31).to_bytes(4, "little")
+    hostile = {
+        "bad-magic": [rng.bytes(64) for _ in range(5)],
+        "truncated": [frames(3)[:-10], frames(2)[:30]],
+        "shape-mismatch": [encode_frame(np.zeros((2, 3, 64)), [0, 1], [1.0, 2.0])],
+        "non-finite": [encode_frame(nan_x, [0, 1], [1.0, 2.0])],
+        "count-too-large": [bytes(huge)],
+        "bad-utf8": [b'{"x": [\xff\xfe], "y": 1}'],
+        "bad-json": [b'{"x": [1, 2', b"[{}]"],
+        "bad-label": [encode_json(np.zeros(192), 99)],
+        "empty": [b"[]"],
+    }
+    # Execute: hostile messages interleaved with 5 valid ones of 3 samples each.
+    seq = 0
+    for payloads in hostile.values():
+        for payload in payloads:
+            client.publish(topic, payload)
+        client.publish(topic, frames(3, publisher="ok", seq=seq))
+        seq += 1
+    client.publish(topic, encode_json(np.ones(192), 2))
+    # Assert
+    expected = {reason: len(p) for reason, p in hostile.items()}
+    assert wait_until(lambda: stats(buf)["messages"] >= sum(expected.values()) + seq + 1, 20)
+    s = stats(buf)
+    client.close()
+    assert procs.procs["ingest"].poll() is None  # alive
+    assert s["rejected-by-reason"] == expected
+    assert s["accepted"] == 3 * seq + 1 and s["rejected"] == sum(expected.values())
+    assert procs.stop("ingest") == 0
+
+
+def test_sigterm_flushes_and_exits_zero_and_status_is_retained(
+    broker: Broker, procs: ProcessGroup, tmp_path: Path
+) -> None:
+    buf = tmp_path / "dev-a.sqlite"
+    start_ingest(procs, broker.url, buf)
+    report = report_of(
+        procs.start(
+            "pub",
+            publish_cmd(broker.url, "--count", "1000", "--rate", "2000", "--batch", "10"),
+            stdout_pipe=True,
+        )
+    )
+    watcher = RawClient(broker.url, "watcher")
+    watcher.subscribe(status_topic("dev-a"))
+    assert wait_until(lambda: watcher.last_json().get("accepted", 0) >= 1000, 20)
+    online = watcher.last_json()
+
+    procs.procs["ingest"].send_signal(signal.SIGTERM)
+    rc = procs.procs["ingest"].wait(30)
+
+    assert rc == 0 and stats(buf)["accepted"] == report["samples"] == 1000
+    assert online["online"] is True and online["device-id"] == "dev-a"
+    assert {"rate", "fill", "accepted", "rejected", "dropped", "consumed"} <= set(online)
+    assert wait_until(lambda: watcher.last_json().get("online") is False, 10)
+    watcher.close()
+
+
+@needs_mosquitto
+def test_publisher_and_ingest_ride_through_a_broker_restart(
+    procs: ProcessGroup, tmp_path: Path
+) -> None:
+    # Prepare
+    with MosquittoBroker() as broker:
+        buf = tmp_path / "dev-a.sqlite"
+        start_ingest(procs, broker.url, buf)
+        pub = procs.start(
+            "pub",
+            publish_cmd(broker.url, "--duration", "8", "--rate", "200", "--batch", "4"),
+            stdout_pipe=True,
+        )
+        assert wait_until(lambda: stats(buf)["accepted"] >= 200, 20)
+        # Execute: the broker dies for ~2 s, then comes back on the same port.
+        broker.kill()
+        before = stats(buf)["accepted"]
+        time.sleep(2.0)
+        broker.restart()
+        report = report_of(pub)
+        # Assert: both reconnected; everything published after the restart arrived.
+        assert wait_until(lambda: stats(buf)["accepted"] > before + 400, 30)
+        assert report["acknowledged"] == report["messages"]
+        assert procs.procs["ingest"].poll() is None
+        assert procs.stop("ingest") == 0
+
+
+def test_ingest_refuses_bad_configuration(tmp_path: Path) -> None:
+    cases = [
+        (["--device-id", "bad/id"], "device id"),
+        (["--device-id", "d", "--broker", "http://x"], "scheme"),
+        (["--device-id", "d", "--capacity", "0"], "capacity"),
+        (["--device-id", "d", "--shape", "6,zero"], "shape"),
+    ]
+    for args, message in cases:
+        proc = subprocess.run(
+            fedstream_command("ingest", "--buffer", str(tmp_path / "b.sqlite"), *args),
+            capture_output=True,
+            timeout=60,
+        )
+        assert proc.returncode == 2, args
+        assert message in (proc.stderr + proc.stdout).decode(), (args, proc.stderr)
