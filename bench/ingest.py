@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
+import statistics
 import sys
 import tempfile
 import threading
@@ -61,13 +63,17 @@ def make_session(url: BrokerURL, client_id: str) -> None:
     client.loop_stop()
 
 
-def preload(url: BrokerURL, messages: int, per_message: int) -> int:
+def preload(url: BrokerURL, messages: int, per_message: int, shape: tuple[int, ...]) -> int:
     """Publish ``messages`` frames of ``per_message`` samples at QoS 1; wait for every ack."""
-    task = SensorTask()
+    task = SensorTask(shape) if len(shape) == 2 else None
     rng = np.random.default_rng(0)
     pool = []
     for i in range(64):  # a pool of distinct frames, re-stamped with their sequence number
-        x, y = task.sample(per_message, rng)
+        if task is not None:
+            x, y = task.sample(per_message, rng)
+        else:  # single sensor readings
+            x = rng.standard_normal((per_message, *shape)).astype(np.float32)
+            y = rng.integers(0, 6, per_message)
         pool.append((x, y, np.full(per_message, 1.7e9 + i)))
     client = _connected_client(url, "bench-feeder", max_inflight=1000)
     acked = 0
@@ -120,11 +126,9 @@ def drain_raw(url: BrokerURL, messages: int) -> float:
     return elapsed
 
 
-def drain_ingest(url: BrokerURL, messages: int, samples: int, buffer: Path) -> float:
+def drain_ingest(samples: int, config: IngestConfig) -> float:
     """Seconds for the ingest daemon to commit (and acknowledge) everything."""
-    config = IngestConfig(
-        broker=url, device_id=DEVICE, buffer=buffer, capacity=10**9, client_id="bench-ingest"
-    )
+    buffer = config.buffer
     daemon = IngestDaemon(config)
     reader = BufferStore(buffer)
     daemon.start()
@@ -142,21 +146,42 @@ def drain_ingest(url: BrokerURL, messages: int, samples: int, buffer: Path) -> f
     return elapsed
 
 
-def throughput_case(url: BrokerURL, per_message: int, messages: int, tmp: Path) -> dict[str, Any]:
-    make_session(url, "bench-raw")
-    make_session(url, "bench-ingest")
-    acked = preload(url, messages, per_message)  # queued for both sessions
-    assert acked == messages, f"feeder: {acked} of {messages} acknowledged"
-    raw_s = drain_raw(url, messages)
-    ingest_s = drain_ingest(url, messages, messages * per_message, tmp / f"b{per_message}.sqlite")
+def throughput_case(
+    url: BrokerURL, per_message: int, messages: int, shape: tuple[int, ...], reps: int, tmp: Path
+) -> dict[str, Any]:
+    """Raw and ingest drains of the same preloaded queue, alternated ``reps`` times."""
+    raw: list[float] = []
+    ingest: list[float] = []
+    for rep in range(reps):
+        make_session(url, "bench-raw")
+        make_session(url, "bench-ingest")
+        acked = preload(url, messages, per_message, shape)  # queued for both sessions
+        assert acked == messages, f"feeder: {acked} of {messages} acknowledged"
+        raw.append(drain_raw(url, messages))
+        config = IngestConfig(
+            broker=url,
+            device_id=DEVICE,
+            buffer=tmp / f"b{per_message}-{len(shape)}-{rep}.sqlite",
+            capacity=10**9,
+            shape=shape,
+            client_id="bench-ingest",
+        )
+        ingest.append(drain_ingest(messages * per_message, config))
+    raw_s, ingest_s = statistics.median(raw), statistics.median(ingest)
+    sample_bytes = 4 * math.prod(shape) + 16
     return {
         "samples-per-message": per_message,
+        "sample-shape": list(shape),
+        "sample-bytes": sample_bytes,
         "messages": messages,
+        "repetitions": reps,
         "raw-msg-s": messages / raw_s,
         "ingest-msg-s": messages / ingest_s,
         "raw-samples-s": messages * per_message / raw_s,
         "ingest-samples-s": messages * per_message / ingest_s,
+        "ingest-mb-s": messages * per_message * sample_bytes / ingest_s / 1e6,
         "ratio": raw_s / ingest_s,
+        "ratios": [r / i for r, i in zip(raw, ingest, strict=True)],
     }
 
 
@@ -234,19 +259,22 @@ def main() -> None:
     parser.add_argument("--broker", choices=["mosquitto", "embedded"], default=None)
     args = parser.parse_args()
     kind = args.broker or ("mosquitto" if mosquitto_available() else "embedded")
-    small, big, seconds = (5000, 500, 15.0) if args.quick else (50_000, 4000, 60.0)
+    small, big, seconds, reps = (5000, 500, 15.0, 1) if args.quick else (50_000, 4000, 60.0, 3)
+    window, reading = (6, 32), (6,)
+    cases = [(1, small, window), (64, big, window), (64, big, reading)]
     broker = MosquittoBroker() if kind == "mosquitto" else EmbeddedBroker()
     results: dict[str, Any] = {"broker": kind, "cores": os.cpu_count(), "cases": []}
     with broker, tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
         url = BrokerURL.parse(broker.url)
-        for per, n in ((1, small), (64, big)):
-            case = throughput_case(url, per, n, tmp)
+        for per, n, shape in cases:
+            case = throughput_case(url, per, n, shape, reps, tmp)
             results["cases"].append(case)
             print(
-                f"{per:>2} sample(s)/msg, {n} msgs: raw {case['raw-msg-s']:,.0f} msg/s, "
-                f"ingest {case['ingest-msg-s']:,.0f} msg/s = {case['ingest-samples-s']:,.0f} "
-                f"samples/s, ingest/raw {case['ratio']:.2f}x",
+                f"{per:>2} x {case['sample-bytes']} B samples/msg, {n} msgs, median of {reps}: "
+                f"raw {case['raw-msg-s']:,.0f} msg/s, ingest {case['ingest-msg-s']:,.0f} msg/s "
+                f"= {case['ingest-samples-s']:,.0f} samples/s ({case['ingest-mb-s']:.0f} MB/s), "
+                f"ingest/raw {case['ratio']:.2f}x",
                 flush=True,
             )
         mem = memory_case(broker.url, seconds, tmp)

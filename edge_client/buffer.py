@@ -42,7 +42,7 @@ from edge_client.constants import (
     SQLITE_BUSY_TIMEOUT_S,
     SQLITE_PAGE_SIZE,
 )
-from edge_client.frames import SampleBatch
+from edge_client.frames import Arrivals, SampleBatch
 
 __all__ = ["AppendResult", "BufferStore", "BufferStoreError"]
 
@@ -204,7 +204,7 @@ class BufferStore:
 
     def append(
         self,
-        batches: Sequence[SampleBatch],
+        arrivals: Arrivals | Sequence[SampleBatch],
         *,
         rejected: Mapping[str, int] | None = None,
         messages: int | None = None,
@@ -214,13 +214,13 @@ class BufferStore:
 
         Parameters
         ----------
-        batches : sequence of SampleBatch
+        arrivals : Arrivals or sequence of SampleBatch
             Decoded messages in arrival order. One whose ``(publisher, seq)`` is not newer
             than the last stored for that publisher is a redelivery and is skipped.
         rejected : mapping of str to int, optional
             Messages refused by the decoder, by reason, to count in the same transaction.
         messages : int, optional
-            Messages handled (defaults to ``len(batches) + sum(rejected)``).
+            Messages handled (defaults to ``len(arrivals) + sum(rejected)``).
         rate : float, optional
             Current stream-rate estimate to publish in the file.
 
@@ -228,28 +228,32 @@ class BufferStore:
         -------
         AppendResult
         """
+        if not isinstance(arrivals, Arrivals):
+            arrivals = Arrivals.from_batches(arrivals, self.shape)
         rejected = rejected or {}
         n_rejected = sum(rejected.values())
         received = accepted = dropped = duplicates = 0
+        keep: list[list[int]] = []  # [start, stop) ranges of the concatenated samples
         with self._write() as db:
             fill = self._counter(db, "fill")
             last_seq: dict[str, int] = {}
-            rows = _ChunkBuilder()
-            for batch in batches:
-                if batch.publisher is not None:
-                    last = last_seq.get(batch.publisher)
+            start = 0
+            for n, publisher, seq in zip(
+                arrivals.counts, arrivals.publishers, arrivals.seqs, strict=True
+            ):
+                at, start = start, start + n
+                if publisher is not None:
+                    last = last_seq.get(publisher)
                     if last is None:
                         row = db.execute(
-                            "SELECT last_seq FROM publishers WHERE publisher = ?",
-                            (batch.publisher,),
+                            "SELECT last_seq FROM publishers WHERE publisher = ?", (publisher,)
                         ).fetchone()
                         last = -1 if row is None else int(row[0])
-                    if batch.seq <= last:
+                    if seq <= last:
                         duplicates += 1
-                        last_seq[batch.publisher] = last
+                        last_seq[publisher] = last
                         continue
-                    last_seq[batch.publisher] = batch.seq
-                n = len(batch)
+                    last_seq[publisher] = seq
                 received += n
                 lo, hi = 0, n
                 if self.policy == POLICY_PERSISTENCE:
@@ -259,10 +263,15 @@ class BufferStore:
                 kept = hi - lo
                 dropped += n - kept
                 if kept:
-                    rows.add(batch, lo, hi)
+                    if keep and keep[-1][1] == at + lo:
+                        keep[-1][1] = at + hi  # contiguous with the previous message
+                    else:
+                        keep.append([at + lo, at + hi])
                     fill += kept
                     accepted += kept
-            db.executemany("INSERT INTO chunks (n, ts, y, x) VALUES (?, ?, ?, ?)", rows.finish())
+            db.executemany(
+                "INSERT INTO chunks (n, ts, y, x) VALUES (?, ?, ?, ?)", _rows(arrivals, keep)
+            )
             evicted = 0
             if self.policy == POLICY_TRUNCATION and fill > self.capacity:
                 evicted = self._evict_oldest(db, fill - self.capacity)
@@ -274,7 +283,7 @@ class BufferStore:
                 last_seq.items(),
             )
             deltas = {
-                "messages": len(batches) + n_rejected if messages is None else messages,
+                "messages": len(arrivals) + n_rejected if messages is None else messages,
                 "received": received,
                 "accepted": accepted,
                 "dropped": dropped,
@@ -419,49 +428,24 @@ class BufferStore:
         )
 
 
-class _ChunkBuilder:
-    """Packs consecutive messages into rows of up to :data:`CHUNK_MAX_SAMPLES` samples.
+def _rows(arrivals: Arrivals, keep: list[list[int]]) -> Iterator[tuple[int, Any, Any, Any]]:
+    """Chunk rows for the kept ranges, at most :data:`CHUNK_MAX_SAMPLES` samples each.
 
-    One row per transaction instead of one per message keeps SQLite's per-row cost off
-    the 1-sample-message path; the cap keeps a partial :meth:`BufferStore.take` cheap.
+    Rows span messages (one row per transaction, not per message, keeps SQLite's per-row
+    cost off the 1-sample-message path); the cap keeps a partial take cheap.
     """
-
-    def __init__(self) -> None:
-        self.rows: list[tuple[int, bytes, bytes, bytes]] = []
-        self._parts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
-        self._n = 0
-
-    def add(self, batch: SampleBatch, lo: int, hi: int) -> None:
-        while lo < hi:
-            take = min(hi - lo, CHUNK_MAX_SAMPLES - self._n)
-            self._parts.append(
-                (batch.ts[lo : lo + take], batch.y[lo : lo + take], batch.x[lo : lo + take])
+    for lo, hi in keep:
+        for a in range(lo, hi, CHUNK_MAX_SAMPLES):
+            b = min(a + CHUNK_MAX_SAMPLES, hi)
+            yield (
+                b - a,
+                _blob(arrivals.ts[a:b], "<f8"),
+                _blob(arrivals.y[a:b], "<i8"),
+                _blob(arrivals.x[a:b], "<f4"),
             )
-            self._n += take
-            lo += take
-            if self._n >= CHUNK_MAX_SAMPLES:
-                self._flush()
-
-    def finish(self) -> list[tuple[int, bytes, bytes, bytes]]:
-        self._flush()
-        return self.rows
-
-    def _flush(self) -> None:
-        if not self._n:
-            return
-        # bytes.join copies each (contiguous, little-endian) array's buffer once.
-        self.rows.append(
-            (
-                self._n,
-                b"".join(_le(ts, "<f8") for ts, _, _ in self._parts),
-                b"".join(_le(y, "<i8") for _, y, _ in self._parts),
-                b"".join(_le(x, "<f4") for _, _, x in self._parts),
-            )
-        )
-        self._parts = []
-        self._n = 0
 
 
-def _le(a: np.ndarray, dtype: str) -> memoryview:
+def _blob(a: np.ndarray, dtype: str) -> memoryview:
+    """The array's bytes, little endian, without a copy when it already is."""
     contiguous: Any = np.ascontiguousarray(a, dtype=dtype)
     return memoryview(contiguous).cast("B")

@@ -23,8 +23,10 @@ Decoding validates everything and raises :class:`FrameError` with a kebab-case `
 from __future__ import annotations
 
 import json
+import logging
 import math
 import struct
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -44,15 +46,18 @@ from edge_client.constants import (
 
 __all__ = [
     "REJECT_REASONS",
+    "Arrivals",
     "FrameError",
     "SampleBatch",
+    "decode_messages",
     "decode_payload",
     "encode_frame",
     "encode_json",
 ]
 
+log = logging.getLogger(__name__)
+
 _HEADER = struct.Struct("<4sBBBBIQ")
-_SMALL = 16  # messages up to this many samples are validated without numpy reductions
 
 #: Every reason :class:`FrameError` can carry (also the keys of the rejected counters).
 REJECT_REASONS = (
@@ -72,6 +77,7 @@ REJECT_REASONS = (
     "bad-timestamp",
     "bad-utf8",
     "bad-json",
+    "decode-error",
 )
 
 
@@ -201,20 +207,174 @@ def decode_payload(
     FrameError
         With the reason the payload was refused.
     """
+    shape = tuple(shape)
+    msg = _parse(payload, shape, now)
+    x, y, ts = _arrays([msg], shape)
+    _check_values(x, y, ts, num_classes)
+    return SampleBatch(x=x, y=y, ts=ts, publisher=msg.publisher, seq=msg.seq)
+
+
+@dataclass(slots=True)
+class Arrivals:
+    """Samples of several messages concatenated in arrival order, with each one's identity.
+
+    This is what the ingest writer commits in one transaction: one array per field for the
+    whole window keeps per-message work to bookkeeping.
+
+    Attributes
+    ----------
+    x, y, ts : ndarray
+        All samples, message after message.
+    counts : list of int
+        Samples per message.
+    publishers : list of (str or None)
+        Publisher id per message (None: no de-duplication).
+    seqs : list of int
+        Sequence number per message.
+    """
+
+    x: npt.NDArray[np.float32]
+    y: npt.NDArray[np.int64]
+    ts: npt.NDArray[np.float64]
+    counts: list[int]
+    publishers: list[str | None]
+    seqs: list[int]
+
+    def __len__(self) -> int:
+        return len(self.counts)
+
+    @classmethod
+    def from_batches(cls, batches: Sequence[SampleBatch], shape: Sequence[int]) -> Arrivals:
+        """Concatenate decoded messages (all of feature shape ``shape``)."""
+        if not batches:
+            return cls(
+                x=np.empty((0, *shape), np.float32),
+                y=np.empty(0, np.int64),
+                ts=np.empty(0, np.float64),
+                counts=[],
+                publishers=[],
+                seqs=[],
+            )
+        return cls(
+            x=np.concatenate([b.x for b in batches]).astype(np.float32, copy=False),
+            y=np.concatenate([b.y for b in batches]).astype(np.int64, copy=False),
+            ts=np.concatenate([b.ts for b in batches]).astype(np.float64, copy=False),
+            counts=[len(b) for b in batches],
+            publishers=[b.publisher for b in batches],
+            seqs=[b.seq for b in batches],
+        )
+
+
+def decode_messages(
+    items: Sequence[tuple[bytes | bytearray, float]],
+    shape: Sequence[int],
+    num_classes: int,
+) -> tuple[Arrivals, Counter[str]]:
+    """Decode many payloads at once; the fast path of the ingest daemon.
+
+    Each payload's structure is checked on its own; the values (finite, labels in range)
+    are checked once over the concatenation, and message by message only when that finds
+    something wrong. The result is the same as :func:`decode_payload` on each.
+
+    Parameters
+    ----------
+    items : sequence of (payload, arrival time)
+        The messages, in arrival order.
+    shape : sequence of int
+        The device's declared per-sample feature shape.
+    num_classes : int
+        Labels must lie in ``[0, num_classes)``.
+
+    Returns
+    -------
+    arrivals : Arrivals
+        The valid messages.
+    rejected : collections.Counter
+        Refused messages by reason.
+    """
+    shape = tuple(shape)
+    parsed: list[_Parsed] = []
+    rejected: Counter[str] = Counter()
+    for payload, now in items:
+        try:
+            parsed.append(_parse(payload, shape, now))
+        except FrameError as err:
+            rejected[err.reason] += 1
+        except Exception:  # a decoder bug must not stop ingest: count it, keep going
+            log.exception("unexpected error decoding a message")
+            rejected["decode-error"] += 1
+    x, y, ts = _arrays(parsed, shape)
+    try:
+        _check_values(x, y, ts, num_classes)
+    except FrameError:  # rare: find the culprits one by one
+        good = []
+        for msg in parsed:
+            try:
+                _check_values(*_arrays([msg], shape), num_classes)
+                good.append(msg)
+            except FrameError as err:
+                rejected[err.reason] += 1
+        parsed = good
+        x, y, ts = _arrays(parsed, shape)
+    arrivals = Arrivals(
+        x=x,
+        y=y,
+        ts=ts,
+        counts=[m.count for m in parsed],
+        publishers=[m.publisher for m in parsed],
+        seqs=[m.seq for m in parsed],
+    )
+    return arrivals, rejected
+
+
+@dataclass(slots=True)
+class _Parsed:
+    """One structurally valid message: its fields as little-endian bytes, unchecked values."""
+
+    publisher: str | None
+    seq: int
+    count: int
+    ts: bytes | memoryview
+    y: bytes | memoryview
+    x: bytes | memoryview
+
+
+def _parse(payload: bytes | bytearray, shape: tuple[int, ...], now: float) -> _Parsed:
     if not payload:
         raise FrameError("empty", "empty payload")
     if len(payload) > MAX_PAYLOAD_BYTES:
         raise FrameError("too-large", f"{len(payload)} bytes > {MAX_PAYLOAD_BYTES}")
     first = payload[:1]
     if first in (b"{", b"[") or (first.isspace() and payload.lstrip()[:1] in (b"{", b"[")):
-        batch = _decode_json(bytes(payload), tuple(shape), now)
+        batch = _decode_json(bytes(payload), shape, now)
+        return _Parsed(
+            publisher=batch.publisher,
+            seq=batch.seq,
+            count=len(batch),
+            ts=batch.ts.astype("<f8").tobytes(),
+            y=batch.y.astype("<i8").tobytes(),
+            x=batch.x.astype("<f4").tobytes(),
+        )
+    return _parse_binary(payload, shape)
+
+
+def _arrays(
+    parsed: Sequence[_Parsed], shape: tuple[int, ...]
+) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64], npt.NDArray[np.float64]]:
+    """Concatenate parsed messages into (x, y, ts) arrays (one copy of the bytes)."""
+    n = sum(m.count for m in parsed)
+    if len(parsed) == 1:
+        (m,) = parsed
+        ts_b, y_b, x_b = m.ts, m.y, m.x
     else:
-        batch = _decode_binary(bytes(payload), tuple(shape))
-    _check_values(batch, num_classes)
-    return batch
+        ts_b = b"".join(m.ts for m in parsed)
+        y_b = b"".join(m.y for m in parsed)
+        x_b = b"".join(m.x for m in parsed)
+    x = np.frombuffer(x_b, dtype="<f4").reshape(n, *shape)
+    return x, np.frombuffer(y_b, dtype="<i8"), np.frombuffer(ts_b, dtype="<f8")
 
 
-def _decode_binary(payload: bytes, shape: tuple[int, ...]) -> SampleBatch:
+def _parse_binary(payload: bytes | bytearray, shape: tuple[int, ...]) -> _Parsed:
     if len(payload) < _HEADER.size:
         if not FRAME_MAGIC.startswith(payload[: len(FRAME_MAGIC)]):
             raise FrameError("bad-magic", "not a fedstream frame")
@@ -250,12 +410,17 @@ def _decode_binary(payload: bytes, shape: tuple[int, ...]) -> SampleBatch:
         raise FrameError("truncated", f"{len(payload)} bytes, {count} samples need {expected}")
     if len(payload) > expected:
         raise FrameError("length-mismatch", f"{len(payload) - expected} trailing bytes")
-    ts = np.frombuffer(payload, dtype="<f8", count=count, offset=off)
-    off += 8 * count
-    y = np.frombuffer(payload, dtype="<i8", count=count, offset=off)
-    off += 8 * count
-    x = np.frombuffer(payload, dtype="<f4", count=count * per, offset=off).reshape(count, *shape)
-    return SampleBatch(x=x, y=y, ts=ts, publisher=publisher or None, seq=seq)
+    view = memoryview(payload)
+    y_at = off + 8 * count
+    x_at = y_at + 8 * count
+    return _Parsed(
+        publisher=publisher or None,
+        seq=seq,
+        count=count,
+        ts=view[off:y_at],
+        y=view[y_at:x_at],
+        x=view[x_at:],
+    )
 
 
 def _decode_json(payload: bytes, shape: tuple[int, ...], now: float) -> SampleBatch:
@@ -310,19 +475,19 @@ def _decode_json(payload: bytes, shape: tuple[int, ...], now: float) -> SampleBa
     return SampleBatch(x=xs.reshape(len(items), *shape), y=ys, ts=ts, publisher=publisher, seq=seq)
 
 
-def _check_values(batch: SampleBatch, num_classes: int) -> None:
+def _check_values(
+    x: npt.NDArray[np.float32],
+    y: npt.NDArray[np.int64],
+    ts: npt.NDArray[np.float64],
+    num_classes: int,
+) -> None:
+    if not len(y):
+        return
     # A float64 sum of float32 values cannot overflow, so it is finite iff every value is:
     # one reduction instead of an isfinite pass plus an all().
-    if not math.isfinite(float(batch.x.sum(dtype=np.float64))):
+    if not math.isfinite(float(x.sum(dtype=np.float64))):
         raise FrameError("non-finite", "features contain NaN or Inf")
-    if len(batch.y) <= _SMALL:  # 1-sample messages are the hot path: plain Python is faster
-        stamps, labels = batch.ts.tolist(), batch.y.tolist()
-        ts_ok = all(math.isfinite(t) and t >= 0 for t in stamps)
-        y_ok = min(labels) >= 0 and max(labels) < num_classes
-    else:
-        ts_ok = bool(np.isfinite(batch.ts).all()) and batch.ts.min() >= 0
-        y_ok = batch.y.min() >= 0 and batch.y.max() < num_classes
-    if not ts_ok:
+    if not (np.isfinite(ts).all() and ts.min() >= 0):
         raise FrameError("bad-timestamp", "timestamps must be finite and non-negative")
-    if not y_ok:
+    if y.min() < 0 or y.max() >= num_classes:
         raise FrameError("bad-label", f"labels must lie in [0, {num_classes})")

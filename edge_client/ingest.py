@@ -36,7 +36,7 @@ from edge_client.constants import (
     REJECT_LOG_INTERVAL_S,
     STATUS_INTERVAL_S,
 )
-from edge_client.frames import FrameError, decode_payload
+from edge_client.frames import decode_messages
 from edge_client.mqtt import BrokerURL, connect_async, make_client, samples_topic, status_topic
 from edge_client.rate import RateEstimator
 
@@ -253,19 +253,13 @@ class IngestDaemon:
         return items
 
     def _commit(self, items: list[_Item]) -> None:
-        batches = []
-        reasons: Counter[str] = Counter()
-        shape, k = self.config.shape, self.config.num_classes
-        for _, _, payload, now in items:
-            try:
-                batches.append(decode_payload(payload, shape, k, now=now))
-            except FrameError as err:
-                reasons[err.reason] += 1
-            except Exception:  # never let input kill the writer
-                log.exception("unexpected error decoding a message")
-                reasons["decode-error"] += 1
+        arrivals, reasons = decode_messages(
+            [(payload, now) for _, _, payload, now in items],
+            self.config.shape,
+            self.config.num_classes,
+        )
         rate = self._rate.update(time.monotonic())
-        result = self.store.append(batches, rejected=reasons, messages=len(items), rate=rate)
+        result = self.store.append(arrivals, rejected=reasons, messages=len(items), rate=rate)
         self._rate.add(result.received, time.monotonic())
         for mid, qos, _, _ in items:  # in arrival order, as MQTT requires
             if qos > 0:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -138,11 +139,15 @@ def _writer(path: str, start: int, messages: int, per: int) -> None:
     store.close()
 
 
-def _taker(path: str, out: mp.Queue, stop_at: int) -> None:  # type: ignore[type-arg]
+def _taker(path: str, out: mp.Queue, writers_done: Any) -> None:  # type: ignore[type-arg]
     store = BufferStore(path)
     got: list[int] = []
-    while len(got) < stop_at:
-        got.extend(int(v) for v in store.take(37).y)
+    while True:
+        done = writers_done.is_set()  # read before taking: then an empty take is final
+        taken = store.take(37)
+        got.extend(int(v) for v in taken.y)
+        if not len(taken) and done:
+            break
     store.close()
     out.put(got)
 
@@ -155,13 +160,15 @@ def test_concurrent_writer_and_takers_lose_and_duplicate_nothing(tmp_path: Path)
     total = 2 * per * messages
     ctx = mp.get_context("spawn")
     out: mp.Queue = ctx.Queue()  # type: ignore[type-arg]
+    writers_done = ctx.Event()
     writers = [ctx.Process(target=_writer, args=(path, s, messages, per)) for s in (0, 10**6)]
-    takers = [ctx.Process(target=_taker, args=(path, out, total // 2)) for _ in range(2)]
+    takers = [ctx.Process(target=_taker, args=(path, out, writers_done)) for _ in range(2)]
     # Execute
     for p in writers + takers:
         p.start()
     for p in writers:
         p.join(120)
+    writers_done.set()
     taken = [out.get(timeout=120) for _ in takers]
     for p in takers:
         p.join(30)

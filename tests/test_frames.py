@@ -9,7 +9,13 @@ import numpy as np
 import pytest
 
 from edge_client.constants import FRAME_MAX_SAMPLES, MAX_PAYLOAD_BYTES
-from edge_client.frames import REJECT_REASONS, FrameError, decode_payload, encode_frame
+from edge_client.frames import (
+    REJECT_REASONS,
+    FrameError,
+    decode_messages,
+    decode_payload,
+    encode_frame,
+)
 
 SHAPE = (6, 32)
 NOW = 1.7e9
@@ -170,3 +176,34 @@ def test_encoder_refuses_inconsistent_arrays() -> None:
         encode_frame(x, y[:2], ts)
     with pytest.raises(ValueError, match="publisher"):
         encode_frame(x, y, ts, publisher="p" * 200)
+
+
+def test_decode_messages_matches_decoding_one_by_one() -> None:
+    # Prepare: valid frames of several sizes, JSON, and hostile payloads, interleaved.
+    x, y, ts = sample_arrays(4)
+    nan_x = x.copy()
+    nan_x[2, 0, 0] = np.nan
+    payloads = [
+        encode_frame(x[:1], y[:1], ts[:1], publisher="a", seq=0),
+        b"garbage",
+        encode_frame(nan_x, y, ts, publisher="a", seq=1),
+        json.dumps({"x": x[1].tolist(), "y": int(y[1])}).encode(),
+        encode_frame(x, np.array([0, 1, 9, 2]), ts),
+        encode_frame(x, y, ts, publisher="b", seq=5),
+    ]
+    expected_reasons: dict[str, int] = {}
+    expected = []
+    for p in payloads:
+        try:
+            expected.append(decode(p))
+        except FrameError as err:
+            expected_reasons[err.reason] = expected_reasons.get(err.reason, 0) + 1
+    # Execute
+    arrivals, rejected = decode_messages([(p, NOW) for p in payloads], SHAPE, 6)
+    # Assert
+    assert dict(rejected) == expected_reasons == {"bad-magic": 1, "non-finite": 1, "bad-label": 1}
+    assert arrivals.counts == [len(b) for b in expected] == [1, 1, 4]
+    assert arrivals.publishers == ["a", None, "b"] and arrivals.seqs == [0, 0, 5]
+    np.testing.assert_array_equal(arrivals.x, np.concatenate([b.x for b in expected]))
+    np.testing.assert_array_equal(arrivals.y, np.concatenate([b.y for b in expected]))
+    np.testing.assert_array_equal(arrivals.ts, np.concatenate([b.ts for b in expected]))
