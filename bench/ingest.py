@@ -245,6 +245,7 @@ def memory_case(url: str, seconds: float, tmp: Path) -> dict[str, Any]:
         "rss-kib-end": warm[-1],
         "rss-kib-max": max(warm),
         "growth-after-warmup": warm[-1] / warm[0],
+        "rss-kib-series": [r for _, r in samples],
         "accepted": s["accepted"],
         "dropped": s["dropped"],
         "fill": s["fill"],

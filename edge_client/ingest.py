@@ -1,16 +1,18 @@
 """The ingest daemon: MQTT samples in, durable buffer out, at line rate.
 
 paho's network thread only queues each payload (receiving is the bottleneck, so it does
-nothing else); a writer thread gathers messages for ~10 ms, decodes and validates them,
-commits them in one transaction and then acknowledges them. Acknowledging
-after the commit, with a persistent session (``clean_session=False``, stable client id) and
-de-duplication by ``(publisher, seq)`` inside the same transaction, makes the buffer hold
-each published sample exactly once, even across ``kill -9``: a message is either committed
-(and a redelivery is dropped) or unacknowledged (and the broker redelivers it).
+little else); a writer thread gathers messages for ~10 ms, decodes and validates them in
+one pass, commits them in one transaction and only then releases their acknowledgements.
+
+Acknowledging after the commit, with a persistent session (``clean_session=False``, a
+stable client id) and de-duplication by ``(publisher, seq)`` inside the same transaction,
+makes the buffer hold each published sample exactly once, even across ``kill -9``: a message
+is either committed (and a redelivery is dropped) or unacknowledged (and redelivered).
 """
 
 from __future__ import annotations
 
+import collections
 import json
 import logging
 import queue
@@ -121,6 +123,8 @@ class IngestDaemon:
         self._topic = samples_topic(config.device_id)
         self._status_topic = status_topic(config.device_id)
         self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
+        self._acks: collections.deque[tuple[int, int]] = collections.deque()
+        self._ack_lock = threading.Lock()
         self._stopping = threading.Event()
         self._connected = threading.Event()
         self._rate = RateEstimator(time.monotonic())
@@ -168,6 +172,7 @@ class IngestDaemon:
         """Commit and acknowledge everything received, publish a last status, disconnect."""
         self._stopping.set()
         self._writer.join(timeout)
+        self._send_acks()
         self._publish_status(online=False)
         self._client.disconnect()  # after the queued PUBACKs: paho sends packets in order
         self._client.loop_stop()
@@ -208,6 +213,8 @@ class IngestDaemon:
 
     def _on_message(self, _c: mqtt.Client, _u: Any, msg: mqtt.MQTTMessage) -> None:
         self._queue.put((msg.mid, msg.qos, msg.payload, time.time()))
+        if self._acks:
+            self._send_acks()
 
     # -- writer thread --------------------------------------------------------------------
 
@@ -232,12 +239,25 @@ class IngestDaemon:
             if self._stopping.is_set() and self._queue.empty():
                 return
 
+    def _send_acks(self) -> None:
+        """Acknowledge committed messages; the lock keeps them in arrival order, as MQTT
+        requires, whichever thread sends them."""
+        with self._ack_lock:
+            acks = self._acks
+            while acks:
+                mid, qos = acks.popleft()
+                self._client.ack(mid, qos)
+
     def _drain(self) -> list[_Item]:
         """Gather messages for one transaction: up to a batch, or a short window."""
         try:
-            items = [self._queue.get(timeout=0.2)]
+            items = [self._queue.get(timeout=INGEST_GATHER_S)]
         except queue.Empty:
-            return []
+            self._send_acks()  # the stream paused: no message will carry them out
+            try:
+                items = [self._queue.get(timeout=0.2)]
+            except queue.Empty:
+                return []
         # Waiting a few ms costs nothing (messages are unacknowledged meanwhile, the broker
         # keeps sending up to its in-flight window) and turns many small transactions,
         # each with a fixed cost, into few large ones.
@@ -261,9 +281,9 @@ class IngestDaemon:
         rate = self._rate.update(time.monotonic())
         result = self.store.append(arrivals, rejected=reasons, messages=len(items), rate=rate)
         self._rate.add(result.received, time.monotonic())
-        for mid, qos, _, _ in items:  # in arrival order, as MQTT requires
-            if qos > 0:
-                self._client.ack(mid, qos)
+        # Committed: now they may be acknowledged. paho's thread sends the acks with its next
+        # message (no thread hand-off per ack); when the stream pauses, _drain sends them.
+        self._acks.extend((mid, qos) for mid, qos, _, _ in items if qos > 0)
         if reasons:
             self._rejects.record(reasons, time.monotonic())
 
