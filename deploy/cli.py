@@ -295,6 +295,7 @@ def demo(
     from deploy.demo import DemoConfig, run_demo
 
     _setup_logging(False)
+    logging.getLogger("iotcore").setLevel(logging.WARNING)  # the live table says it all
     try:
         rate_list = [float(r) for r in rates.split(",")] if rates else None
         config = DemoConfig(

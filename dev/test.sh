@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-python3 -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore -e '.[dev]'
 
 # Real-broker tests prefer Mosquitto (Debian's package); install it when missing and root.
 if ! command -v mosquitto >/dev/null && [ ! -x /usr/sbin/mosquitto ]; then

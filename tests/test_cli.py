@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
-from deploy.local import fedstream_command
+from deploy.local import ProcessGroup, fedstream_command, free_port, wait_for_port
+from tests.conftest import RawClient, wait_until
 
 
 def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -88,3 +90,24 @@ def test_publish_fails_clearly_without_a_broker() -> None:
 def test_demo_refuses_bad_options(tmp_path: Path) -> None:
     proc = run("demo", "--devices", "2", "--rates", "1,2,3", "--out", str(tmp_path))
     assert proc.returncode == 2 and "--rates needs 2" in proc.stderr
+
+
+def test_broker_command_serves_mqtt_and_reports_a_taken_port(procs: ProcessGroup) -> None:
+    # Prepare
+    port = free_port()
+    procs.start("broker", fedstream_command("broker", "--port", str(port)))
+    assert wait_for_port(port)
+    url = f"mqtt://127.0.0.1:{port}"
+    sub = RawClient(url, "sub")
+    sub.subscribe("fedstream/v1/x/samples")
+    pub = RawClient(url, "pub")
+    assert pub.wait_connected()
+    time.sleep(0.3)
+    # Execute
+    pub.publish("fedstream/v1/x/samples", b"hello")
+    taken = run("broker", "--port", str(port))
+    # Assert
+    assert wait_until(lambda: [m.payload for m in sub.messages] == [b"hello"], 10)
+    assert taken.returncode == 2 and "cannot listen" in taken.stderr
+    sub.close()
+    pub.close()
