@@ -8,7 +8,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from iotcore import Broker
+from iotcore import Broker, IotCoreBroker
 
 from deploy.local import ProcessGroup, free_port, wait_for_port
 from edge_client.constants import EMBEDDED_MAX_INFLIGHT, EMBEDDED_MAX_PAYLOAD
@@ -19,6 +19,7 @@ __all__ = [
     "MosquittoBroker",
     "embedded_broker",
     "mosquitto_available",
+    "run_embedded_broker",
 ]
 
 #: The repository's broker_config/ folder (Mosquitto configs, ACL, certificate script).
@@ -26,13 +27,31 @@ BROKER_CONFIG_DIR = Path(__file__).resolve().parent.parent / "broker_config"
 
 
 def embedded_broker(port: int, listen: str = "127.0.0.1") -> Broker:
-    """An iotcore broker with fedstream's settings (payload and in-flight limits)."""
+    """An iotcore broker, in a child process, with fedstream's settings."""
     return Broker(
         port=port,
         listen=listen,
         max_payload_size=EMBEDDED_MAX_PAYLOAD,
         max_inflight_count=EMBEDDED_MAX_INFLIGHT,
     )
+
+
+def run_embedded_broker(port: int, listen: str = "127.0.0.1") -> None:
+    """Run the embedded broker in this process until interrupted.
+
+    Raises
+    ------
+    OSError
+        If the port is taken.
+    """
+    native = IotCoreBroker(
+        listen=listen,
+        port=port,
+        max_payload_size=EMBEDDED_MAX_PAYLOAD,
+        max_inflight_count=EMBEDDED_MAX_INFLIGHT,
+    )
+    native.check_ports()
+    native.run_forever()
 
 
 class EmbeddedBroker:

@@ -79,17 +79,15 @@ def broker(
     listen: Annotated[str, typer.Option(help="Bind address.")] = "127.0.0.1",
 ) -> None:
     """Run the embedded MQTT broker (iotcore / rumqttd) in the foreground."""
-    from deploy.brokers import embedded_broker
+    from deploy.brokers import run_embedded_broker
 
     _setup_logging(False)
-    embedded = embedded_broker(port, listen)
+    console.print(f"embedded MQTT broker on mqtt://{listen}:{port} (Ctrl+C stops it)")
     try:
-        embedded._native.check_ports()  # a clear error when the port is taken
+        with contextlib.suppress(KeyboardInterrupt):
+            run_embedded_broker(port, listen)
     except OSError as err:
         raise _fail(f"cannot listen on {listen}:{port}: {err}") from err
-    console.print(f"embedded MQTT broker listening on mqtt://{listen}:{port} (Ctrl+C stops it)")
-    with contextlib.suppress(KeyboardInterrupt):
-        embedded.run_forever()
 
 
 @app.command()

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from edge_client.constants import (
+    CHUNK_MAX_SAMPLES,
     POLICIES,
     POLICY_PERSISTENCE,
     POLICY_TRUNCATION,
@@ -59,8 +60,6 @@ CREATE TABLE IF NOT EXISTS chunks (
     x BLOB NOT NULL
 );
 """
-
-CHUNK_MAX_SAMPLES = 1024  # samples per stored row
 
 COUNTERS = ("messages", "received", "accepted", "dropped", "duplicates", "rejected", "consumed")
 

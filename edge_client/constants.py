@@ -35,6 +35,7 @@ DEFAULT_POLICY: Final = POLICY_TRUNCATION
 DEFAULT_CAPACITY: Final = 50_000  # samples
 SQLITE_BUSY_TIMEOUT_S: Final = 30.0
 SQLITE_PAGE_SIZE: Final = 65_536
+CHUNK_MAX_SAMPLES: Final = 1024  # samples per stored row (several messages share a row)
 
 # --- Stream rate estimation ------------------------------------------------------------
 RATE_TAU_S: Final = 5.0  # EWMA time constant
