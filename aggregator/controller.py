@@ -1,0 +1,316 @@
+"""The batch controller: per-device mini-batch sizes (OmniLearn) under stream limits (ScaDLES).
+
+OmniLearn's proportional law, per device ``i`` every controller period, is
+``b_i' = b_i * t_mean / t_i`` with ``t_i`` the device's step time: a device slower than the
+mean gets a smaller batch, a faster one a larger one, until step times are equal. Scaled
+so that ``sum(b) == B``, the fixed point is ``b_i = B * v_i / sum(v)`` with ``v_i = b_i / t_i``
+the device's throughput (samples/s). The controller keeps, per device, an EWMA of the time
+per sample (``t_i / b_i``): the same law, but a batch change does not bias the average.
+
+Around the law:
+
+* **deadband**: a device whose batch would change by no more than ``deadband`` (relative)
+  keeps it; the others share what is left of ``B``. Timing noise does not churn the plan.
+* **bounds**: every batch in ``[b_min, b_max]``; what a clamped device cannot take goes to
+  the unclamped ones in proportion to their throughput (water filling).
+* **availability (ScaDLES)**: a device never gets more than it can have in its buffer by the
+  end of the round, ``fill + rate * t_round``. If the batches then cannot reach ``B``, the
+  learning rate is scaled by ``sum(b) / B`` (linear scaling rule).
+* **integers**: rounded with largest remainders so that ``sum(b) == B`` exactly (or the
+  capped total).
+
+Modes: ``fixed`` (equal batches: the FedAvg baseline), ``static`` (proportional to the first
+measured throughput, then frozen) and ``dynamic`` (the closed loop above).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+__all__ = [
+    "CONTROLLER_MODES",
+    "BatchController",
+    "ControllerConfig",
+    "DeviceState",
+    "Plan",
+]
+
+CONTROLLER_MODES = ("fixed", "static", "dynamic")
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    """Settings of the batch controller (run-config keys in brackets).
+
+    Parameters
+    ----------
+    global_batch : int
+        ``B``, the global batch per step summed over devices [global-batch].
+    b_min, b_max : int
+        Bounds of a device's batch [b-min, b-max].
+    deadband : float
+        Relative change below which a device keeps its batch [deadband].
+    period : int
+        Rounds between controller updates [controller-period].
+    mode : {"fixed", "static", "dynamic"}
+        Controller mode [controller].
+    smoothing : float
+        EWMA weight of the newest step-time measurement, in (0, 1].
+    """
+
+    global_batch: int
+    b_min: int = 8
+    b_max: int = 512
+    deadband: float = 0.1
+    period: int = 1
+    mode: str = "dynamic"
+    smoothing: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.mode not in CONTROLLER_MODES:
+            raise ValueError(f"controller must be one of {CONTROLLER_MODES}, got {self.mode!r}")
+        if self.b_min < 1:
+            raise ValueError(f"b-min must be >= 1, got {self.b_min}")
+        if self.b_min > self.b_max:
+            raise ValueError(f"b-min ({self.b_min}) must not exceed b-max ({self.b_max})")
+        if self.global_batch < self.b_min:
+            raise ValueError(f"global-batch ({self.global_batch}) must be >= b-min ({self.b_min})")
+        if not 0 <= self.deadband < 1:
+            raise ValueError(f"deadband must be in [0, 1), got {self.deadband}")
+        if self.period < 1:
+            raise ValueError(f"controller-period must be >= 1 round, got {self.period}")
+        if not 0 < self.smoothing <= 1:
+            raise ValueError(f"smoothing must be in (0, 1], got {self.smoothing}")
+
+
+@dataclass
+class DeviceState:
+    """What the controller remembers of one device (kept while the device is away)."""
+
+    batch: int
+    sec_per_sample: float | None = None  # EWMA of step time / batch
+    first_throughput: float | None = None  # samples/s at the first measurement (static mode)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One round's batches per device and the learning-rate scale."""
+
+    batches: dict[str, int]
+    lr_scale: float = 1.0
+
+    @property
+    def total(self) -> int:
+        """Sum of the batches."""
+        return sum(self.batches.values())
+
+
+@dataclass
+class BatchController:
+    """Per-device batch sizes, keyed by device id (stable across SuperNode restarts).
+
+    Parameters
+    ----------
+    config : ControllerConfig
+        The settings.
+    """
+
+    config: ControllerConfig
+    devices: dict[str, DeviceState] = field(default_factory=dict)
+    updates: int = 0  # controller periods applied so far
+
+    def observe(self, device_id: str, batch: int, step_seconds: float) -> None:
+        """Record a device's steady-state compute time per step at ``batch``.
+
+        Non-positive or non-finite times (a device that trained no step) are ignored.
+        """
+        if batch <= 0 or not (math.isfinite(step_seconds) and step_seconds > 0):
+            return
+        state = self.devices.setdefault(device_id, DeviceState(batch=batch))
+        per_sample = step_seconds / batch
+        if state.sec_per_sample is None:
+            state.sec_per_sample = per_sample
+            state.first_throughput = 1.0 / per_sample
+        else:
+            a = self.config.smoothing
+            state.sec_per_sample = a * per_sample + (1 - a) * state.sec_per_sample
+
+    def plan(
+        self,
+        device_ids: Sequence[str],
+        server_round: int,
+        available: Mapping[str, float] | None = None,
+    ) -> Plan:
+        """Batches for the devices taking part in ``server_round``.
+
+        Parameters
+        ----------
+        device_ids : sequence of str
+            Devices in this round (those not listed keep their state untouched).
+        server_round : int
+            1-based round; the dynamic law is applied every ``period`` rounds.
+        available : mapping of str to float, optional
+            Samples each device can have by the end of the round (availability cap).
+
+        Returns
+        -------
+        Plan
+
+        Raises
+        ------
+        ValueError
+            If ``b_min`` times the number of devices exceeds ``B``.
+        """
+        cfg = self.config
+        ids = list(dict.fromkeys(device_ids))
+        if not ids:
+            return Plan({})
+        if cfg.b_min * len(ids) > cfg.global_batch:
+            raise ValueError(
+                f"{len(ids)} devices x b-min {cfg.b_min} exceed global-batch {cfg.global_batch}"
+            )
+        caps = available or {}
+        upper = {
+            d: max(cfg.b_min, min(cfg.b_max, math.floor(caps[d]))) if d in caps else cfg.b_max
+            for d in ids
+        }
+        equal = {d: 1.0 for d in ids}
+        for d in ids:
+            self.devices.setdefault(d, DeviceState(batch=cfg.global_batch // len(ids)))
+        if cfg.mode == "fixed":
+            targets = _water_fill(cfg.global_batch, equal, {}, cfg.b_min, upper)
+        elif cfg.mode == "static":
+            speeds = {d: self.devices[d].first_throughput for d in ids}
+            weights = equal if any(v is None for v in speeds.values()) else speeds
+            targets = _water_fill(cfg.global_batch, weights, {}, cfg.b_min, upper)  # type: ignore[arg-type]
+        else:
+            targets = self._dynamic(ids, server_round, upper)
+        batches = _round_exact(targets, upper, cfg.b_min)
+        for d, b in batches.items():
+            self.devices[d].batch = b
+        total = sum(batches.values())
+        return Plan(batches, lr_scale=min(1.0, total / cfg.global_batch))
+
+    def _dynamic(
+        self, ids: list[str], server_round: int, upper: dict[str, int]
+    ) -> dict[str, float]:
+        cfg = self.config
+        states = {d: self.devices[d] for d in ids}
+        current = {d: float(s.batch) for d, s in states.items()}
+        measured = all(s.sec_per_sample is not None for s in states.values())
+        due = (server_round - 1) % cfg.period == 0
+        if not measured:  # no timing yet: share B equally
+            return _water_fill(cfg.global_batch, {d: 1.0 for d in ids}, {}, cfg.b_min, upper)
+        speed = {d: 1.0 / s.sec_per_sample for d, s in states.items()}  # type: ignore[operator]
+        if not due and _fits(current, cfg.global_batch, cfg.b_min, upper):
+            return current
+        # The proportional law, normalised to B: b_i' ∝ b_i / t_i (= throughput).
+        ideal = _water_fill(cfg.global_batch, speed, {}, cfg.b_min, upper)
+        held = {
+            d: current[d]
+            for d in ids
+            if abs(ideal[d] - current[d]) <= cfg.deadband * current[d] and current[d] <= upper[d]
+        }
+        if len(held) == len(ids):
+            if _fits(current, cfg.global_batch, cfg.b_min, upper):
+                return current  # everyone within the deadband: keep the plan
+            held = {}
+        self.updates += 1
+        result = _water_fill(cfg.global_batch, speed, held, cfg.b_min, upper)
+        if held and not _fits(result, cfg.global_batch, cfg.b_min, upper):
+            result = _water_fill(cfg.global_batch, speed, {}, cfg.b_min, upper)  # holds too big
+        return result
+
+    # -- checkpointing --------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """JSON-ready state (for the aggregator's checkpoint)."""
+        return {
+            "config": asdict(self.config),
+            "devices": {d: asdict(s) for d, s in self.devices.items()},
+            "updates": self.updates,
+        }
+
+    @classmethod
+    def from_state_dict(cls, state: Mapping[str, Any]) -> BatchController:
+        """Rebuild a controller saved with :meth:`state_dict`."""
+        return cls(
+            config=ControllerConfig(**state["config"]),
+            devices={d: DeviceState(**s) for d, s in state["devices"].items()},
+            updates=int(state.get("updates", 0)),
+        )
+
+
+def _fits(batches: Mapping[str, float], total: int, b_min: int, upper: Mapping[str, int]) -> bool:
+    return (
+        all(b_min <= b <= upper[d] for d, b in batches.items())
+        and abs(sum(batches.values()) - min(total, sum(upper.values()))) < 1e-9
+    )
+
+
+def _water_fill(
+    total: int,
+    weights: Mapping[str, float],
+    fixed: Mapping[str, float],
+    lower: int,
+    upper: Mapping[str, int],
+) -> dict[str, float]:
+    """Split ``total`` over the non-fixed devices as ``clip(lam * weight, lower, upper)``.
+
+    ``lam`` is found by bisection so that the parts sum to ``total``: a device pushed past
+    a bound is pinned there and the others share the rest in proportion to their weights.
+    When even every upper bound together is short of ``total``, everyone gets its upper bound.
+    """
+    out = {d: float(v) for d, v in fixed.items()}
+    free = [d for d in weights if d not in fixed]
+    left = total - sum(out.values())
+    if not free:
+        return out
+
+    def parts(lam: float) -> dict[str, float]:
+        return {d: min(float(upper[d]), max(float(lower), lam * weights[d])) for d in free}
+
+    hi = 1.0
+    while sum(parts(hi).values()) < left and hi < 1e18:
+        hi *= 2.0
+    lo = 0.0
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        if sum(parts(mid).values()) < left:
+            lo = mid
+        else:
+            hi = mid
+    out.update(parts(hi))
+    return out
+
+
+def _round_exact(
+    targets: Mapping[str, float], upper: Mapping[str, int], lower: int
+) -> dict[str, int]:
+    """Integers within bounds whose sum is the (integer) sum of ``targets``: largest remainders."""
+    want = round(sum(targets.values()))
+    out = {d: max(lower, min(upper[d], math.floor(v + 1e-9))) for d, v in targets.items()}
+    rest = want - sum(out.values())
+    order = sorted(targets, key=lambda d: targets[d] - math.floor(targets[d] + 1e-9), reverse=True)
+    while rest > 0:
+        grown = False
+        for d in order:
+            if rest and out[d] < upper[d]:
+                out[d] += 1
+                rest -= 1
+                grown = True
+        if not grown:
+            break
+    while rest < 0:
+        shrunk = False
+        for d in reversed(order):
+            if rest and out[d] > lower:
+                out[d] -= 1
+                rest += 1
+                shrunk = True
+        if not shrunk:
+            break
+    return out
