@@ -2,39 +2,54 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
-from aggregator.controller import BatchController, ControllerConfig
+from aggregator.controller import BatchController, ControllerConfig, Plan
 
 DEVICES = ["d0", "d1", "d2", "d3"]
 
 
-def step_time(batch: int, slowdown: float, noise: float = 0.0, rng=None) -> float:
+def profile(*slowdowns: float) -> dict[str, float]:
+    return dict(zip(DEVICES, slowdowns, strict=True))
+
+
+def step_time(
+    batch: int, slowdown: float, noise: float = 0.0, rng: np.random.Generator | None = None
+) -> float:
     """A device whose step costs 1 ms per sample times its slowdown (plus noise)."""
     jitter = 1.0 + (rng.uniform(-noise, noise) if rng is not None else 0.0)
     return 1e-3 * batch * slowdown * jitter
 
 
-def run(ctrl, slowdowns, rounds, noise=0.0, seed=0, start=1, available=None):
+def run(
+    ctrl: BatchController,
+    slowdowns: dict[str, float],
+    rounds: int,
+    noise: float = 0.0,
+    seed: int = 0,
+    start: int = 1,
+) -> list[Plan]:
     rng = np.random.default_rng(seed)
     plans = []
     for r in range(start, start + rounds):
-        plan = ctrl.plan(list(slowdowns), r, available)
+        plan = ctrl.plan(list(slowdowns), r)
         plans.append(plan)
         for d, b in plan.batches.items():
             ctrl.observe(d, b, step_time(b, slowdowns[d], noise, rng))
     return plans
 
 
-def spread(plan, slowdowns) -> float:
+def spread(plan: Plan, slowdowns: dict[str, float]) -> float:
     times = [step_time(b, slowdowns[d]) for d, b in plan.batches.items()]
     return max(times) / min(times) - 1
 
 
 def test_converges_within_three_periods_and_keeps_the_sum() -> None:
     # Prepare
-    slow = dict(zip(DEVICES, [1, 1, 2, 4], strict=True))
+    slow = profile(1, 1, 2, 4)
     ctrl = BatchController(ControllerConfig(global_batch=256, b_min=4, b_max=256, period=2))
     # Execute: 1 round to measure, then 3 controller periods.
     plans = run(ctrl, slow, 1 + 3 * 2)
@@ -45,7 +60,7 @@ def test_converges_within_three_periods_and_keeps_the_sum() -> None:
 
 
 def test_bounds_hold_and_clamped_excess_goes_to_the_others() -> None:
-    slow = dict(zip(DEVICES, [1, 1, 1, 50], strict=True))
+    slow = profile(1, 1, 1, 50)
     ctrl = BatchController(ControllerConfig(global_batch=200, b_min=10, b_max=60))
 
     plans = run(ctrl, slow, 5)
@@ -66,7 +81,7 @@ def test_upper_bound_redistribution_in_proportion_to_throughput() -> None:
 
 
 def test_deadband_keeps_the_plan_steady_under_timing_noise() -> None:
-    slow = dict(zip(DEVICES, [1, 1, 2, 4], strict=True))
+    slow = profile(1, 1, 2, 4)
     ctrl = BatchController(ControllerConfig(global_batch=256, b_min=4, b_max=256, deadband=0.1))
     run(ctrl, slow, 4)  # converge without noise
     settled = dict(ctrl.devices["d0"].__dict__)
@@ -78,7 +93,7 @@ def test_deadband_keeps_the_plan_steady_under_timing_noise() -> None:
 
 
 def test_without_deadband_noise_moves_the_plan() -> None:
-    slow = dict(zip(DEVICES, [1, 1, 2, 4], strict=True))
+    slow = profile(1, 1, 2, 4)
     ctrl = BatchController(ControllerConfig(global_batch=256, b_min=4, b_max=256, deadband=0.0))
     plans = run(ctrl, slow, 30, noise=0.05)
     assert len({tuple(p.batches.values()) for p in plans[5:]}) > 1
@@ -86,8 +101,8 @@ def test_without_deadband_noise_moves_the_plan() -> None:
 
 def test_heterogeneity_change_mid_run_is_rebalanced() -> None:
     ctrl = BatchController(ControllerConfig(global_batch=256, b_min=4, b_max=256, smoothing=1.0))
-    run(ctrl, dict(zip(DEVICES, [1, 1, 2, 4], strict=True)), 4)
-    changed = dict(zip(DEVICES, [4, 2, 1, 1], strict=True))
+    run(ctrl, profile(1, 1, 2, 4), 4)
+    changed = profile(4, 2, 1, 1)
 
     plans = run(ctrl, changed, 4, start=5)
 
@@ -96,7 +111,7 @@ def test_heterogeneity_change_mid_run_is_rebalanced() -> None:
 
 
 def test_availability_cap_and_learning_rate_scaling() -> None:
-    slow = dict(zip(DEVICES, [1, 1, 1, 1], strict=True))
+    slow = profile(1, 1, 1, 1)
     ctrl = BatchController(ControllerConfig(global_batch=200, b_min=5, b_max=200))
     run(ctrl, slow, 2)
     # d0 can only have 20 samples by the end of the round; the others take its share.
@@ -110,13 +125,13 @@ def test_availability_cap_and_learning_rate_scaling() -> None:
 
 
 def test_modes_fixed_and_static() -> None:
-    slow = dict(zip(DEVICES, [1, 1, 2, 4], strict=True))
+    slow = profile(1, 1, 2, 4)
     fixed = BatchController(ControllerConfig(global_batch=250, mode="fixed"))
     static = BatchController(ControllerConfig(global_batch=256, b_min=4, mode="static"))
 
     fixed_plans = run(fixed, slow, 3)
     static_plans = run(static, slow, 3)
-    later = run(static, dict(zip(DEVICES, [4, 2, 1, 1], strict=True)), 3, start=4)
+    later = run(static, profile(4, 2, 1, 1), 3, start=4)
 
     assert fixed_plans[-1].batches == {"d0": 63, "d1": 63, "d2": 62, "d3": 62}
     assert static_plans[-1].batches == {"d0": 93, "d1": 93, "d2": 47, "d3": 23}
@@ -124,7 +139,7 @@ def test_modes_fixed_and_static() -> None:
 
 
 def test_a_returning_device_gets_its_old_state() -> None:
-    slow = dict(zip(DEVICES, [1, 1, 2, 4], strict=True))
+    slow = profile(1, 1, 2, 4)
     ctrl = BatchController(ControllerConfig(global_batch=240, b_min=4, b_max=240))
     run(ctrl, slow, 3)
     before = ctrl.devices["d3"].sec_per_sample
@@ -138,7 +153,7 @@ def test_a_returning_device_gets_its_old_state() -> None:
 
 
 def test_state_round_trips_for_checkpoints() -> None:
-    slow = dict(zip(DEVICES, [1, 1, 2, 4], strict=True))
+    slow = profile(1, 1, 2, 4)
     ctrl = BatchController(ControllerConfig(global_batch=256, b_min=4))
     run(ctrl, slow, 3)
 
@@ -158,7 +173,7 @@ def test_state_round_trips_for_checkpoints() -> None:
         ({"global_batch": 4, "b_min": 8}, "global-batch"),
     ],
 )
-def test_bad_config_fails_fast(kwargs, message) -> None:
+def test_bad_config_fails_fast(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         ControllerConfig(**{"global_batch": 256, **kwargs})
 
