@@ -65,6 +65,9 @@ RATE_SETS: Final = {
 }
 MIN_STREAM_RATE: Final = 1.0
 
+# --- Flower ------------------------------------------------------------------------------
+SUPERLINK_NODE_ID: Final = 1  # Flower's node id of the SuperLink (message source)
+
 # --- Embedded broker (iotcore / rumqttd) -------------------------------------------------
 EMBEDDED_MAX_PAYLOAD: Final = 1024 * 1024
 EMBEDDED_MAX_INFLIGHT: Final = 1000

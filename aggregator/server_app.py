@@ -1,0 +1,153 @@
+"""The fedstream ServerApp: rounds of planned training, evaluation, metrics, checkpoints.
+
+It drives the rounds itself (rather than ``Strategy.start``) so that it can checkpoint
+after every round, resume from the last checkpoint, and write per-device metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Context
+from flwr.serverapp import Grid, ServerApp
+
+from aggregator.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from aggregator.controller import BatchController
+from aggregator.settings import RunSettings
+from aggregator.strategy import StreamStrategy
+from edge_client.models import build_model
+from edge_client.synthetic import SensorTask
+from edge_client.trainer import evaluate
+
+__all__ = ["app", "run_rounds"]
+
+log = logging.getLogger(__name__)
+EVAL_STREAM = 999  # seed stream of the held-out evaluation samples
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Flower entry point: settings from the run config, then :func:`run_rounds`."""
+    run_rounds(grid, RunSettings.from_run_config(context.run_config))
+
+
+def run_rounds(grid: Grid, settings: RunSettings) -> list[dict[str, Any]]:
+    """Run (or resume) the federated training; return the per-round metrics records.
+
+    Parameters
+    ----------
+    grid : Grid
+        Flower's grid (deployment, simulation, or the in-process runner).
+    settings : RunSettings
+        The run's tunables.
+    """
+    task = SensorTask(num_classes=settings.num_classes)
+    x_eval, y_eval = task.sample(
+        settings.eval_samples, np.random.default_rng([settings.seed, EVAL_STREAM])
+    )
+    model = build_model(settings.model, task.shape, settings.num_classes, seed=settings.seed)
+    arrays = ArrayRecord(model.state_dict())
+    controller = BatchController(settings.controller_config())
+    strategy = StreamStrategy(settings=settings, controller=controller)
+    start = 1
+    ckpt = (
+        load_checkpoint(settings.checkpoint_dir)
+        if settings.checkpoint_dir and settings.resume
+        else None
+    )
+    if ckpt is not None:
+        arrays = ckpt.arrays
+        strategy.controller = BatchController.from_state_dict(ckpt.controller)
+        strategy.last_metrics = ckpt.extra.get("last-metrics", {})
+        strategy.node_devices = {int(n): d for n, d in ckpt.extra.get("node-devices", {}).items()}
+        start = ckpt.server_round + 1
+        log.info("resuming after round %d from %s", ckpt.server_round, settings.checkpoint_dir)
+    out = Path(settings.out_dir) if settings.out_dir else None
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+    records: list[dict[str, Any]] = []
+    t_run = time.monotonic()
+    for server_round in range(start, settings.num_rounds + 1):
+        t0 = time.monotonic()
+        messages = list(strategy.configure_train(server_round, arrays, ConfigRecord(), grid))
+        replies = list(grid.send_and_receive(messages, timeout=settings.round_timeout))
+        new_arrays, _ = strategy.aggregate_train(server_round, replies)
+        if new_arrays is not None:
+            arrays = new_arrays
+        model.load_state_dict(arrays.to_torch_state_dict())
+        accuracy, loss = evaluate(model, x_eval, y_eval)
+        wall = time.monotonic() - t0
+        record = _round_record(server_round, strategy, settings, accuracy, loss, wall)
+        record["run-wall-s"] = round(time.monotonic() - t_run, 3)
+        strategy.round_s = record["virtual-s"] or wall
+        records.append(record)
+        log.info(
+            "round %d: accuracy %.3f, %d of %d devices, sum b %d",
+            server_round,
+            accuracy,
+            len(strategy.reports),
+            len(messages),
+            record["sum-b"],
+        )
+        if out is not None:
+            with (out / "metrics.jsonl").open("a") as fh:
+                fh.write(json.dumps(record) + "\n")
+        if settings.checkpoint_dir:
+            save_checkpoint(
+                settings.checkpoint_dir,
+                Checkpoint(
+                    server_round, arrays, strategy.controller.state_dict(), strategy.state_dict()
+                ),
+            )
+    return records
+
+
+def _round_record(
+    server_round: int,
+    strategy: StreamStrategy,
+    settings: RunSettings,
+    accuracy: float,
+    loss: float,
+    wall: float,
+) -> dict[str, Any]:
+    devices: dict[str, dict[str, Any]] = {}
+    virtual = 0.0
+    for r in strategy.reports:
+        m = r.metrics
+        transfer = m.get("bytes-up", 0.0) * 8 / (settings.uplink_mbps * 1e6)
+        virtual = max(virtual, m["compute-s"] + m["wait-s"] + transfer)
+        devices[r.device_id] = {
+            "planned-batch": r.planned_batch,
+            "batch": int(m["batch-size"]),
+            "steps": int(m["local-steps"]),
+            "num-examples": int(m["num-examples"]),
+            "compute-s": m["compute-s"],
+            "step-s": m["step-s"],
+            "wait-s": m["wait-s"],
+            "rate": m.get("stream-rate", 0.0),
+            "fill": int(m.get("buffer-fill", 0)),
+            "dropped": int(m.get("buffer-dropped", 0)),
+            "bytes": int(m.get("bytes-up", 0)),
+            "loss": m["train-loss"],
+        }
+    return {
+        "round": server_round,
+        "accuracy": accuracy,
+        "loss": loss,
+        "global-batch": settings.global_batch,
+        "sum-b": strategy.plan.total,
+        "lr-scale": strategy.plan.lr_scale,
+        "planned": strategy.plan.batches,
+        "devices": devices,
+        "failed": dict(strategy.failed),
+        "rejected": dict(strategy.rejected),
+        "virtual-s": round(virtual, 6),
+        "wall-s": round(wall, 3),
+    }

@@ -1,0 +1,96 @@
+"""The aggregator's run settings, read and checked from Flower's run config."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+from aggregator.controller import ControllerConfig
+from edge_client.models import MODELS
+from edge_client.trainer import WAIT_POLICIES
+
+__all__ = ["RunSettings"]
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """Every tunable of a run; the kebab-case run-config key is the field name with dashes.
+
+    Defaults here match ``[tool.flwr.app.config]`` in pyproject.toml.
+    """
+
+    num_rounds: int = 10
+    local_steps: int = 10
+    global_batch: int = 128
+    b_min: int = 8
+    b_max: int = 256
+    deadband: float = 0.1
+    controller_period: int = 1
+    controller: str = "dynamic"
+    lr: float = 0.05
+    model: str = "cnn"
+    num_classes: int = 6
+    wait_policy: str = "adapt"
+    round_timeout: float = 120.0
+    checkpoint_dir: str = ""
+    resume: bool = False
+    out_dir: str = ""
+    eval_samples: int = 2000
+    uplink_mbps: float = 10.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.controller_config()  # validates the controller fields
+        if self.num_rounds < 1 or self.local_steps < 1:
+            raise ValueError("num-rounds and local-steps must be >= 1")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be > 0, got {self.lr}")
+        if self.model not in MODELS:
+            raise ValueError(f"model must be one of {MODELS}, got {self.model!r}")
+        if self.wait_policy not in WAIT_POLICIES:
+            raise ValueError(f"wait-policy must be one of {WAIT_POLICIES}")
+        if not self.round_timeout > 0:
+            raise ValueError(f"round-timeout must be > 0, got {self.round_timeout}")
+
+    def controller_config(self) -> ControllerConfig:
+        """The batch controller's part."""
+        return ControllerConfig(
+            global_batch=self.global_batch,
+            b_min=self.b_min,
+            b_max=self.b_max,
+            deadband=self.deadband,
+            period=self.controller_period,
+            mode=self.controller,
+        )
+
+    @classmethod
+    def from_run_config(cls, config: Mapping[str, Any]) -> RunSettings:
+        """Read settings from a run config (unknown keys are an error: likely typos).
+
+        Raises
+        ------
+        ValueError
+            On an unknown key or a bad value.
+        """
+        known = {f.name.replace("_", "-"): f for f in fields(cls)}
+        unknown = sorted(set(config) - set(known))
+        if unknown:
+            raise ValueError(f"unknown run-config keys {unknown}; known: {sorted(known)}")
+        values: dict[str, Any] = {}
+        for key, value in config.items():
+            f = known[key]
+            kind = type(getattr(cls(), f.name))
+            try:
+                values[f.name] = _coerce(value, kind)
+            except (TypeError, ValueError) as err:
+                raise ValueError(f"run-config {key}={value!r}: {err}") from err
+        return cls(**values)
+
+
+def _coerce(value: Any, kind: type) -> Any:
+    if kind is bool:
+        if isinstance(value, str):
+            return value.lower() in ("1", "true", "yes")
+        return bool(value)
+    return kind(value)

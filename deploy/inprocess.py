@@ -1,0 +1,214 @@
+"""The in-process runner: the real ServerApp and ClientApp in one process, on a virtual clock.
+
+For tests and benchmarks. :class:`InProcessGrid` is a Flower ``Grid`` that hands each
+message straight to the ClientApp of a *virtual device*: a buffer store of its own, fed by a
+replayed synthetic stream at the device's rate on the virtual clock, and a slowdown charged
+on that clock instead of slept. A round costs the slowest device's
+``compute * slowdown + wait + bytes / bandwidth`` (synchronous rounds). Every time it
+reports is virtual-clock time; say so wherever it is printed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from uuid import uuid4
+
+from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid
+from flwr.supercore.run import Run
+from flwr.supercore.task_identity import TaskIdentity
+
+from edge_client.buffer import BufferStore
+from edge_client.client_app import app as default_client_app
+from edge_client.constants import DEFAULT_SHAPE, SUPERLINK_NODE_ID
+from edge_client.frames import SampleBatch
+from edge_client.protocol import CONFIG, METRICS, plan_from_config
+from edge_client.schedule import device_rng
+from edge_client.sources import SyntheticSource, label_distribution
+from edge_client.synthetic import SensorTask
+
+__all__ = ["InProcessGrid", "VirtualDevice"]
+
+FIRST_NODE_ID = 100
+
+
+@dataclass
+class VirtualDevice:
+    """A simulated device.
+
+    Parameters
+    ----------
+    device_id : str
+        Its id (controller state is keyed by it).
+    slowdown : float
+        Compute-time multiplier charged on the virtual clock.
+    rate : float
+        Stream rate, samples per virtual second.
+    initial : int
+        Samples buffered before the first round.
+    fail_rounds : set of int
+        Rounds in which it does not answer (dropout).
+    labels : sequence of int, optional
+        Only these classes (label skew).
+    """
+
+    device_id: str
+    slowdown: float = 1.0
+    rate: float = 200.0
+    initial: int = 2000
+    fail_rounds: set[int] = field(default_factory=set)
+    labels: Sequence[int] | None = None
+
+
+class InProcessGrid(Grid):
+    """A Grid whose nodes are :class:`VirtualDevice` s served by a ClientApp in-process.
+
+    Parameters
+    ----------
+    devices : sequence of VirtualDevice
+        The fleet.
+    workdir : Path
+        Where the buffer files go.
+    run_config : dict
+        Flower run config handed to the ClientApp.
+    client_app : ClientApp
+        Defaults to fedstream's.
+    uplink_mbps : float
+        Bandwidth charged for ``bytes-up`` on the virtual clock.
+    seed : int
+        Seeds the replayed streams.
+    """
+
+    def __init__(
+        self,
+        devices: Sequence[VirtualDevice],
+        workdir: Path,
+        run_config: dict[str, Any] | None = None,
+        client_app: ClientApp | None = None,
+        uplink_mbps: float = 10.0,
+        seed: int = 0,
+    ) -> None:
+        TaskIdentity.run_id = 1
+        TaskIdentity.node_id = SUPERLINK_NODE_ID
+        TaskIdentity.task_id = 1
+        self._run = Run.create_empty(1)
+        self.devices = {FIRST_NODE_ID + i: d for i, d in enumerate(devices)}
+        self.run_config = dict(run_config or {})
+        self.client_app = client_app or default_client_app
+        self.uplink_mbps = uplink_mbps
+        self.clock = 0.0  # virtual seconds
+        self.round = 0
+        self.round_times: list[float] = []
+        self._last_round_s = 0.0
+        task = SensorTask(DEFAULT_SHAPE)
+        self.stores: dict[int, BufferStore] = {}
+        self.sources: dict[int, SyntheticSource] = {}
+        self._owed: dict[int, float] = {}
+        workdir.mkdir(parents=True, exist_ok=True)
+        for node, dev in self.devices.items():
+            rng = device_rng(seed, dev.device_id)
+            probs = label_distribution(task.num_classes, rng, dev.labels)
+            self.sources[node] = SyntheticSource(task, rng, probs)
+            path = workdir / f"{dev.device_id}.sqlite"
+            self.stores[node] = BufferStore(path, shape=task.shape, capacity=10**7)
+            self._feed(node, dev.initial)
+            self._owed[node] = 0.0
+
+    # -- Grid API ---------------------------------------------------------------------------
+
+    def set_run(self, run: Run) -> None:
+        self._run = run
+
+    @property
+    def run(self) -> Run:
+        return self._run
+
+    def create_message(
+        self,
+        content: RecordDict,
+        message_type: str,
+        dst_node_id: int,
+        group_id: str,
+        ttl: float | None = None,
+    ) -> Message:
+        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self.devices)
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        raise NotImplementedError("the in-process grid only does send_and_receive")
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        raise NotImplementedError("the in-process grid only does send_and_receive")
+
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterable[Message]:
+        """Run each device's ClientApp; charge the round on the virtual clock."""
+        self.round += 1
+        for node, dev in self.devices.items():  # what streamed in during the last round
+            self._feed(node, dev.rate * self._last_round_s)
+        replies: list[Message] = []
+        round_s = 0.0
+        for msg in messages:
+            msg.metadata.__dict__["_message_id"] = uuid4().hex
+            node = msg.metadata.dst_node_id
+            dev = self.devices[node]
+            if self.round in dev.fail_rounds:
+                replies.append(Message(Error(code=0, reason="device offline"), reply_to=msg))
+                continue
+            virtual_wait = self._emulate_wait(node, msg.content.config_records[CONFIG])
+            context = Context(
+                run_id=1,
+                node_id=node,
+                node_config={"device-id": dev.device_id, "buffer": str(self.stores[node].path)},
+                state=RecordDict(),
+                run_config=self.run_config,
+            )
+            reply = self.client_app(msg, context)
+            if reply.has_content():
+                m = reply.content.metric_records[METRICS]
+                m["compute-s"] = float(m["compute-s"]) * dev.slowdown  # type: ignore[arg-type]
+                m["step-s"] = float(m["step-s"]) * dev.slowdown  # type: ignore[arg-type]
+                m["wait-s"] = virtual_wait
+                transfer = float(m["bytes-up"]) * 8 / (self.uplink_mbps * 1e6)  # type: ignore[arg-type]
+                round_s = max(round_s, float(m["compute-s"]) + virtual_wait + transfer)  # type: ignore[arg-type]
+            replies.append(reply)
+        self._last_round_s = round_s
+        self.round_times.append(round_s)
+        self.clock += round_s
+        return replies
+
+    # -- virtual streams --------------------------------------------------------------------
+
+    def _feed(self, node: int, amount: float) -> None:
+        """Append ``amount`` samples (carrying fractions over) from the device's stream."""
+        owed = self._owed.get(node, 0.0) + amount
+        n = int(owed)
+        self._owed[node] = owed - n
+        if n > 0:
+            x, y = self.sources[node].next(n)
+            ts = [self.clock] * n
+            self.stores[node].append([SampleBatch(x=x, y=y, ts=ts)])  # type: ignore[arg-type]
+
+    def _emulate_wait(self, node: int, config: ConfigRecord) -> float:
+        """Stream in the samples the device would wait for, and charge that wait."""
+        dev = self.devices[node]
+        plan = plan_from_config(config)
+        per_step = plan.batch_size if plan.wait_policy == "wait" else plan.b_min
+        deficit = per_step * plan.local_steps - self.stores[node].fill
+        if deficit <= 0 or dev.rate <= 0:
+            return 0.0
+        wait = min(deficit / dev.rate, plan.deadline_s)
+        self._feed(node, dev.rate * wait)
+        return wait
+
+    def close(self) -> None:
+        """Close the buffer files."""
+        for store in self.stores.values():
+            store.close()

@@ -1,0 +1,156 @@
+"""Local training from the buffer: wait policy, K steps at batch b, steady-state timing."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from edge_client.buffer import BufferStore
+
+__all__ = ["LocalPlan", "TrainResult", "evaluate", "pick_device", "train_local"]
+
+WAIT_POLICIES = ("wait", "adapt")
+POLL_S = 0.05
+
+
+@dataclass(frozen=True)
+class LocalPlan:
+    """One round's work for this device (from the server's ConfigRecord)."""
+
+    batch_size: int
+    local_steps: int
+    lr: float
+    wait_policy: str = "adapt"
+    b_min: int = 1
+    deadline_s: float = 60.0  # how long this device may wait for samples
+    proximal_mu: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1 or self.local_steps < 1 or not self.lr > 0:
+            raise ValueError(f"bad plan: {self}")
+        if self.wait_policy not in WAIT_POLICIES:
+            raise ValueError(f"wait-policy must be one of {WAIT_POLICIES}")
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What one round of local training did."""
+
+    num_examples: int
+    batch_size: int
+    local_steps: int
+    compute_s: float  # steady-state compute (incl. emulated slowdown), scaled to all steps
+    step_s: float  # mean steady-state seconds per step
+    wait_s: float
+    train_loss: float
+
+
+def pick_device() -> torch.device:
+    """CUDA (e.g. a Jetson), else Apple MPS, else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def _gather(store: BufferStore, plan: LocalPlan) -> tuple[int, float]:
+    """Wait per the policy; return (samples per step to use, seconds waited)."""
+    want = plan.batch_size * plan.local_steps
+    floor = min(plan.b_min, plan.batch_size) * plan.local_steps
+    need = want if plan.wait_policy == "wait" else floor
+    start = time.monotonic()
+    deadline = start + plan.deadline_s
+    fill = store.fill
+    while fill < need and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+        fill = store.fill
+    waited = time.monotonic() - start
+    batch = min(plan.batch_size, fill // plan.local_steps)
+    return batch, waited
+
+
+def train_local(
+    model: nn.Module,
+    store: BufferStore,
+    plan: LocalPlan,
+    *,
+    slowdown: float = 1.0,
+    device: torch.device | None = None,
+) -> TrainResult:
+    """Take ``b * K`` samples from the buffer and train ``K`` SGD steps at batch ``b``.
+
+    With ``wait`` the device blocks until ``b*K`` samples are buffered (up to the deadline);
+    with ``adapt`` it trains on what is there, lowering its batch but never below ``b_min``
+    (it waits for ``b_min*K`` samples if needed). Step times exclude the first (warm-up)
+    step; ``slowdown`` > 1 really stretches each step's wall time to emulate a slower device.
+
+    Returns
+    -------
+    TrainResult
+        With ``num_examples == 0`` when not even one sample per step arrived in time.
+    """
+    device = device or torch.device("cpu")
+    batch, wait_s = _gather(store, plan)
+    if batch < 1:
+        return TrainResult(0, 0, 0, 0.0, 0.0, wait_s, math.nan)
+    data = store.take(batch * plan.local_steps)
+    batch = len(data) // plan.local_steps
+    x = torch.from_numpy(np.ascontiguousarray(data.x[: batch * plan.local_steps])).to(device)
+    y = torch.from_numpy(np.ascontiguousarray(data.y[: batch * plan.local_steps])).to(device)
+    model.to(device).train()
+    global_params = [p.detach().clone() for p in model.parameters()]
+    opt = torch.optim.SGD(model.parameters(), lr=plan.lr, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    times: list[float] = []
+    losses: list[float] = []
+    for k in range(plan.local_steps):
+        t0 = time.perf_counter()
+        xb, yb = x[k * batch : (k + 1) * batch], y[k * batch : (k + 1) * batch]
+        opt.zero_grad()
+        loss = loss_fn(model(xb), yb)
+        if plan.proximal_mu > 0:
+            prox = sum(
+                ((p - g) ** 2).sum() for p, g in zip(model.parameters(), global_params, strict=True)
+            )
+            loss = loss + plan.proximal_mu / 2 * prox
+        loss.backward()
+        opt.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - t0
+        if slowdown > 1.0:
+            time.sleep(elapsed * (slowdown - 1.0))
+            elapsed *= slowdown
+        if k > 0 or plan.local_steps == 1:
+            times.append(elapsed)
+        losses.append(float(loss.item()))
+    step_s = float(np.mean(times))
+    return TrainResult(
+        num_examples=batch * plan.local_steps,
+        batch_size=batch,
+        local_steps=plan.local_steps,
+        compute_s=step_s * plan.local_steps,
+        step_s=step_s,
+        wait_s=wait_s,
+        train_loss=float(np.mean(losses)),
+    )
+
+
+@torch.no_grad()
+def evaluate(
+    model: nn.Module, x: np.ndarray, y: np.ndarray, device: torch.device | None = None
+) -> tuple[float, float]:
+    """Return (accuracy, mean loss) of ``model`` on ``(x, y)``."""
+    device = device or torch.device("cpu")
+    model.to(device).eval()
+    logits = model(torch.from_numpy(x).to(device))
+    target = torch.from_numpy(y).to(device)
+    loss = nn.functional.cross_entropy(logits, target).item()
+    acc = (logits.argmax(1) == target).float().mean().item()
+    return float(acc), float(loss)

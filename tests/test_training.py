@@ -1,0 +1,155 @@
+"""Training through the in-process runner: the real ServerApp loop and ClientApp, no network."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+
+from aggregator.controller import BatchController
+from aggregator.server_app import run_rounds
+from aggregator.settings import RunSettings
+from aggregator.strategy import StreamStrategy
+from deploy.inprocess import InProcessGrid, VirtualDevice
+from edge_client.protocol import ARRAYS, DEVICE, METRICS
+
+FAST: dict[str, Any] = {
+    "num_rounds": 3,
+    "local_steps": 5,
+    "global_batch": 64,
+    "b_min": 4,
+    "b_max": 64,
+    "eval_samples": 500,
+}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread() -> None:
+    torch.set_num_threads(1)
+
+
+def fleet(*slowdowns: float, **kw: Any) -> list[VirtualDevice]:
+    return [VirtualDevice(f"dev-{i}", slowdown=s, **kw) for i, s in enumerate(slowdowns)]
+
+
+def reply(node: int, device: str, weights: dict[str, torch.Tensor], used: int) -> Message:
+    ask = Message(RecordDict({}), node, MessageType.TRAIN, group_id="1")
+    ask.metadata.__dict__["_message_id"] = f"m{node}"
+    metrics: dict[str, int | float | list[int] | list[float]] = {
+        "num-examples": used,
+        "batch-size": used,
+        "step-s": 0.01,
+        "train-loss": 1.0,
+        "local-steps": 1,
+        "compute-s": 0.01,
+        "wait-s": 0.0,
+    }
+    content = RecordDict(
+        {
+            ARRAYS: ArrayRecord(weights),
+            METRICS: MetricRecord(metrics),
+            DEVICE: ConfigRecord({"device-id": device}),
+        }
+    )
+    return Message(content, reply_to=ask)
+
+
+def test_aggregate_is_the_sample_weighted_average(tmp_path: Path) -> None:
+    # Prepare: three replies, one with NaN (must be left out), on a 2-tensor "model".
+    InProcessGrid([], tmp_path)  # sets Flower's task identity for building messages
+    settings = RunSettings(**FAST)
+    strategy = StreamStrategy(
+        settings=settings, controller=BatchController(settings.controller_config())
+    )
+    strategy._shapes = {"w": (2,), "b": (1,)}
+    a = {"w": torch.tensor([1.0, 2.0]), "b": torch.tensor([0.0])}
+    b = {"w": torch.tensor([4.0, 8.0]), "b": torch.tensor([3.0])}
+    bad = {"w": torch.tensor([float("nan"), 0.0]), "b": torch.tensor([0.0])}
+    # Execute
+    agg, summary = strategy.aggregate_train(
+        1, [reply(1, "x", a, 10), reply(2, "y", b, 30), reply(3, "z", bad, 60)]
+    )
+    # Assert: (10*a + 30*b) / 40
+    assert agg is not None and summary is not None
+    got = agg.to_torch_state_dict()
+    torch.testing.assert_close(got["w"], torch.tensor([3.25, 6.5]))
+    torch.testing.assert_close(got["b"], torch.tensor([2.25]))
+    assert summary["num-examples"] == 40 and strategy.rejected["node-3"] == 1
+
+
+def test_run_trains_with_per_device_plans(tmp_path: Path) -> None:
+    # Prepare
+    grid = InProcessGrid(fleet(1, 1, 2, 4, rate=400), tmp_path / "buffers")
+    settings = RunSettings(**{**FAST, "num_rounds": 6}, out_dir=str(tmp_path / "out"))
+    # Execute
+    records = run_rounds(grid, settings)
+    # Assert
+    assert [r["round"] for r in records] == list(range(1, 7))
+    assert all(r["sum-b"] == 64 for r in records)
+    assert records[-1]["accuracy"] > 1 / 6 + 0.15  # well above chance after 6 short rounds
+    assert len(set(records[-1]["planned"].values())) > 1  # devices got different batches
+    lines = (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()
+    assert len(lines) == 6 and set(json.loads(lines[-1])["devices"]) == {
+        f"dev-{i}" for i in range(4)
+    }
+    assert all(r["virtual-s"] > 0 for r in records)
+
+
+def test_a_device_that_drops_out_is_left_out_and_the_run_goes_on(tmp_path: Path) -> None:
+    devices = fleet(1, 1, 1)
+    devices[2].fail_rounds = {2, 3}
+    grid = InProcessGrid(devices, tmp_path / "buffers")
+
+    records = run_rounds(grid, RunSettings(**{**FAST, "num_rounds": 4}))
+
+    assert set(records[1]["devices"]) == {"dev-0", "dev-1"}
+    assert records[1]["failed"] == {"dev-2": 1}
+    assert set(records[3]["devices"]) == {"dev-0", "dev-1", "dev-2"}  # back, old state kept
+
+
+def test_resume_continues_rounds_and_controller_state(tmp_path: Path) -> None:
+    # Prepare: run 2 rounds with checkpoints.
+    ckpt = str(tmp_path / "ckpt")
+    grid = InProcessGrid(fleet(1, 3), tmp_path / "buffers")
+    first = run_rounds(grid, RunSettings(**{**FAST, "num_rounds": 2}, checkpoint_dir=ckpt))
+    saved = json.loads((tmp_path / "ckpt" / "state.json").read_text())
+    # Execute: the same run, 4 rounds, resumed.
+    resumed = run_rounds(
+        grid, RunSettings(**{**FAST, "num_rounds": 4}, checkpoint_dir=ckpt, resume=True)
+    )
+    # Assert
+    assert [r["round"] for r in first] == [1, 2] and [r["round"] for r in resumed] == [3, 4]
+    assert saved["server-round"] == 2
+    assert set(saved["controller"]["devices"]) == {"dev-0", "dev-1"}
+    assert (
+        resumed[0]["planned"] == {d: s["batch"] for d, s in saved["controller"]["devices"].items()}
+        or resumed[0]["sum-b"] == 64
+    )
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"b-min": 64, "b-max": 32}, "must not exceed b-max"),
+        ({"controller": "pid"}, "controller must be one of"),
+        ({"lr": -1}, "lr must be > 0"),
+        ({"wait-policy": "sleep"}, "wait-policy"),
+        ({"model": "resnet"}, "model must be one of"),
+        ({"num-rounds": "many"}, "num-rounds"),
+        ({"round-timout": 5}, "unknown run-config keys"),
+    ],
+)
+def test_bad_run_config_fails_fast(config: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        RunSettings.from_run_config(config)
+
+
+def test_run_config_is_read_with_types() -> None:
+    s = RunSettings.from_run_config({"num-rounds": 3, "lr": "0.1", "resume": "true"})
+    assert (s.num_rounds, s.lr, s.resume) == (3, 0.1, True)
+    assert np.isclose(s.lr, 0.1)
