@@ -30,6 +30,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import numpy as np
+
 __all__ = [
     "CONTROLLER_MODES",
     "BatchController",
@@ -39,6 +41,8 @@ __all__ = [
 ]
 
 CONTROLLER_MODES = ("fixed", "static", "dynamic")
+HISTORY = 8  # step-time measurements kept per device
+SLOPE_REL_SE = 0.3  # a fitted per-sample cost this uncertain is not trusted
 
 
 @dataclass(frozen=True)
@@ -58,7 +62,8 @@ class ControllerConfig:
     mode : {"fixed", "static", "dynamic"}
         Controller mode [controller].
     smoothing : float
-        EWMA weight of the newest step-time measurement, in (0, 1].
+        Weight of the newest step-time measurement against older ones, in (0, 1]: older
+        ones count ``(1 - smoothing) ** age`` (1 keeps only the newest).
     """
 
     global_batch: int
@@ -91,8 +96,41 @@ class DeviceState:
     """What the controller remembers of one device (kept while the device is away)."""
 
     batch: int
-    sec_per_sample: float | None = None  # EWMA of step time / batch
+    history: list[list[float]] = field(default_factory=list)  # [batch, step seconds], newest last
     first_throughput: float | None = None  # samples/s at the first measurement (static mode)
+
+    def cost_model(self, smoothing: float) -> tuple[float, float] | None:
+        """``(a, c)`` of the step time ``t(b) = a + c * b``, or None before any measurement.
+
+        A weighted least-squares fit over the recent measurements (weight
+        ``(1 - smoothing) ** age``) once they span two batch sizes; before that, or if the
+        fit is not physical, ``a = 0`` and ``c`` the weighted time per sample (OmniLearn's
+        proportional law).
+        """
+        if not self.history:
+            return None
+        pts = np.array(self.history[::-1], dtype=float)  # newest first
+        w = (1.0 - smoothing) ** np.arange(len(pts)) if smoothing < 1 else np.eye(len(pts))[0]
+        b, t = pts[:, 0], pts[:, 1]
+        keep = w > 1e-3
+        proportional = (0.0, float(np.sum(w * t) / np.sum(w * b)))
+        if len(set(b[keep])) < 2:
+            return proportional
+        sw = np.sqrt(w[keep])
+        design = np.stack([np.ones(keep.sum()), b[keep]], axis=1) * sw[:, None]
+        target = t[keep] * sw
+        (a, c), *_ = np.linalg.lstsq(design, target, rcond=None)
+        if c <= 0 or a < 0:
+            return proportional
+        # A slope lost in timing noise (steps dominated by fixed overhead) would send the
+        # whole global batch to whichever device looks flattest: fall back to the law.
+        dof = int(keep.sum()) - 2
+        if dof > 0:
+            residual = target - design @ np.array([a, c])
+            cov = np.linalg.pinv(design.T @ design) * float(residual @ residual) / dof
+            if math.sqrt(max(cov[1, 1], 0.0)) > SLOPE_REL_SE * c:
+                return proportional
+        return float(a), float(c)
 
 
 @dataclass(frozen=True)
@@ -130,13 +168,9 @@ class BatchController:
         if batch <= 0 or not (math.isfinite(step_seconds) and step_seconds > 0):
             return
         state = self.devices.setdefault(device_id, DeviceState(batch=batch))
-        per_sample = step_seconds / batch
-        if state.sec_per_sample is None:
-            state.sec_per_sample = per_sample
-            state.first_throughput = 1.0 / per_sample
-        else:
-            a = self.config.smoothing
-            state.sec_per_sample = a * per_sample + (1 - a) * state.sec_per_sample
+        if state.first_throughput is None:
+            state.first_throughput = batch / step_seconds
+        state.history = [*state.history, [float(batch), float(step_seconds)]][-HISTORY:]
 
     def plan(
         self,
@@ -200,15 +234,17 @@ class BatchController:
         cfg = self.config
         states = {d: self.devices[d] for d in ids}
         current = {d: float(s.batch) for d, s in states.items()}
-        measured = all(s.sec_per_sample is not None for s in states.values())
+        models = {d: s.cost_model(cfg.smoothing) for d, s in states.items()}
         due = (server_round - 1) % cfg.period == 0
-        if not measured:  # no timing yet: share B equally
+        if any(m is None for m in models.values()):  # no timing yet: share B equally
             return _water_fill(cfg.global_batch, {d: 1.0 for d in ids}, {}, cfg.b_min, upper)
-        speed = {d: 1.0 / s.sec_per_sample for d, s in states.items()}  # type: ignore[operator]
+        # Equal step times T: b_i = (T - a_i) / c_i, i.e. weight 1/c_i and offset -a_i/c_i.
+        # With a_i = 0 this is OmniLearn's law b_i' = b_i * t_mean / t_i, normalised to B.
+        speed = {d: 1.0 / m[1] for d, m in models.items() if m is not None}
+        offset = {d: -m[0] / m[1] for d, m in models.items() if m is not None}
         if not due and _fits(current, cfg.global_batch, cfg.b_min, upper):
             return current
-        # The proportional law, normalised to B: b_i' ∝ b_i / t_i (= throughput).
-        ideal = _water_fill(cfg.global_batch, speed, {}, cfg.b_min, upper)
+        ideal = _water_fill(cfg.global_batch, speed, {}, cfg.b_min, upper, offset)
         held = {
             d: current[d]
             for d in ids
@@ -219,9 +255,9 @@ class BatchController:
                 return current  # everyone within the deadband: keep the plan
             held = {}
         self.updates += 1
-        result = _water_fill(cfg.global_batch, speed, held, cfg.b_min, upper)
+        result = _water_fill(cfg.global_batch, speed, held, cfg.b_min, upper, offset)
         if held and not _fits(result, cfg.global_batch, cfg.b_min, upper):
-            result = _water_fill(cfg.global_batch, speed, {}, cfg.b_min, upper)  # holds too big
+            result = _water_fill(cfg.global_batch, speed, {}, cfg.b_min, upper, offset)
         return result
 
     # -- checkpointing --------------------------------------------------------------------
@@ -257,8 +293,9 @@ def _water_fill(
     fixed: Mapping[str, float],
     lower: int,
     upper: Mapping[str, int],
+    offsets: Mapping[str, float] | None = None,
 ) -> dict[str, float]:
-    """Split ``total`` over the non-fixed devices as ``clip(lam * weight, lower, upper)``.
+    """Split ``total`` over the non-fixed devices as ``clip(lam * weight + offset, lower, upper)``.
 
     ``lam`` is found by bisection so that the parts sum to ``total``: a device pushed past
     a bound is pinned there and the others share the rest in proportion to their weights.
@@ -270,8 +307,13 @@ def _water_fill(
     if not free:
         return out
 
+    off = offsets or {}
+
     def parts(lam: float) -> dict[str, float]:
-        return {d: min(float(upper[d]), max(float(lower), lam * weights[d])) for d in free}
+        return {
+            d: min(float(upper[d]), max(float(lower), lam * weights[d] + off.get(d, 0.0)))
+            for d in free
+        }
 
     hi = 1.0
     while sum(parts(hi).values()) < left and hi < 1e18:

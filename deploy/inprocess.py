@@ -194,7 +194,8 @@ class InProcessGrid(Grid):
         if n > 0:
             x, y = self.sources[node].next(n)
             ts = [self.clock] * n
-            self.stores[node].append([SampleBatch(x=x, y=y, ts=ts)])  # type: ignore[arg-type]
+            batch = SampleBatch(x=x, y=y, ts=ts)  # type: ignore[arg-type]
+            self.stores[node].append([batch], rate=self.devices[node].rate)
 
     def _emulate_wait(self, node: int, config: ConfigRecord) -> float:
         """Stream in the samples the device would wait for, and charge that wait."""

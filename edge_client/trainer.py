@@ -45,7 +45,7 @@ class TrainResult:
     batch_size: int
     local_steps: int
     compute_s: float  # steady-state compute (incl. emulated slowdown), scaled to all steps
-    step_s: float  # mean steady-state seconds per step
+    step_s: float  # median steady-state seconds per step
     wait_s: float
     train_loss: float
 
@@ -130,7 +130,7 @@ def train_local(
         if k > 0 or plan.local_steps == 1:
             times.append(elapsed)
         losses.append(float(loss.item()))
-    step_s = float(np.mean(times))
+    step_s = float(np.median(times))  # robust to the odd scheduler hiccup
     return TrainResult(
         num_examples=batch * plan.local_steps,
         batch_size=batch,

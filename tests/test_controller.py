@@ -142,13 +142,13 @@ def test_a_returning_device_gets_its_old_state() -> None:
     slow = profile(1, 1, 2, 4)
     ctrl = BatchController(ControllerConfig(global_batch=240, b_min=4, b_max=240))
     run(ctrl, slow, 3)
-    before = ctrl.devices["d3"].sec_per_sample
+    before = ctrl.devices["d3"].history
 
     without = ctrl.plan(DEVICES[:3], 4)
     back = ctrl.plan(DEVICES, 5)
 
     assert without.total == 240 and "d3" not in without.batches
-    assert ctrl.devices["d3"].sec_per_sample == before
+    assert ctrl.devices["d3"].history == before
     assert spread(back, slow) <= 0.10
 
 
