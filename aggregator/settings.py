@@ -8,6 +8,7 @@ from typing import Any
 
 from aggregator.controller import ControllerConfig
 from edge_client.models import MODELS
+from edge_client.replay import parse_profile
 from edge_client.trainer import WAIT_POLICIES
 
 __all__ = ["RunSettings"]
@@ -39,6 +40,11 @@ class RunSettings:
     eval_samples: int = 2000
     uplink_mbps: float = 10.0
     seed: int = 0
+    # Flower simulation only: virtual devices' streams and speeds (read by the ClientApp).
+    sim_dir: str = ""
+    sim_rates: str = "400,400,200,100"
+    sim_slowdowns: str = "1,1,2,4"
+    sim_initial: int = 2000
 
     def __post_init__(self) -> None:
         self.controller_config()  # validates the controller fields
@@ -52,6 +58,8 @@ class RunSettings:
             raise ValueError(f"wait-policy must be one of {WAIT_POLICIES}")
         if not self.round_timeout > 0:
             raise ValueError(f"round-timeout must be > 0, got {self.round_timeout}")
+        parse_profile(self.sim_rates, "sim-rates", 1e-9)
+        parse_profile(self.sim_slowdowns, "sim-slowdowns", 1.0)
 
     def controller_config(self) -> ControllerConfig:
         """The batch controller's part."""

@@ -64,6 +64,11 @@ CREATE TABLE IF NOT EXISTS chunks (
 COUNTERS = ("messages", "received", "accepted", "dropped", "duplicates", "rejected", "consumed")
 
 
+_RESERVED_META = frozenset(
+    {"shape", "created", "policy", "capacity", "capacity-bytes", "rate", "rate-updated"}
+)
+
+
 class BufferStoreError(RuntimeError):
     """The buffer file is missing, not a fedstream buffer, or configured incompatibly."""
 
@@ -381,6 +386,18 @@ class BufferStore:
         )
 
     # -- observation ------------------------------------------------------------------------
+
+    def get_meta(self, key: str) -> str | None:
+        """A value of the file's key/value metadata (for tools built on the store)."""
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def set_meta(self, key: str, value: str) -> None:
+        """Set a metadata value (keys of the store itself are refused)."""
+        if key in _RESERVED_META:
+            raise ValueError(f"meta key {key!r} belongs to the buffer store")
+        with self._write() as db:
+            db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
 
     @property
     def fill(self) -> int:

@@ -164,3 +164,10 @@ def test_starved_streams_cap_batches_and_scale_the_learning_rate(tmp_path: Path)
 
     assert records[-1]["sum-b"] < 64 and records[-1]["lr-scale"] < 1.0
     assert all(d["batch"] <= d["planned-batch"] for d in records[-1]["devices"].values())
+
+
+def test_pyproject_run_config_is_complete_and_matches_the_defaults() -> None:
+    import tomllib
+
+    config = tomllib.loads(Path("pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    assert RunSettings.from_run_config(config) == RunSettings()

@@ -1,0 +1,89 @@
+"""Replayed streams: virtual devices (Flower simulation) fed into the same buffer store.
+
+In Flower's simulation engine there is no MQTT: each virtual device's ClientApp tops its
+buffer up, before training, with what its stream would have delivered since the last
+top-up at its configured rate (wall clock), from the same synthetic task the publisher
+uses. The ClientApp then trains exactly as on a real device.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from edge_client.buffer import BufferStore
+from edge_client.constants import DEFAULT_NUM_CLASSES, DEFAULT_SHAPE
+from edge_client.frames import SampleBatch
+from edge_client.schedule import device_rng
+from edge_client.sources import SyntheticSource
+from edge_client.synthetic import SensorTask
+
+__all__ = ["parse_profile", "replay_into"]
+
+_LAST = "replay-at"
+_COUNT = "replay-count"
+
+
+def replay_into(
+    path: str | Path,
+    device_id: str,
+    rate: float,
+    *,
+    initial: int,
+    capacity: int,
+    seed: int = 0,
+    now: float | None = None,
+) -> int:
+    """Append what ``device_id``'s stream delivered since the last call; return how many.
+
+    Parameters
+    ----------
+    path : str or Path
+        The device's buffer file (created on the first call, truncation policy).
+    device_id : str
+        Seeds the device's stream.
+    rate : float
+        Samples per second.
+    initial : int
+        Samples present at the first call (the stream ran before training started).
+    capacity : int
+        Buffer capacity (truncation).
+    seed : int
+        Run seed.
+    now : float, optional
+        Current time (defaults to the wall clock).
+    """
+    now = time.time() if now is None else now
+    with BufferStore(path, shape=DEFAULT_SHAPE, capacity=capacity) as store:
+        last = store.get_meta(_LAST)
+        count = int(store.get_meta(_COUNT) or 0)
+        due = initial if last is None else int(rate * max(0.0, now - float(last)))
+        due = min(due, capacity)  # older ones would be truncated anyway
+        if due > 0:
+            source = SyntheticSource(
+                SensorTask(DEFAULT_SHAPE, DEFAULT_NUM_CLASSES), device_rng(seed, device_id, count)
+            )
+            x, y = source.next(due)
+            store.append([SampleBatch(x=x, y=y, ts=np.full(due, now))], rate=rate)
+        store.set_meta(_LAST, repr(now))
+        store.set_meta(_COUNT, str(count + 1))
+    return due
+
+
+def parse_profile(text: str, name: str, minimum: float) -> list[float]:
+    """Parse a comma-separated run-config list such as ``sim-rates = "200,100"``.
+
+    Raises
+    ------
+    ValueError
+        If it is empty, not numbers, or a value is below ``minimum``.
+    """
+    try:
+        values = [float(v) for v in str(text).split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"{name} must be comma-separated numbers, got {text!r}") from None
+    if not values or min(values) < minimum:
+        raise ValueError(f"{name} needs values >= {minimum}, got {text!r}")
+    return values
