@@ -22,7 +22,7 @@ class RunSettings:
     """
 
     num_rounds: int = 10
-    local_steps: int = 10
+    local_steps: int = 20
     global_batch: int = 128
     b_min: int = 8
     b_max: int = 256

@@ -5,8 +5,10 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import signal
 import sys
-from enum import Enum
+import threading
+from enum import Enum, StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -34,12 +36,12 @@ app = typer.Typer(
 console = Console(stderr=True)
 
 
-class Policy(str, Enum):
+class Policy(StrEnum):
     truncation = "truncation"
     persistence = "persistence"
 
 
-class Distribution(str, Enum):
+class Distribution(StrEnum):
     constant = "constant"
     poisson = "poisson"
     bursty = "bursty"
@@ -185,12 +187,13 @@ def publish(
         f"publishing to {url} as {device_id}: {rate:.1f} samples/s, "
         f"{batch} per message, {distribution.value}"
     )
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # stop cleanly: drain, report, exit 0
+        signal.signal(sig, lambda *_: stop.set())
     try:
-        report = run_publisher(config, src)
+        report = run_publisher(config, src, stop=stop)
     except ConnectionError as err:
         raise _fail(str(err)) from err
-    except KeyboardInterrupt:
-        raise typer.Exit(130) from None
     if json_out:
         print(json.dumps(report.as_dict()), flush=True)
     console.print(

@@ -12,7 +12,7 @@ import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -134,7 +134,7 @@ def run_demo(config: DemoConfig, console: Console) -> bool:
     Writes ``<out>/<run id>/`` with the buffers, logs and ``summary.json``.
     """
     assert config.rates is not None
-    run_id = datetime.now(timezone.utc).strftime("stream-%Y%m%d-%H%M%S")
+    run_id = datetime.now(UTC).strftime("stream-%Y%m%d-%H%M%S")
     run_dir = config.out / run_id
     run_dir.mkdir(parents=True, exist_ok=True)
     devices = _device_ids(config.devices)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -62,6 +63,7 @@ class ProcessGroup:
         log_path: Path | None = None,
         env: dict[str, str] | None = None,
         stdout_pipe: bool = False,
+        cwd: Path | None = None,
     ) -> subprocess.Popen[bytes]:
         """Start ``cmd`` as child ``name``; stderr (and stdout) go to ``log_path`` if given."""
         out: IO[bytes] | int = subprocess.DEVNULL
@@ -76,6 +78,10 @@ class ProcessGroup:
             stderr=out,
             stdin=subprocess.DEVNULL,
             env={**os.environ, **(env or {})},
+            cwd=cwd,
+            # Own process group: stopping a child stops what it started (Flower's SuperLink
+            # and SuperNodes spawn superexec and app processes), and Ctrl-C reaches only us.
+            start_new_session=True,
         )
         self.procs[name] = proc
         log.debug("started %s (pid %d): %s", name, proc.pid, " ".join(cmd))
@@ -87,9 +93,9 @@ class ProcessGroup:
         return _terminate(proc, self.grace if timeout is None else timeout)
 
     def kill(self, name: str) -> None:
-        """SIGKILL one child (for crash tests) and reap it."""
+        """SIGKILL one child and everything it started (for crash tests), and reap it."""
         proc = self.procs.pop(name)
-        proc.send_signal(signal.SIGKILL)
+        _signal_group(proc, signal.SIGKILL)
         proc.wait()
 
     def close(self) -> None:
@@ -98,7 +104,7 @@ class ProcessGroup:
         self.procs.clear()
         for proc in procs:
             if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
+                _signal_group(proc, signal.SIGTERM)
         for proc in procs:
             _terminate(proc, self.grace)
         for fh in self._logs:
@@ -112,13 +118,20 @@ class ProcessGroup:
         self.close()
 
 
+def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    """Signal the child's whole process group (it leads one: start_new_session)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
 def _terminate(proc: subprocess.Popen[bytes], grace: float) -> int | None:
     if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
+        _signal_group(proc, signal.SIGTERM)
         try:
             proc.wait(grace)
         except subprocess.TimeoutExpired:
             log.warning("pid %d ignored SIGTERM for %.0f s; killing it", proc.pid, grace)
-            proc.kill()
+            _signal_group(proc, signal.SIGKILL)
             proc.wait()
+    _signal_group(proc, signal.SIGKILL)  # stragglers it left in its group
     return proc.returncode

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -111,3 +112,28 @@ def test_broker_command_serves_mqtt_and_reports_a_taken_port(procs: ProcessGroup
     assert taken.returncode == 2 and "cannot listen" in taken.stderr
     sub.close()
     pub.close()
+
+
+def test_publisher_stops_cleanly_on_sigterm(broker: Any, procs: ProcessGroup) -> None:
+    pub = procs.start(
+        "pub",
+        fedstream_command(
+            "publish",
+            "--broker",
+            broker.url,
+            "--device-id",
+            "d",
+            "--rate",
+            "100",
+            "--duration",
+            "60",
+            "--json",
+        ),
+        stdout_pipe=True,
+    )
+    time.sleep(2.0)
+    pub.send_signal(signal.SIGTERM)
+    out, _ = pub.communicate(timeout=30)
+    report = json.loads(out.decode().splitlines()[-1])
+    assert pub.returncode == 0 and 0 < report["samples"] < 6000
+    assert report["acknowledged"] == report["messages"]
