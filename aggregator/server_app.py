@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Context
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 from flwr.serverapp import Grid, ServerApp
 
 from aggregator.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
@@ -28,6 +28,7 @@ __all__ = ["app", "run_rounds"]
 
 log = logging.getLogger(__name__)
 EVAL_STREAM = 999  # seed stream of the held-out evaluation samples
+PULL_INTERVAL_S = 0.2
 
 app = ServerApp()
 
@@ -77,7 +78,7 @@ def run_rounds(grid: Grid, settings: RunSettings) -> list[dict[str, Any]]:
     for server_round in range(start, settings.num_rounds + 1):
         t0 = time.monotonic()
         messages = list(strategy.configure_train(server_round, arrays, ConfigRecord(), grid))
-        replies = list(grid.send_and_receive(messages, timeout=settings.round_timeout))
+        replies = exchange(grid, messages, strategy, settings.round_timeout)
         new_arrays, _ = strategy.aggregate_train(server_round, replies)
         if new_arrays is not None:
             arrays = new_arrays
@@ -107,6 +108,30 @@ def run_rounds(grid: Grid, settings: RunSettings) -> list[dict[str, Any]]:
                 ),
             )
     return records
+
+
+def exchange(
+    grid: Grid, messages: list[Message], strategy: StreamStrategy, timeout: float
+) -> list[Message]:
+    """Push the round's messages and pull replies until all are in or ``timeout`` passes.
+
+    Unlike ``Grid.send_and_receive`` this keeps the message ids (an error reply names
+    the SuperLink as its source, so the ids are how a failed device is found) and polls
+    every 0.2 s instead of every 3 s.
+    """
+    ids = list(grid.push_messages(messages))
+    strategy.sent = {i: m.metadata.dst_node_id for i, m in zip(ids, messages, strict=True)}
+    replies: list[Message] = []
+    pending = set(ids)
+    deadline = time.monotonic() + timeout
+    while pending:
+        for reply in grid.pull_messages(list(pending)):
+            pending.discard(reply.metadata.reply_to_message_id)
+            replies.append(reply)
+        if not pending or time.monotonic() >= deadline:
+            break
+        time.sleep(PULL_INTERVAL_S)
+    return replies
 
 
 def _round_record(

@@ -64,6 +64,7 @@ class StreamStrategy(Strategy):
     reports: list[DeviceReport] = field(default_factory=list)
     round_s: float = 0.0
     _shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    sent: dict[str, int] = field(default_factory=dict)  # message id -> node, this round
 
     # -- training ---------------------------------------------------------------------------
 
@@ -105,8 +106,11 @@ class StreamStrategy(Strategy):
         """Average the valid updates, weighted by samples used; feed the controller."""
         self.reports = []
         updates: list[tuple[dict[str, torch.Tensor], int]] = []
-        for msg in replies:
-            node = msg.metadata.src_node_id
+        # Error replies come from the SuperLink (src node 1): find the node by message id.
+        sent = self.sent
+        replies_seen = list(replies)
+        for msg in replies_seen:
+            node = sent.get(msg.metadata.reply_to_message_id, msg.metadata.src_node_id)
             if msg.has_error():
                 self.failed[self.node_devices.get(node, f"node-{node}")] += 1
                 continue
@@ -127,6 +131,10 @@ class StreamStrategy(Strategy):
             if used > 0:
                 updates.append((weights, used))
                 self.controller.observe(device, int(metrics["batch-size"]), metrics["step-s"])
+        answered = {m.metadata.reply_to_message_id for m in replies_seen}
+        for mid, node in sent.items():  # no reply before the round timeout
+            if mid not in answered:
+                self.failed[self.node_devices.get(node, f"node-{node}")] += 1
         if not updates:
             return None, None
         total = sum(n for _, n in updates)

@@ -279,41 +279,80 @@ def status(
 @app.command()
 def demo(
     devices: Annotated[int, typer.Option(help="Number of simulated devices.")] = 4,
-    duration: Annotated[float, typer.Option(help="Seconds of streaming.")] = 20.0,
-    rates: Annotated[str | None, typer.Option(help="Comma-separated samples/s per device.")] = None,
+    rounds: Annotated[int, typer.Option(help="Federated rounds.")] = 8,
+    controller: Annotated[
+        str, typer.Option(help="Batch controller: fixed | static | dynamic.")
+    ] = "dynamic",
+    slowdowns: Annotated[
+        str | None, typer.Option(help="Comma-separated slowdown per device (default 1,1,2,4).")
+    ] = None,
+    rates: Annotated[
+        str | None, typer.Option(help="Comma-separated stream rate per device, samples/s.")
+    ] = None,
+    local_steps: Annotated[int, typer.Option("--local-steps", help="Steps per round.")] = 20,
     broker: Annotated[
         str | None, typer.Option(help="Use this broker instead of starting one.")
     ] = None,
     mosquitto: Annotated[
         bool, typer.Option("--mosquitto", help="Start Mosquitto instead of the embedded broker.")
     ] = False,
-    capacity: Annotated[int, typer.Option(help="Buffer capacity per device.")] = 2000,
+    capacity: Annotated[int, typer.Option(help="Buffer capacity per device.")] = 5000,
     policy: Annotated[Policy, typer.Option(help="Buffer policy.")] = Policy.truncation,
     out: Annotated[Path, typer.Option(help="Where runs/<id>/ goes.")] = Path("runs"),
-    live: Annotated[bool, typer.Option(help="Live table (off: periodic lines).")] = True,
+    live: Annotated[bool, typer.Option(help="Live table (off: one table per round).")] = True,
+    stream_only: Annotated[
+        bool, typer.Option("--stream-only", help="Only the streaming half (no training).")
+    ] = False,
+    duration: Annotated[float, typer.Option(help="Seconds of streaming (--stream-only).")] = 20.0,
+    kill: Annotated[
+        list[str] | None, typer.Option(help="Fault injection: DEVICE@ROUND kills its SuperNode.")
+    ] = None,
+    round_timeout: Annotated[
+        float, typer.Option("--round-timeout", help="Seconds a round waits for devices.")
+    ] = 120.0,
 ) -> None:
-    """Run the streaming half on one machine: broker, publishers, ingest daemons, live view."""
+    """Everything on one machine: streams, ingest, Flower SuperLink + SuperNodes, training."""
     from deploy.demo import DemoConfig, run_demo
+    from deploy.flower import FlowerError
 
     _setup_logging(False)
     logging.getLogger("iotcore").setLevel(logging.WARNING)  # the live table says it all
     try:
-        rate_list = [float(r) for r in rates.split(",")] if rates else None
         config = DemoConfig(
             devices=devices,
             duration=duration,
-            rates=rate_list,
+            rates=[float(r) for r in rates.split(",")] if rates else None,
             broker=broker,
             mosquitto=mosquitto,
             capacity=capacity,
             policy=policy.value,
             out=out,
             live=live,
+            rounds=rounds,
+            controller=controller,
+            slowdowns=[float(s) for s in slowdowns.split(",")] if slowdowns else None,
+            local_steps=local_steps,
+            stream_only=stream_only,
+            kill=_parse_kills(kill or []),
+            round_timeout=round_timeout,
         )
     except ValueError as err:
         raise _fail(str(err)) from err
-    ok = run_demo(config, console=Console())
+    try:
+        ok = run_demo(config, console=Console())
+    except FlowerError as err:
+        raise _fail(str(err)) from err
     raise typer.Exit(0 if ok else 1)
+
+
+def _parse_kills(specs: list[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for spec in specs:
+        dev, sep, after = spec.partition("@")
+        if not sep or not after.isdigit():
+            raise ValueError(f"--kill takes DEVICE@ROUND, got {spec!r}")
+        out[dev] = int(after)
+    return out
 
 
 def main() -> None:

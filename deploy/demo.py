@@ -20,13 +20,16 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from aggregator.controller import CONTROLLER_MODES
 from deploy.brokers import EmbeddedBroker, MosquittoBroker
+from deploy.flower import FlowerDeployment, FlowerError
 from deploy.local import ProcessGroup, fedstream_command
+from deploy.report import read_metrics, summarize, write_report
 from edge_client.buffer import BufferStore, BufferStoreError
 from edge_client.constants import POLICIES
 from edge_client.mqtt import BrokerURL
 
-__all__ = ["DemoConfig", "run_demo"]
+__all__ = ["DemoConfig", "run_demo", "run_stream_demo"]
 
 DEMO_BATCH = 4  # samples per message
 DRAIN_TIMEOUT_S = 30.0
@@ -45,16 +48,37 @@ class DemoConfig:
     policy: str = "truncation"
     out: Path = field(default_factory=lambda: Path("runs"))
     live: bool = True
+    rounds: int = 10
+    controller: str = "dynamic"
+    slowdowns: list[float] | None = None
+    local_steps: int = 20
+    stream_only: bool = False
+    round_timeout: float = 120.0
+    kill: dict[str, int] = field(default_factory=dict)  # device -> after which round
 
     def __post_init__(self) -> None:
         if not 1 <= self.devices <= 64:
             raise ValueError(f"--devices must be in 1..64, got {self.devices}")
         if not self.duration > 0:
             raise ValueError(f"--duration must be > 0, got {self.duration}")
-        if self.rates is None:  # heterogeneous by default: 50, 100, 200, 400 samples/s, ...
-            self.rates = [50.0 * 2 ** (i % 4) for i in range(self.devices)]
+        if self.rates is None:  # heterogeneous by default
+            pattern = (
+                [50.0, 100.0, 200.0, 400.0] if self.stream_only else [400.0, 300.0, 200.0, 150.0]
+            )
+            self.rates = [pattern[i % 4] for i in range(self.devices)]
         if len(self.rates) != self.devices or min(self.rates) <= 0:
             raise ValueError(f"--rates needs {self.devices} positive values, got {self.rates}")
+        if self.slowdowns is None:  # as OmniLearn's heterogeneity: two fast, one 2x, one 4x
+            self.slowdowns = [[1.0, 1.0, 2.0, 4.0][i % 4] for i in range(self.devices)]
+        if len(self.slowdowns) != self.devices or min(self.slowdowns) < 1:
+            raise ValueError(f"--slowdowns needs {self.devices} values >= 1, got {self.slowdowns}")
+        if self.controller not in CONTROLLER_MODES:
+            raise ValueError(f"--controller must be one of {CONTROLLER_MODES}")
+        if self.rounds < 1 or self.local_steps < 1:
+            raise ValueError("--rounds and --local-steps must be >= 1")
+        unknown = set(self.kill) - set(_device_ids(self.devices))
+        if unknown:
+            raise ValueError(f"--kill names unknown devices {sorted(unknown)}")
         if self.policy not in POLICIES:
             raise ValueError(f"--policy must be one of {POLICIES}")
         if self.capacity < 1:
@@ -128,10 +152,10 @@ def _table(
     return table
 
 
-def run_demo(config: DemoConfig, console: Console) -> bool:
-    """Run the demo; return True when every sample published was received exactly once.
+def run_stream_demo(config: DemoConfig, console: Console) -> bool:
+    """The streaming half alone; True when every published sample arrived exactly once.
 
-    Writes ``<out>/<run id>/`` with the buffers, logs and ``summary.json``.
+    Writes ``<out>/stream-<time>/`` with the buffers, logs and ``summary.json``.
     """
     assert config.rates is not None
     run_id = datetime.now(UTC).strftime("stream-%Y%m%d-%H%M%S")
@@ -276,3 +300,184 @@ def _last_json(text: str) -> dict[str, Any] | None:
             if isinstance(obj, dict):
                 return obj
     return None
+
+
+APP_DIR = Path(__file__).resolve().parent.parent  # the Flower app: pyproject.toml is here
+STATUS_POLL_S = 2.0
+
+
+def run_demo(config: DemoConfig, console: Console) -> bool:
+    """``fedstream demo``: streams in, federated training through Flower's deployment engine.
+
+    Starts a broker, per device a publisher, an ingest daemon and a SuperNode (with its
+    slowdown), a SuperLink, then ``flwr run``; shows live progress; writes
+    ``<out>/run-<time>/`` with ``metrics.jsonl``, ``report.png``, ``summary.json`` and logs.
+    Returns True when the run finished all its rounds.
+    """
+    if config.stream_only:
+        return run_stream_demo(config, console)
+    assert config.rates is not None and config.slowdowns is not None
+    if not (APP_DIR / "pyproject.toml").exists():
+        raise FlowerError(f"no Flower app (pyproject.toml) at {APP_DIR}: run from a checkout")
+    run_id = datetime.now(UTC).strftime("run-%Y%m%d-%H%M%S")
+    run_dir = (config.out / run_id).resolve()
+    run_dir.mkdir(parents=True, exist_ok=True)
+    devices = _device_ids(config.devices)
+    paths = {dev: run_dir / "buffers" / f"{dev}.sqlite" for dev in devices}
+    start = time.monotonic()
+    status: dict[str, Any] = {}
+    with ProcessGroup() as group, _broker(config, console) as url:
+        for dev in devices:
+            group.start(
+                f"ingest-{dev}",
+                fedstream_command(
+                    "ingest",
+                    "--broker",
+                    url,
+                    "--device-id",
+                    dev,
+                    "--buffer",
+                    str(paths[dev]),
+                    "--policy",
+                    config.policy,
+                    "--capacity",
+                    str(config.capacity),
+                    "--status-interval",
+                    "2",
+                ),
+                log_path=run_dir / "logs" / f"ingest-{dev}.log",
+            )
+        _wait_for_buffers(paths, group, timeout=30.0)
+        for i, dev in enumerate(devices):
+            group.start(
+                f"publish-{dev}",
+                fedstream_command(
+                    "publish",
+                    "--broker",
+                    url,
+                    "--device-id",
+                    dev,
+                    "--rate",
+                    str(config.rates[i]),
+                    "--batch",
+                    str(DEMO_BATCH),
+                    "--duration",
+                    "86400",
+                    "--seed",
+                    str(i),
+                ),
+                log_path=run_dir / "logs" / f"publish-{dev}.log",
+            )
+        flower = FlowerDeployment(group, run_dir / "flwr")
+        flower.start_superlink()
+        for i, dev in enumerate(devices):
+            flower.start_supernode(
+                dev,
+                {
+                    "device-id": dev,
+                    "buffer": str(paths[dev]),
+                    "slowdown": config.slowdowns[i],
+                    "threads": 1,
+                },
+            )
+        console.print(
+            f"[bold]{config.devices} devices[/bold] (slowdowns {config.slowdowns}, "
+            f"streams {config.rates} samples/s): SuperLink on 127.0.0.1:{flower.port}"
+        )
+        flower.wait_nodes(config.devices)
+        flwr_run = flower.submit(
+            APP_DIR,
+            {
+                "num-rounds": config.rounds,
+                "local-steps": config.local_steps,
+                "controller": config.controller,
+                "out-dir": str(run_dir),
+                "checkpoint-dir": str(run_dir / "checkpoint"),
+                "round-timeout": config.round_timeout,
+                "b-min": min(8, 128 // config.devices),
+            },
+        )
+        console.print(f"flwr run {flwr_run} submitted; training {config.rounds} rounds")
+        status = _follow(flower, flwr_run, config, run_dir, console)
+    wall = time.monotonic() - start
+    records = read_metrics(run_dir / "metrics.jsonl")
+    summary = {
+        **summarize(records, wall),
+        "run_id": flwr_run,
+        "status": status.get("status"),
+        "controller": config.controller,
+        "slowdowns": config.slowdowns,
+        "rates": config.rates,
+        "note": "virtual_s: sum over rounds of the slowest device's compute + wait + transfer",
+    }
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    if records:
+        write_report(records, run_dir / "report.png", f"fedstream demo: {config.controller}")
+        console.print(_progress_table(records, config.rounds, "final"))
+    ok = status.get("status") == "finished:completed" and len(records) == config.rounds
+    if ok:
+        console.print(
+            f"[green]finished[/green]: {len(records)} rounds, accuracy "
+            f"{records[-1]['accuracy']:.3f}, {wall:.0f} s wall. Report: {run_dir}/report.png, "
+            f"{run_dir}/summary.json, {run_dir}/metrics.jsonl"
+        )
+    else:
+        why = status.get("status-details") or status.get("status") or "no status"
+        console.print(
+            f"[red]the run did not finish[/red] ({len(records)} of {config.rounds} rounds): "
+            f"{why}. Logs: {run_dir}/logs, {run_dir}/flwr/logs, {run_dir}/serverapp.log"
+        )
+    return ok
+
+
+def _follow(
+    flower: FlowerDeployment, run_id: str, config: DemoConfig, run_dir: Path, console: Console
+) -> dict[str, Any]:
+    """Show progress until the run ends (or stalls past every round's timeout)."""
+    deadline = time.monotonic() + 120.0 + config.rounds * (config.round_timeout + 30.0)
+    status: dict[str, Any] = {}
+    with Live(console=console, refresh_per_second=2, transient=not config.live) as live:
+        shown = -1
+        doomed = dict(config.kill)
+        while time.monotonic() < deadline:
+            status = flower.status(run_id)
+            records = read_metrics(run_dir / "metrics.jsonl")
+            for dev, after in list(doomed.items()):
+                if len(records) >= after:  # fault injection: the device dies (SIGKILL)
+                    flower.kill_supernode(dev)
+                    console.print(f"[yellow]killed {dev}'s SuperNode after round {after}[/yellow]")
+                    del doomed[dev]
+            if len(records) != shown:
+                shown = len(records)
+                table = _progress_table(records, config.rounds, str(status.get("status", "")))
+                if config.live:
+                    live.update(table)
+                elif records:
+                    console.print(table)
+            if str(status.get("status", "")).startswith("finished"):
+                break
+            time.sleep(STATUS_POLL_S)
+    (run_dir / "serverapp.log").write_text(flower.logs(run_id))
+    return status
+
+
+def _progress_table(records: list[dict[str, Any]], rounds: int, state: str) -> Table:
+    last = records[-1] if records else None
+    title = f"round {len(records)}/{rounds}"
+    if last is not None:
+        title += f", accuracy {last['accuracy']:.3f}, sum b {last['sum-b']}"
+    table = Table(title=f"{title} ({state})")
+    for col in ("device", "planned b", "batch", "compute s", "wait s", "rate/s", "fill"):
+        table.add_column(col, justify="right")
+    if last is not None:
+        for dev, m in sorted(last["devices"].items()):
+            table.add_row(
+                dev,
+                str(m["planned-batch"]),
+                str(m["batch"]),
+                f"{m['compute-s']:.2f}",
+                f"{m['wait-s']:.2f}",
+                f"{m['rate']:.0f}",
+                str(m["fill"]),
+            )
+    return table

@@ -108,6 +108,7 @@ class InProcessGrid(Grid):
         self.stores: dict[int, BufferStore] = {}
         self.sources: dict[int, SyntheticSource] = {}
         self._owed: dict[int, float] = {}
+        self._replies: dict[str, Message] = {}
         workdir.mkdir(parents=True, exist_ok=True)
         for node, dev in self.devices.items():
             rng = device_rng(seed, dev.device_id)
@@ -141,14 +142,25 @@ class InProcessGrid(Grid):
         return list(self.devices)
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        raise NotImplementedError("the in-process grid only does send_and_receive")
+        """Run each device's ClientApp now (one push = one round); keep the replies."""
+        messages = list(messages)
+        for msg in messages:
+            msg.metadata.__dict__["_message_id"] = uuid4().hex
+        for reply in self._round(messages):
+            self._replies[reply.metadata.reply_to_message_id] = reply
+        return [m.metadata.message_id for m in messages]
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        raise NotImplementedError("the in-process grid only does send_and_receive")
+        """The replies to these messages (all are there after the push)."""
+        return [self._replies.pop(i) for i in message_ids if i in self._replies]
 
     def send_and_receive(
         self, messages: Iterable[Message], *, timeout: float | None = None
     ) -> Iterable[Message]:
+        """Push, then pull every reply."""
+        return self.pull_messages(self.push_messages(messages))
+
+    def _round(self, messages: list[Message]) -> list[Message]:
         """Run each device's ClientApp; charge the round on the virtual clock."""
         self.round += 1
         for node, dev in self.devices.items():  # what streamed in during the last round
@@ -156,7 +168,6 @@ class InProcessGrid(Grid):
         replies: list[Message] = []
         round_s = 0.0
         for msg in messages:
-            msg.metadata.__dict__["_message_id"] = uuid4().hex
             node = msg.metadata.dst_node_id
             dev = self.devices[node]
             if self.round in dev.fail_rounds:

@@ -105,8 +105,9 @@ class ProcessGroup:
         for proc in procs:
             if proc.poll() is None:
                 _signal_group(proc, signal.SIGTERM)
+        deadline = time.monotonic() + self.grace  # one grace period for all, not each
         for proc in procs:
-            _terminate(proc, self.grace)
+            _terminate(proc, max(0.1, deadline - time.monotonic()))
         for fh in self._logs:
             fh.close()
         self._logs.clear()

@@ -23,6 +23,7 @@ def test_demo_streams_and_shuts_everything_down(tmp_path: Path) -> None:
     # Execute: the main job, small.
     proc = run(
         "demo",
+        "--stream-only",
         "--devices",
         "2",
         "--duration",

@@ -1,0 +1,67 @@
+"""Federated training through Flower's deployment engine with real processes.
+
+Broker, publishers, ingest daemons, a SuperLink and SuperNodes, started by
+``fedstream demo`` exactly as a user runs it (these tests take about a minute each).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from deploy.local import fedstream_command
+
+
+def demo(tmp_path: Path, *args: str, timeout: float = 400) -> tuple[int, str, dict[str, Any]]:
+    proc = subprocess.run(
+        fedstream_command("demo", "--no-live", "--out", str(tmp_path), *args),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    summaries = list(tmp_path.glob("run-*/summary.json"))
+    summary = json.loads(summaries[0].read_text()) if summaries else {}
+    return proc.returncode, proc.stdout + proc.stderr, summary
+
+
+def test_short_run_finishes_and_the_slower_device_gets_the_smaller_batch(tmp_path: Path) -> None:
+    # Execute
+    rc, out, summary = demo(
+        tmp_path, "--devices", "2", "--rounds", "3", "--local-steps", "10", "--slowdowns", "1,4"
+    )
+    # Assert
+    assert rc == 0, out[-3000:]
+    assert summary["status"] == "finished:completed" and summary["rounds"] == 3
+    batches = summary["devices"]
+    assert batches["dev-1"]["batch_size"][-1] < batches["dev-0"]["batch_size"][-1]
+    assert summary["final_accuracy"] > 1 / 6
+    run_dir = next(tmp_path.glob("run-*"))
+    assert (run_dir / "report.png").stat().st_size > 10_000
+    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 3
+
+
+def test_a_killed_supernode_is_left_out_and_the_run_completes(tmp_path: Path) -> None:
+    rc, out, summary = demo(
+        tmp_path,
+        "--devices",
+        "3",
+        "--rounds",
+        "3",
+        "--local-steps",
+        "5",
+        "--kill",
+        "dev-2@1",
+        "--round-timeout",
+        "40",
+    )
+
+    assert rc == 0, out[-3000:]
+    assert summary["status"] == "finished:completed" and summary["rounds"] == 3
+    dev2 = summary["devices"]["dev-2"]["batch_size"]
+    assert dev2[0] is not None and dev2[1:] == [None, None]  # gone after round 1
+    assert summary["devices"]["dev-0"]["batch_size"][-1] is not None
+    run_dir = next(tmp_path.glob("run-*"))
+    last = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[-1])
+    assert last["failed"].get("dev-2", 0) >= 1
