@@ -76,6 +76,7 @@ def run_rounds(grid: Grid, settings: RunSettings) -> list[dict[str, Any]]:
     records: list[dict[str, Any]] = []
     t_run = time.monotonic()
     for server_round in range(start, settings.num_rounds + 1):
+        wait_for_nodes(grid, settings.min_nodes, settings.round_timeout)
         t0 = time.monotonic()
         messages = list(strategy.configure_train(server_round, arrays, ConfigRecord(), grid))
         replies = exchange(grid, messages, strategy, settings.round_timeout)
@@ -108,6 +109,25 @@ def run_rounds(grid: Grid, settings: RunSettings) -> list[dict[str, Any]]:
                 ),
             )
     return records
+
+
+def wait_for_nodes(grid: Grid, count: int, timeout: float) -> None:
+    """Wait until ``count`` nodes are connected (SuperNodes register after the run starts).
+
+    Raises
+    ------
+    RuntimeError
+        If fewer than ``count`` (and none at all) are there after ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    nodes = list(grid.get_node_ids())
+    while len(nodes) < count and time.monotonic() < deadline:
+        time.sleep(PULL_INTERVAL_S)
+        nodes = list(grid.get_node_ids())
+    if not nodes:
+        raise RuntimeError(f"no SuperNode connected within {timeout:.0f} s")
+    if len(nodes) < count:
+        log.warning("only %d of %d nodes connected; going on with them", len(nodes), count)
 
 
 def exchange(

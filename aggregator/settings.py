@@ -34,6 +34,7 @@ class RunSettings:
     num_classes: int = 6
     wait_policy: str = "adapt"
     round_timeout: float = 120.0
+    min_nodes: int = 1
     checkpoint_dir: str = ""
     resume: bool = False
     out_dir: str = ""
@@ -56,6 +57,8 @@ class RunSettings:
             raise ValueError(f"model must be one of {MODELS}, got {self.model!r}")
         if self.wait_policy not in WAIT_POLICIES:
             raise ValueError(f"wait-policy must be one of {WAIT_POLICIES}")
+        if self.min_nodes < 1:
+            raise ValueError(f"min-nodes must be >= 1, got {self.min_nodes}")
         if not self.round_timeout > 0:
             raise ValueError(f"round-timeout must be > 0, got {self.round_timeout}")
         parse_profile(self.sim_rates, "sim-rates", 1e-9)

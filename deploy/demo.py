@@ -395,6 +395,7 @@ def run_demo(config: DemoConfig, console: Console) -> bool:
                 "checkpoint-dir": str(run_dir / "checkpoint"),
                 "round-timeout": config.round_timeout,
                 "b-min": min(8, 128 // config.devices),
+                "min-nodes": config.devices,
             },
         )
         console.print(f"flwr run {flwr_run} submitted; training {config.rounds} rounds")

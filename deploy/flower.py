@@ -23,6 +23,7 @@ from deploy.local import ProcessGroup, free_port, wait_for_port
 __all__ = ["FlowerDeployment", "FlowerError"]
 
 CONNECTION = "fedstream-local"
+DEFAULT_FEDERATION = "@none/default"
 CLI_TIMEOUT_S = 60.0
 
 
@@ -54,9 +55,11 @@ class FlowerDeployment:
         Owns the processes (stops them on exit).
     home : Path
         ``FLWR_HOME`` for the CLI, the SuperLink's state and the logs.
+    simulated_nodes : int
+        If > 0, a SuperLink in simulation mode with this many virtual SuperNodes.
     """
 
-    def __init__(self, group: ProcessGroup, home: Path) -> None:
+    def __init__(self, group: ProcessGroup, home: Path, simulated_nodes: int = 0) -> None:
         self.group = group
         self.home = home
         self.port = free_port()
@@ -69,6 +72,7 @@ class FlowerDeployment:
         }
         self.nodes: list[str] = []
         home.mkdir(parents=True, exist_ok=True)
+        self.simulated_nodes = simulated_nodes
         (home / "config.toml").write_text(
             f'[superlink]\ndefault = "{CONNECTION}"\n\n'
             f'[superlink.{CONNECTION}]\naddress = "127.0.0.1:{self.port}"\ninsecure = true\n'
@@ -90,6 +94,7 @@ class FlowerDeployment:
                 "--isolation",
                 "subprocess",
                 "--disable-runtime-dependency-installation",
+                *(["--simulation"] if self.simulated_nodes else []),
             ],
             log_path=self.home / "logs" / "superlink.log",
             env=self.env,
@@ -97,6 +102,24 @@ class FlowerDeployment:
         )
         if not wait_for_port(self.port, timeout=timeout):
             raise FlowerError(f"the SuperLink did not start; see {self.home}/logs/superlink.log")
+        if self.simulated_nodes:  # the federation runs on Flower's simulation engine (Ray)
+            deadline = time.monotonic() + timeout
+            data: dict[str, Any] = {}
+            while time.monotonic() < deadline:  # the default federation appears a bit later
+                data = self._cli_json(
+                    "federation",
+                    "simulation-config",
+                    DEFAULT_FEDERATION,
+                    CONNECTION,
+                    "--num-supernodes",
+                    str(self.simulated_nodes),
+                    "--client-resources-num-cpus",
+                    "1",
+                )
+                if data.get("success"):
+                    return
+                time.sleep(1.0)
+            raise FlowerError(f"could not configure the simulation: {data}")
 
     def start_supernode(self, name: str, node_config: Mapping[str, Any]) -> None:
         """Start a ``flower-supernode`` with ``--node-config`` built from ``node_config``."""
