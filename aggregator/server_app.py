@@ -189,7 +189,11 @@ def _round_record(
         "global-batch": settings.global_batch,
         "sum-b": strategy.plan.total,
         "lr-scale": strategy.plan.lr_scale,
-        "planned": strategy.plan.batches,
+        # Keyed by device id (round 1 plans for nodes not yet known by their device id).
+        "planned": {
+            **{d: b for d, b in strategy.plan.batches.items() if not d.startswith("node-")},
+            **{r.device_id: r.planned_batch for r in strategy.reports},
+        },
         "devices": devices,
         "failed": dict(strategy.failed),
         "rejected": dict(strategy.rejected),

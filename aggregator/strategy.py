@@ -65,6 +65,7 @@ class StreamStrategy(Strategy):
     round_s: float = 0.0
     _shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     sent: dict[str, int] = field(default_factory=dict)  # message id -> node, this round
+    planned: dict[int, int] = field(default_factory=dict)  # node -> planned batch, this round
 
     # -- training ---------------------------------------------------------------------------
 
@@ -76,6 +77,7 @@ class StreamStrategy(Strategy):
         nodes = sorted(grid.get_node_ids())
         ids = {n: self.node_devices.get(n, f"node-{n}") for n in nodes}
         self.plan = self.controller.plan(list(ids.values()), server_round, self._available())
+        self.planned = {node: self.plan.batches[device] for node, device in ids.items()}
         messages = []
         for node, device in ids.items():
             local = LocalPlan(
@@ -124,9 +126,7 @@ class StreamStrategy(Strategy):
                 self.rejected[device] += 1
                 continue
             self.last_metrics[device] = metrics
-            self.reports.append(
-                DeviceReport(device, node, metrics, self.plan.batches.get(device, 0))
-            )
+            self.reports.append(DeviceReport(device, node, metrics, self.planned.get(node, 0)))
             used = int(metrics["num-examples"])
             if used > 0:
                 updates.append((weights, used))

@@ -279,7 +279,7 @@ def status(
 @app.command()
 def demo(
     devices: Annotated[int, typer.Option(help="Number of simulated devices.")] = 4,
-    rounds: Annotated[int, typer.Option(help="Federated rounds.")] = 8,
+    rounds: Annotated[int, typer.Option(help="Federated rounds.")] = 6,
     controller: Annotated[
         str, typer.Option(help="Batch controller: fixed | static | dynamic.")
     ] = "dynamic",
@@ -289,7 +289,7 @@ def demo(
     rates: Annotated[
         str | None, typer.Option(help="Comma-separated stream rate per device, samples/s.")
     ] = None,
-    local_steps: Annotated[int, typer.Option("--local-steps", help="Steps per round.")] = 20,
+    local_steps: Annotated[int, typer.Option("--local-steps", help="Steps per round.")] = 40,
     broker: Annotated[
         str | None, typer.Option(help="Use this broker instead of starting one.")
     ] = None,

@@ -48,10 +48,10 @@ class DemoConfig:
     policy: str = "truncation"
     out: Path = field(default_factory=lambda: Path("runs"))
     live: bool = True
-    rounds: int = 10
+    rounds: int = 6
     controller: str = "dynamic"
     slowdowns: list[float] | None = None
-    local_steps: int = 20
+    local_steps: int = 40
     stream_only: bool = False
     round_timeout: float = 120.0
     kill: dict[str, int] = field(default_factory=dict)  # device -> after which round

@@ -171,3 +171,20 @@ def test_pyproject_run_config_is_complete_and_matches_the_defaults() -> None:
 
     config = tomllib.loads(Path("pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
     assert RunSettings.from_run_config(config) == RunSettings()
+
+
+def test_wait_policy_waits_for_the_full_batch_and_adapt_does_not(tmp_path: Path) -> None:
+    # Streams slower than the plan: "wait" blocks (on the virtual clock) for b*K samples,
+    # "adapt" trains on what is there.
+    waiting = InProcessGrid(fleet(1, 1, rate=400, initial=0), tmp_path / "w")
+    adapting = InProcessGrid(fleet(1, 1, rate=400, initial=0), tmp_path / "a")
+    base = {**FAST, "num_rounds": 2}
+
+    waited = run_rounds(waiting, RunSettings(**base, wait_policy="wait"))
+    adapted = run_rounds(adapting, RunSettings(**base, wait_policy="adapt"))
+
+    first_wait, first_adapt = waited[0]["devices"].values(), adapted[0]["devices"].values()
+    for dev in first_wait:  # empty buffers at the start: a real wait, then the full batch
+        assert dev["wait-s"] > 0 and dev["batch"] == dev["planned-batch"]
+    assert sum(d["wait-s"] for d in first_adapt) < sum(d["wait-s"] for d in first_wait)
+    assert any(d["batch"] < d["planned-batch"] for d in first_adapt)
