@@ -52,7 +52,7 @@ def test_a_killed_supernode_is_left_out_and_the_run_completes(tmp_path: Path) ->
         "--devices",
         "3",
         "--rounds",
-        "3",
+        "2",
         "--local-steps",
         "5",
         "--kill",
