@@ -168,27 +168,7 @@ def run_stream_demo(config: DemoConfig, console: Console) -> bool:
     ingest_rc: dict[str, int | None] = {}
     start = time.monotonic()
     with ProcessGroup() as group, _broker(config, console) as url:
-        for dev in devices:
-            group.start(
-                f"ingest-{dev}",
-                fedstream_command(
-                    "ingest",
-                    "--broker",
-                    url,
-                    "--device-id",
-                    dev,
-                    "--buffer",
-                    str(paths[dev]),
-                    "--policy",
-                    config.policy,
-                    "--capacity",
-                    str(config.capacity),
-                    "--status-interval",
-                    "2",
-                ),
-                log_path=run_dir / "logs" / f"ingest-{dev}.log",
-            )
-        _wait_for_buffers(paths, group, timeout=30.0)
+        _start_ingest(group, config, url, paths, run_dir)
         pubs = {
             dev: group.start(
                 f"publish-{dev}",
@@ -269,6 +249,33 @@ def run_stream_demo(config: DemoConfig, console: Console) -> bool:
     return ok
 
 
+def _start_ingest(
+    group: ProcessGroup, config: DemoConfig, url: str, paths: dict[str, Path], run_dir: Path
+) -> None:
+    """One ``fedstream ingest`` per device; returns once every buffer file exists."""
+    for dev, path in paths.items():
+        group.start(
+            f"ingest-{dev}",
+            fedstream_command(
+                "ingest",
+                "--broker",
+                url,
+                "--device-id",
+                dev,
+                "--buffer",
+                str(path),
+                "--policy",
+                config.policy,
+                "--capacity",
+                str(config.capacity),
+                "--status-interval",
+                "2",
+            ),
+            log_path=run_dir / "logs" / f"ingest-{dev}.log",
+        )
+    _wait_for_buffers(paths, group, timeout=30.0)
+
+
 def _wait_for_buffers(paths: dict[str, Path], group: ProcessGroup, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not all(p.exists() for p in paths.values()):
@@ -327,27 +334,7 @@ def run_demo(config: DemoConfig, console: Console) -> bool:
     start = time.monotonic()
     status: dict[str, Any] = {}
     with ProcessGroup() as group, _broker(config, console) as url:
-        for dev in devices:
-            group.start(
-                f"ingest-{dev}",
-                fedstream_command(
-                    "ingest",
-                    "--broker",
-                    url,
-                    "--device-id",
-                    dev,
-                    "--buffer",
-                    str(paths[dev]),
-                    "--policy",
-                    config.policy,
-                    "--capacity",
-                    str(config.capacity),
-                    "--status-interval",
-                    "2",
-                ),
-                log_path=run_dir / "logs" / f"ingest-{dev}.log",
-            )
-        _wait_for_buffers(paths, group, timeout=30.0)
+        _start_ingest(group, config, url, paths, run_dir)
         for i, dev in enumerate(devices):
             group.start(
                 f"publish-{dev}",
