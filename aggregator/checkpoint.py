@@ -13,7 +13,6 @@ from flwr.app import ArrayRecord
 
 __all__ = ["Checkpoint", "load_checkpoint", "save_checkpoint"]
 
-MODEL_FILE = "model.pt"
 STATE_FILE = "state.json"
 
 
@@ -28,16 +27,29 @@ class Checkpoint:
 
 
 def save_checkpoint(directory: str | Path, ckpt: Checkpoint) -> None:
-    """Write atomically (temporary files, then rename): a crash leaves the previous one."""
+    """Write the round's model file, then switch ``state.json`` to it with one rename.
+
+    A crash at any point leaves the previous checkpoint whole: ``state.json`` names the
+    model file it goes with, and the previous model file is removed only afterwards.
+    """
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
-    tmp_model = d / f".{MODEL_FILE}.tmp"
+    model_name = f"model-{ckpt.server_round}.pt"
+    tmp_model = d / f".{model_name}.tmp"
     torch.save(ckpt.arrays.to_torch_state_dict(), tmp_model)
+    os.replace(tmp_model, d / model_name)
+    state = {
+        "server-round": ckpt.server_round,
+        "model": model_name,
+        "controller": ckpt.controller,
+        **ckpt.extra,
+    }
     tmp_state = d / f".{STATE_FILE}.tmp"
-    state = {"server-round": ckpt.server_round, "controller": ckpt.controller, **ckpt.extra}
     tmp_state.write_text(json.dumps(state))
-    os.replace(tmp_model, d / MODEL_FILE)
     os.replace(tmp_state, d / STATE_FILE)
+    for old in d.glob("model-*.pt"):
+        if old.name != model_name:
+            old.unlink(missing_ok=True)
 
 
 def load_checkpoint(directory: str | Path) -> Checkpoint | None:
@@ -46,7 +58,7 @@ def load_checkpoint(directory: str | Path) -> Checkpoint | None:
     if not (d / STATE_FILE).exists():
         return None
     state = json.loads((d / STATE_FILE).read_text())
-    weights = torch.load(d / MODEL_FILE, weights_only=True)
+    weights = torch.load(d / state.pop("model"), weights_only=True)
     return Checkpoint(
         server_round=int(state.pop("server-round")),
         arrays=ArrayRecord(weights),

@@ -11,6 +11,7 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 
+from aggregator.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from aggregator.controller import BatchController
 from aggregator.server_app import run_rounds
 from aggregator.settings import RunSettings
@@ -188,3 +189,16 @@ def test_wait_policy_waits_for_the_full_batch_and_adapt_does_not(tmp_path: Path)
         assert dev["wait-s"] > 0 and dev["batch"] == dev["planned-batch"]
     assert sum(d["wait-s"] for d in first_adapt) < sum(d["wait-s"] for d in first_wait)
     assert any(d["batch"] < d["planned-batch"] for d in first_adapt)
+
+
+def test_a_checkpoint_interrupted_mid_write_leaves_the_previous_one(tmp_path: Path) -> None:
+    # Prepare: a checkpoint for round 1, then a crash after round 2's model file was written.
+    ckpt = tmp_path / "ckpt"
+    arrays = ArrayRecord({"w": torch.tensor([1.0])})
+    save_checkpoint(ckpt, Checkpoint(1, arrays, {"devices": {}}, {}))
+    (ckpt / "model-2.pt").write_bytes(b"half written")
+    # Execute
+    loaded = load_checkpoint(ckpt)
+    # Assert
+    assert loaded is not None and loaded.server_round == 1
+    torch.testing.assert_close(loaded.arrays.to_torch_state_dict()["w"], torch.tensor([1.0]))
