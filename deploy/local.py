@@ -131,7 +131,7 @@ def _terminate(proc: subprocess.Popen[bytes], grace: float) -> int | None:
         try:
             proc.wait(grace)
         except subprocess.TimeoutExpired:
-            log.warning("pid %d ignored SIGTERM for %.0f s; killing it", proc.pid, grace)
+            log.warning("pid %d still running after SIGTERM; killing it", proc.pid)
             _signal_group(proc, signal.SIGKILL)
             proc.wait()
     _signal_group(proc, signal.SIGKILL)  # stragglers it left in its group
