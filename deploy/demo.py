@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ __all__ = ["DemoConfig", "run_demo", "run_stream_demo"]
 
 DEMO_BATCH = 4  # samples per message
 DRAIN_TIMEOUT_S = 30.0
+PUBLISH_FOREVER_S = 86_400.0  # training mode: publishers run until the demo stops them
 
 
 @dataclass
@@ -170,27 +172,7 @@ def run_stream_demo(config: DemoConfig, console: Console) -> bool:
     with ProcessGroup() as group, _broker(config, console) as url:
         _start_ingest(group, config, url, paths, run_dir)
         pubs = {
-            dev: group.start(
-                f"publish-{dev}",
-                fedstream_command(
-                    "publish",
-                    "--broker",
-                    url,
-                    "--device-id",
-                    dev,
-                    "--rate",
-                    str(config.rates[i]),
-                    "--batch",
-                    str(DEMO_BATCH),
-                    "--duration",
-                    str(config.duration),
-                    "--seed",
-                    str(i),
-                    "--json",
-                ),
-                log_path=run_dir / "logs" / f"publish-{dev}.log",
-                stdout_pipe=True,
-            )
+            dev: _start_publisher(group, config, url, i, dev, run_dir, config.duration)
             for i, dev in enumerate(devices)
         }
         console.print(
@@ -247,6 +229,40 @@ def run_stream_demo(config: DemoConfig, console: Console) -> bool:
         verdict = f"[red]mismatch[/red]: exactly-once {exact}, ingest exit codes {ingest_rc}"
     console.print(f"{verdict}; clean shutdown of all processes. Summary: {run_dir}/summary.json")
     return ok
+
+
+def _start_publisher(
+    group: ProcessGroup,
+    config: DemoConfig,
+    url: str,
+    index: int,
+    dev: str,
+    run_dir: Path,
+    duration: float,
+) -> subprocess.Popen[bytes]:
+    """``fedstream publish`` for one device; its JSON report comes on stdout."""
+    assert config.rates is not None
+    return group.start(
+        f"publish-{dev}",
+        fedstream_command(
+            "publish",
+            "--broker",
+            url,
+            "--device-id",
+            dev,
+            "--rate",
+            str(config.rates[index]),
+            "--batch",
+            str(DEMO_BATCH),
+            "--duration",
+            str(duration),
+            "--seed",
+            str(index),
+            "--json",
+        ),
+        log_path=run_dir / "logs" / f"publish-{dev}.log",
+        stdout_pipe=True,
+    )
 
 
 def _start_ingest(
@@ -335,26 +351,8 @@ def run_demo(config: DemoConfig, console: Console) -> bool:
     status: dict[str, Any] = {}
     with ProcessGroup() as group, _broker(config, console) as url:
         _start_ingest(group, config, url, paths, run_dir)
-        for i, dev in enumerate(devices):
-            group.start(
-                f"publish-{dev}",
-                fedstream_command(
-                    "publish",
-                    "--broker",
-                    url,
-                    "--device-id",
-                    dev,
-                    "--rate",
-                    str(config.rates[i]),
-                    "--batch",
-                    str(DEMO_BATCH),
-                    "--duration",
-                    "86400",
-                    "--seed",
-                    str(i),
-                ),
-                log_path=run_dir / "logs" / f"publish-{dev}.log",
-            )
+        for i, dev in enumerate(devices):  # streaming until training ends
+            _start_publisher(group, config, url, i, dev, run_dir, PUBLISH_FOREVER_S)
         flower = FlowerDeployment(group, run_dir / "flwr")
         flower.start_superlink()
         for i, dev in enumerate(devices):
