@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from edge_client.constants import CONTROLLER_MODES
+
 __all__ = [
     "CONTROLLER_MODES",
     "BatchController",
@@ -40,7 +42,6 @@ __all__ = [
     "Plan",
 ]
 
-CONTROLLER_MODES = ("fixed", "static", "dynamic")
 HISTORY = 8  # step-time measurements kept per device
 SLOPE_REL_SE = 0.3  # a fitted per-sample cost this uncertain is not trusted
 

@@ -7,9 +7,8 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from aggregator.controller import ControllerConfig
-from edge_client.models import MODELS
+from edge_client.constants import MODELS, WAIT_POLICIES
 from edge_client.replay import parse_profile
-from edge_client.trainer import WAIT_POLICIES
 
 __all__ = ["RunSettings"]
 

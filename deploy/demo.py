@@ -21,13 +21,12 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from aggregator.controller import CONTROLLER_MODES
 from deploy.brokers import EmbeddedBroker, MosquittoBroker
 from deploy.flower import FlowerDeployment, FlowerError
 from deploy.local import ProcessGroup, fedstream_command
 from deploy.report import read_metrics, summarize, write_report
 from edge_client.buffer import BufferStore, BufferStoreError
-from edge_client.constants import POLICIES
+from edge_client.constants import CONTROLLER_MODES, POLICIES
 from edge_client.mqtt import BrokerURL
 
 __all__ = ["DemoConfig", "run_demo", "run_stream_demo"]

@@ -65,6 +65,11 @@ RATE_SETS: Final = {
 }
 MIN_STREAM_RATE: Final = 1.0
 
+# --- Training (values the aggregator and the devices must agree on) ------------------------
+WAIT_POLICIES: Final = ("wait", "adapt")
+CONTROLLER_MODES: Final = ("fixed", "static", "dynamic")
+MODELS: Final = ("cnn", "mlp")
+
 # --- Flower ------------------------------------------------------------------------------
 SUPERLINK_NODE_ID: Final = 1  # Flower's node id of the SuperLink (message source)
 

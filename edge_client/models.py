@@ -8,6 +8,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from edge_client.constants import MODELS
+
 __all__ = ["MODELS", "SensorCNN", "SensorMLP", "build_model"]
 
 
@@ -49,9 +51,6 @@ class SensorMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits for a batch ``(n, *shape)``."""
         return self.net(x)  # type: ignore[no-any-return]
-
-
-MODELS = ("cnn", "mlp")
 
 
 def build_model(name: str, shape: Sequence[int], num_classes: int, seed: int = 0) -> nn.Module:

@@ -11,10 +11,10 @@ import torch
 from torch import nn
 
 from edge_client.buffer import BufferStore
+from edge_client.constants import WAIT_POLICIES
 
 __all__ = ["LocalPlan", "TrainResult", "evaluate", "pick_device", "train_local"]
 
-WAIT_POLICIES = ("wait", "adapt")
 POLL_S = 0.05
 
 
