@@ -181,6 +181,7 @@ def _round_record(
             "dropped": int(m.get("buffer-dropped", 0)),
             "bytes": int(m.get("bytes-up", 0)),
             "loss": m["train-loss"],
+            "gap": m.get("compress-gap"),
         }
     return {
         "round": server_round,
@@ -197,6 +198,10 @@ def _round_record(
         "devices": devices,
         "failed": dict(strategy.failed),
         "rejected": dict(strategy.rejected),
+        "rejected-reasons": dict(strategy.rejected_reasons),
+        "compress": strategy.mode,
+        "bytes-up": sum(d["bytes"] for d in devices.values()),
+        "broadcast-bytes": strategy.broadcast_bytes,
         "virtual-s": round(virtual, 6),
         "wall-s": round(wall, 3),
     }

@@ -7,7 +7,14 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from aggregator.controller import ControllerConfig
-from edge_client.constants import MODELS, WAIT_POLICIES
+from edge_client.constants import (
+    BROADCAST_MODES,
+    COMPRESS_MODES,
+    DEFAULT_ADAPTIVE_DELTA,
+    DEFAULT_TOPK_RATIO,
+    MODELS,
+    WAIT_POLICIES,
+)
 from edge_client.replay import parse_profile
 
 __all__ = ["RunSettings"]
@@ -40,6 +47,11 @@ class RunSettings:
     eval_samples: int = 2000
     uplink_mbps: float = 10.0
     seed: int = 0
+    # Update compression (edge_client.codec): mode, top-k ratio, ScaDLES delta, broadcast.
+    compress: str = "none"
+    compress_ratio: float = DEFAULT_TOPK_RATIO
+    compress_delta: float = DEFAULT_ADAPTIVE_DELTA
+    compress_broadcast: str = "none"
     # Flower simulation only: virtual devices' streams and speeds (read by the ClientApp).
     sim_dir: str = ""
     sim_rates: str = "400,400,200,100"
@@ -60,6 +72,14 @@ class RunSettings:
             raise ValueError(f"min-nodes must be >= 1, got {self.min_nodes}")
         if not self.round_timeout > 0:
             raise ValueError(f"round-timeout must be > 0, got {self.round_timeout}")
+        if self.compress not in COMPRESS_MODES:
+            raise ValueError(f"compress must be one of {COMPRESS_MODES}, got {self.compress!r}")
+        if not 0 < self.compress_ratio <= 1:
+            raise ValueError(f"compress-ratio must be in (0, 1], got {self.compress_ratio}")
+        if not 0 <= self.compress_delta <= 1:
+            raise ValueError(f"compress-delta must be in [0, 1], got {self.compress_delta}")
+        if self.compress_broadcast not in BROADCAST_MODES:
+            raise ValueError(f"compress-broadcast must be one of {BROADCAST_MODES}")
         parse_profile(self.sim_rates, "sim-rates", 1e-9)
         parse_profile(self.sim_slowdowns, "sim-slowdowns", 1.0)
 

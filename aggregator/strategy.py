@@ -6,8 +6,12 @@ Built on Flower's ``flwr.serverapp.strategy.Strategy``. Unlike ``FedAvg`` it
   otherwise share one object between all messages),
 * keys everything by ``device-id`` (Flower's node ids change when a SuperNode restarts),
 * weights the average by the samples each device actually used (``num-examples``),
-* leaves out replies that are errors, from unknown devices, malformed or non-finite, and
-  counts them per device.
+* receives each update as a codec frame (a delta against the round's global model),
+  picks the round's compression (ScaDLES' adaptive rule when asked), and sends the
+  model down as float32 or float16,
+* leaves out replies that are errors, malformed, corrupt, of the wrong shapes or
+  non-finite, and counts them per device and per reason,
+* aggregates as it reads (one running sum): memory is O(model), not O(devices x model).
 """
 
 from __future__ import annotations
@@ -18,14 +22,23 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+import numpy as np
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from aggregator.controller import BatchController, Plan
 from aggregator.settings import RunSettings
-from edge_client.protocol import ARRAYS, CONFIG, DEVICE, METRICS, plan_to_config
+from edge_client.codec import CodecError, choose_mode, decode, raw_size_limit
+from edge_client.protocol import ARRAYS, CONFIG, DEVICE, FRAME, METRICS, UPDATE, plan_to_config
 from edge_client.trainer import LocalPlan
 
 __all__ = ["DeviceReport", "StreamStrategy"]
@@ -58,12 +71,16 @@ class StreamStrategy(Strategy):
     node_devices: dict[int, str] = field(default_factory=dict)
     last_metrics: dict[str, dict[str, float]] = field(default_factory=dict)
     rejected: Counter[str] = field(default_factory=Counter)
+    rejected_reasons: Counter[str] = field(default_factory=Counter)
     failed: Counter[str] = field(default_factory=Counter)
     # Set by configure_train / aggregate_train for the round just run.
     plan: Plan = field(default_factory=lambda: Plan({}))
+    mode: str = "none"  # the round's update compression
+    broadcast_bytes: int = 0  # one copy of the model as sent down
     reports: list[DeviceReport] = field(default_factory=list)
     round_s: float = 0.0
     _shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    _global: dict[str, np.ndarray] = field(default_factory=dict)
     sent: dict[str, int] = field(default_factory=dict)  # message id -> node, this round
     planned: dict[int, int] = field(default_factory=dict)  # node -> planned batch, this round
 
@@ -72,11 +89,14 @@ class StreamStrategy(Strategy):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """One message per node with this device's plan (batch, steps, scaled lr)."""
-        self._shapes = {k: tuple(a.shape) for k, a in arrays.items()}
+        """One message per node with this device's plan (batch, steps, scaled lr, codec)."""
+        self._global = {k: a.numpy().astype(np.float32) for k, a in arrays.items()}
+        self._shapes = {k: v.shape for k, v in self._global.items()}
         nodes = sorted(grid.get_node_ids())
         ids = {n: self.node_devices.get(n, f"node-{n}") for n in nodes}
         self.plan = self.controller.plan(list(ids.values()), server_round, self._available())
+        self.mode = self._round_mode(list(ids.values()))
+        down = self._broadcast(arrays)
         self.planned = {node: self.plan.batches[device] for node, device in ids.items()}
         messages = []
         for node, device in ids.items():
@@ -87,13 +107,33 @@ class StreamStrategy(Strategy):
                 wait_policy=self.settings.wait_policy,
                 b_min=self.settings.b_min,
                 deadline_s=self.settings.round_timeout / 2,
+                compress=self.mode,
+                compress_ratio=self.settings.compress_ratio,
             )
             cfg = plan_to_config(local, server_round)  # a fresh record per message
             for key, value in config.items():
                 cfg[key] = value
-            content = RecordDict({ARRAYS: arrays, CONFIG: cfg})
+            content = RecordDict({ARRAYS: down, CONFIG: cfg})
             messages.append(Message(content, node, MessageType.TRAIN, group_id=str(server_round)))
         return messages
+
+    def _round_mode(self, devices: list[str]) -> str:
+        """The run's mode, or for ``adaptive`` ScaDLES' rule over the devices' gap EWMAs."""
+        if self.settings.compress != "adaptive":
+            return self.settings.compress
+        gaps = [
+            self.last_metrics[d]["compress-gap"]
+            for d in devices
+            if "compress-gap" in self.last_metrics.get(d, {})
+        ]
+        return choose_mode(gaps, self.settings.compress_delta)
+
+    def _broadcast(self, arrays: ArrayRecord) -> ArrayRecord:
+        """The model as sent down: float32, or float16 when the broadcast is compressed."""
+        if self.settings.compress_broadcast == "fp16":
+            arrays = ArrayRecord({k: Array(a.astype(np.float16)) for k, a in self._global.items()})
+        self.broadcast_bytes = sum(len(a.data) for a in arrays.values())
+        return arrays
 
     def _available(self) -> dict[str, float]:
         """ScaDLES cap: what each device can have by the end of the round."""
@@ -105,9 +145,15 @@ class StreamStrategy(Strategy):
     def aggregate_train(
         self, server_round: int, replies: Iterable[Message]
     ) -> tuple[ArrayRecord | None, MetricRecord | None]:
-        """Average the valid updates, weighted by samples used; feed the controller."""
+        """Add the valid deltas to the global model, weighted by samples used.
+
+        Each frame is decoded and added to one running sum before the next is read.
+        """
         self.reports = []
-        updates: list[tuple[dict[str, torch.Tensor], int]] = []
+        acc = {k: np.zeros(v.shape, np.float64) for k, v in self._global.items()}
+        total = 0
+        loss = 0.0
+        cap = raw_size_limit(self._shapes)
         # Error replies come from the SuperLink (src node 1): find the node by message id.
         sent = self.sent
         replies_seen = list(replies)
@@ -117,36 +163,39 @@ class StreamStrategy(Strategy):
                 self.failed[self.node_devices.get(node, f"node-{node}")] += 1
                 continue
             try:
-                device, metrics, weights = _unpack(msg)
+                device, metrics, frame = _unpack(msg)
             except ValueError:
-                self.rejected[self.node_devices.get(node, f"node-{node}")] += 1
+                self._reject(self.node_devices.get(node, f"node-{node}"), "malformed")
                 continue
             self._learn_device(node, device)
-            if not _compatible(weights, self._shapes):
-                self.rejected[device] += 1
+            try:
+                delta = decode(frame, self._shapes, cap)
+            except CodecError as err:
+                self._reject(device, err.reason)
                 continue
+            metrics["bytes-up"] = float(len(frame))  # as received, not as claimed
             self.last_metrics[device] = metrics
             self.reports.append(DeviceReport(device, node, metrics, self.planned.get(node, 0)))
             used = int(metrics["num-examples"])
             if used > 0:
-                updates.append((weights, used))
+                for k, d in delta.items():
+                    acc[k] += used * d.astype(np.float64)
+                total += used
+                loss += metrics["train-loss"] * used
                 self.controller.observe(device, int(metrics["batch-size"]), metrics["step-s"])
         answered = {m.metadata.reply_to_message_id for m in replies_seen}
         for mid, node in sent.items():  # no reply before the round timeout
             if mid not in answered:
                 self.failed[self.node_devices.get(node, f"node-{node}")] += 1
-        if not updates:
+        if total == 0:
             return None, None
-        total = sum(n for _, n in updates)
-        avg: dict[str, torch.Tensor] = {}
-        for k, ref in updates[0][0].items():
-            acc = torch.zeros_like(ref, dtype=torch.float64)
-            for w, n in updates:
-                acc += w[k].double() * (n / total)
-            avg[k] = acc.to(ref.dtype)
-        loss = sum(r.metrics["train-loss"] * r.metrics["num-examples"] for r in self.reports)
+        new = {k: (g + acc[k] / total).astype(np.float32) for k, g in self._global.items()}
         summary = MetricRecord({"train-loss": loss / total, "num-examples": total})
-        return ArrayRecord(avg), summary
+        return ArrayRecord({k: Array(v) for k, v in new.items()}), summary
+
+    def _reject(self, device: str, reason: str) -> None:
+        self.rejected[device] += 1
+        self.rejected_reasons[reason] += 1
 
     def _learn_device(self, node: int, device: str) -> None:
         """Map node -> device id; a device on a new node (restart) keeps its state."""
@@ -181,30 +230,25 @@ class StreamStrategy(Strategy):
             "node-devices": {str(n): d for n, d in self.node_devices.items()},
             "last-metrics": self.last_metrics,
             "rejected": dict(self.rejected),
+            "rejected-reasons": dict(self.rejected_reasons),
             "failed": dict(self.failed),
         }
 
 
-def _unpack(msg: Message) -> tuple[str, dict[str, float], dict[str, torch.Tensor]]:
+def _unpack(msg: Message) -> tuple[str, dict[str, float], bytes]:
+    """(device id, metrics, update frame) of a reply; the frame is checked by the codec."""
     content = msg.content
     try:
         device = str(content.config_records[DEVICE]["device-id"])
         metrics = {k: float(v) for k, v in content.metric_records[METRICS].items()}  # type: ignore[arg-type]
-        weights = content.array_records[ARRAYS].to_torch_state_dict()
+        frame = content.config_records[UPDATE][FRAME]
     except (KeyError, TypeError, ValueError) as err:
         raise ValueError(f"malformed reply: {err}") from err
+    if not isinstance(frame, bytes):
+        raise ValueError("the update frame is not bytes")
     for key in ("num-examples", "batch-size", "step-s", "train-loss"):
         if key not in metrics:
             raise ValueError(f"reply lacks metric {key}")
-    if metrics["num-examples"] > 0 and not all(torch.isfinite(t).all() for t in weights.values()):
-        raise ValueError("update holds NaN or Inf")
     if not all(math.isfinite(metrics[k]) for k in ("num-examples", "batch-size")):
         raise ValueError("non-finite counts")
-    return device, metrics, weights
-
-
-def _compatible(weights: dict[str, torch.Tensor], shapes: dict[str, tuple[int, ...]]) -> bool:
-    """Same tensor names and shapes as the global model."""
-    return weights.keys() == shapes.keys() and all(
-        tuple(weights[k].shape) == shapes[k] for k in shapes
-    )
+    return device, metrics, frame

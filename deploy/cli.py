@@ -15,11 +15,13 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from bench import SCENARIOS
 from edge_client.constants import (
     DEFAULT_CAPACITY,
     DEFAULT_MQTT_PORT,
     DEFAULT_NUM_CLASSES,
     DEFAULT_POLICY,
+    DEFAULT_TOPK_RATIO,
     RATE_SETS,
     STATUS_INTERVAL_S,
 )
@@ -112,6 +114,10 @@ def publish(
         str, typer.Option(help="'synthetic', or an .npz (x, y) or .csv (label,f1,...) file.")
     ] = "synthetic",
     labels: Annotated[
+        int | None,
+        typer.Option(help="Pathological skew: K classes per device, picked by --seed and id."),
+    ] = None,
+    classes: Annotated[
         str | None, typer.Option(help="Only these classes, e.g. '0,3' (label skew).")
     ] = None,
     dirichlet: Annotated[
@@ -143,6 +149,7 @@ def publish(
         SyntheticSource,
         label_distribution,
         load_file,
+        pick_classes,
     )
     from edge_client.synthetic import SensorTask
 
@@ -155,8 +162,12 @@ def publish(
         if rate_set is not None:
             rate = draw_rate(rate_set.value, device_rng(seed, device_id, 1))
         assert rate is not None
-        label_list = [int(k) for k in labels.split(",")] if labels else None
+        if labels is not None and classes is not None:
+            raise ValueError("give --labels K or --classes LIST, not both")
         rng = device_rng(seed, device_id, 2)
+        label_list = [int(k) for k in classes.split(",")] if classes else None
+        if labels is not None:
+            label_list = pick_classes(labels, num_classes, rng=device_rng(seed, device_id, 3))
         probs = label_distribution(num_classes, rng, label_list, dirichlet)
         src: SampleSource
         if source == "synthetic":
@@ -164,7 +175,7 @@ def publish(
             src = SyntheticSource(task, rng, probs, feature_shift)
         else:
             x, y = load_file(source, _parse_shape(shape))
-            skewed = labels is not None or dirichlet is not None
+            skewed = label_list is not None or dirichlet is not None
             src = ArraySource(x, y, rng, probs if skewed else None)
         config = PublisherConfig(
             broker=url,
@@ -310,6 +321,15 @@ def demo(
     round_timeout: Annotated[
         float, typer.Option("--round-timeout", help="Seconds a round waits for devices.")
     ] = 120.0,
+    compress: Annotated[
+        str, typer.Option(help="Update codec: none | fp16 | int8 | topk | adaptive (ScaDLES).")
+    ] = "none",
+    compress_ratio: Annotated[
+        float, typer.Option("--compress-ratio", help="Top-k: fraction of values sent.")
+    ] = DEFAULT_TOPK_RATIO,
+    compress_broadcast: Annotated[
+        str, typer.Option("--compress-broadcast", help="Model sent down: none | fp16.")
+    ] = "none",
 ) -> None:
     """Everything on one machine: streams, ingest, Flower SuperLink + SuperNodes, training."""
     from deploy.demo import DemoConfig, run_demo
@@ -335,6 +355,9 @@ def demo(
             stream_only=stream_only,
             kill=_parse_kills(kill or []),
             round_timeout=round_timeout,
+            compress=compress,
+            compress_ratio=compress_ratio,
+            compress_broadcast=compress_broadcast,
         )
     except ValueError as err:
         raise _fail(str(err)) from err
@@ -343,6 +366,37 @@ def demo(
     except FlowerError as err:
         raise _fail(str(err)) from err
     raise typer.Exit(0 if ok else 1)
+
+
+Scenario = Enum("Scenario", {n: n for n in [*SCENARIOS, "all"]}, type=str)  # type: ignore[misc]
+
+
+@app.command()
+def bench(
+    scenario: Annotated[Scenario, typer.Argument(help="What to measure ('all': every one).")],
+    quick: Annotated[bool, typer.Option("--quick", help="Shorter runs (a smoke test).")] = False,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Also write the JSON results here.")
+    ] = None,
+    out: Annotated[Path, typer.Option(help="Where <scenario>.json/.md/.png go.")] = Path(
+        "bench/results"
+    ),
+) -> None:
+    """Benchmarks on the in-process runner (virtual clock): tables, plots and JSON."""
+    from bench import run_scenario
+
+    _setup_logging(False)
+    names = list(SCENARIOS) if scenario.value == "all" else [scenario.value]
+    combined: dict[str, object] = {}
+    for name in names:
+        console.print(f"[bold]bench {name}[/bold]{' (quick)' if quick else ''}")
+        one_json = None if scenario.value == "all" else json_path
+        result, paths = run_scenario(name, quick, out, one_json)
+        print(result.table, flush=True)
+        console.print("wrote " + ", ".join(str(p) for p in paths))
+        combined[name] = json.loads((out / f"{name}.json").read_text())
+    if json_path is not None and scenario.value == "all":
+        json_path.write_text(json.dumps(combined, indent=2) + "\n")
 
 
 def _parse_kills(specs: list[str]) -> dict[str, int]:

@@ -26,7 +26,13 @@ from deploy.flower import FlowerDeployment, FlowerError
 from deploy.local import ProcessGroup, fedstream_command
 from deploy.report import read_metrics, summarize, write_report
 from edge_client.buffer import BufferStore, BufferStoreError
-from edge_client.constants import CONTROLLER_MODES, POLICIES
+from edge_client.constants import (
+    BROADCAST_MODES,
+    COMPRESS_MODES,
+    CONTROLLER_MODES,
+    DEFAULT_TOPK_RATIO,
+    POLICIES,
+)
 from edge_client.mqtt import BrokerURL
 
 __all__ = ["DemoConfig", "run_demo", "run_stream_demo"]
@@ -56,6 +62,9 @@ class DemoConfig:
     stream_only: bool = False
     round_timeout: float = 120.0
     kill: dict[str, int] = field(default_factory=dict)  # device -> after which round
+    compress: str = "none"
+    compress_ratio: float = DEFAULT_TOPK_RATIO
+    compress_broadcast: str = "none"
 
     def __post_init__(self) -> None:
         if not 1 <= self.devices <= 64:
@@ -84,6 +93,12 @@ class DemoConfig:
             raise ValueError(f"--policy must be one of {POLICIES}")
         if self.capacity < 1:
             raise ValueError("--capacity must be >= 1")
+        if self.compress not in COMPRESS_MODES:
+            raise ValueError(f"--compress must be one of {COMPRESS_MODES}")
+        if not 0 < self.compress_ratio <= 1:
+            raise ValueError(f"--compress-ratio must be in (0, 1], got {self.compress_ratio}")
+        if self.compress_broadcast not in BROADCAST_MODES:
+            raise ValueError(f"--compress-broadcast must be one of {BROADCAST_MODES}")
         if self.broker is not None:
             BrokerURL.parse(self.broker)
 
@@ -380,6 +395,9 @@ def run_demo(config: DemoConfig, console: Console) -> bool:
                 "round-timeout": config.round_timeout,
                 "b-min": min(8, 128 // config.devices),
                 "min-nodes": config.devices,
+                "compress": config.compress,
+                "compress-ratio": config.compress_ratio,
+                "compress-broadcast": config.compress_broadcast,
             },
         )
         console.print(f"flwr run {flwr_run} submitted; training {config.rounds} rounds")
@@ -393,6 +411,7 @@ def run_demo(config: DemoConfig, console: Console) -> bool:
         "controller": config.controller,
         "slowdowns": config.slowdowns,
         "rates": config.rates,
+        "compress": config.compress,
         "note": "virtual_s: sum over rounds of the slowest device's compute + wait + transfer",
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -35,11 +35,17 @@ def summarize(records: Sequence[dict[str, Any]], wall_s: float) -> dict[str, Any
         "wall_s": round(wall_s, 2),
         "virtual_s": round(sum(r["virtual-s"] for r in records), 4),
         "accuracy": [r["accuracy"] for r in records],
+        "bytes_up": sum(r.get("bytes-up", 0) for r in records),
+        "broadcast_bytes_per_round": [r.get("broadcast-bytes", 0) for r in records],
+        "compress_modes": [r.get("compress", "none") for r in records],
+        "rejected": records[-1].get("rejected", {}) if records else {},
+        "rejected_reasons": records[-1].get("rejected-reasons", {}) if records else {},
         "devices": {
             d: {
                 "batch_size": [r["devices"].get(d, {}).get("batch") for r in records],
                 "compute_s": [r["devices"].get(d, {}).get("compute-s") for r in records],
                 "planned_batch": [r["planned"].get(d) for r in records],
+                "bytes_up": [r["devices"].get(d, {}).get("bytes") for r in records],
             }
             for d in devices
         },

@@ -49,6 +49,7 @@ __all__ = ["AppendResult", "BufferStore", "BufferStoreError"]
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS publishers (publisher TEXT PRIMARY KEY, last_seq INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS chunks (
@@ -398,6 +399,16 @@ class BufferStore:
             raise ValueError(f"meta key {key!r} belongs to the buffer store")
         with self._write() as db:
             db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+
+    def get_state(self, key: str) -> bytes | None:
+        """A blob of device state that must outlive one ClientApp process (e.g. a residual)."""
+        row = self._db.execute("SELECT value FROM state WHERE key = ?", (key,)).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def set_state(self, values: Mapping[str, bytes]) -> None:
+        """Store several device-state blobs in one transaction (all or none)."""
+        with self._write() as db:
+            db.executemany("INSERT OR REPLACE INTO state VALUES (?, ?)", list(values.items()))
 
     @property
     def fill(self) -> int:

@@ -15,23 +15,42 @@ at the rate and with the slowdown given by the run config's ``sim-rates`` and
 
 from __future__ import annotations
 
+import logging
 import math
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from edge_client.buffer import BufferStore
+from edge_client.codec import CodecError, FeedbackState, compress, decode, encode
 from edge_client.constants import DEFAULT_CAPACITY, DEFAULT_NUM_CLASSES
 from edge_client.models import build_model
 from edge_client.mqtt import validate_device_id
-from edge_client.protocol import ARRAYS, CONFIG, DEVICE, METRICS, metrics_record, plan_from_config
+from edge_client.protocol import (
+    ARRAYS,
+    CONFIG,
+    DEVICE,
+    FRAME,
+    METRICS,
+    UPDATE,
+    metrics_record,
+    plan_from_config,
+)
 from edge_client.replay import parse_profile, replay_into
-from edge_client.trainer import pick_device, train_local
+from edge_client.trainer import LocalPlan, pick_device, train_local
 
 __all__ = ["app", "train"]
+
+log = logging.getLogger(__name__)
+
+# Device-state keys in the buffer file (the ClientApp process does not outlive a round).
+FEEDBACK_RUN = "codec-run"
+FEEDBACK_RESIDUAL = "codec-residual"
+FEEDBACK_GAP = "codec-gap"
 
 app = ClientApp()
 
@@ -51,19 +70,63 @@ def train(msg: Message, context: Context) -> Message:
             store.shape,
             int(context.run_config.get("num-classes", DEFAULT_NUM_CLASSES)),
         )
-        model.load_state_dict(msg.content.array_records[ARRAYS].to_torch_state_dict())
+        received = msg.content.array_records[ARRAYS].to_torch_state_dict()
+        model.load_state_dict({k: v.float() for k, v in received.items()})  # fp16 broadcast too
+        start = _numpy_state(model)
         result = train_local(model, store, plan, slowdown=slowdown, device=pick_device())
+        delta = {k: v - start[k] for k, v in _numpy_state(model).items()}
+        frame, gap = _encode(store, context.run_id, delta, plan, result.num_examples > 0)
         buffer = store.stats()
-    arrays = ArrayRecord(model.cpu().state_dict())
-    bytes_up = sum(a.numpy().nbytes for a in arrays.values())
     content = RecordDict(
         {
-            ARRAYS: arrays,
-            METRICS: metrics_record(result, buffer, bytes_up),
+            UPDATE: ConfigRecord({FRAME: frame}),
+            METRICS: metrics_record(result, buffer, len(frame), gap),
             DEVICE: ConfigRecord({"device-id": device_id}),
         }
     )
     return Message(content, reply_to=msg)
+
+
+def _numpy_state(model: torch.nn.Module) -> dict[str, np.ndarray]:
+    return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
+
+
+def _encode(
+    store: BufferStore, run_id: int, delta: dict[str, np.ndarray], plan: LocalPlan, trained: bool
+) -> tuple[bytes, float | None]:
+    """Code the delta with the device's error-feedback state, kept in its buffer file.
+
+    A round that trained nothing sends a zero delta and leaves the state alone (the server
+    gives it no weight, so a residual spent on it would be lost).
+    """
+    state = _load_feedback(store, run_id, delta)
+    if not trained:
+        return encode(delta, "none"), state.gap
+    packed = compress(delta, state, plan.compress, plan.compress_ratio)
+    residual = packed.state.residual or {}
+    store.set_state(
+        {
+            FEEDBACK_RUN: str(run_id).encode(),
+            FEEDBACK_RESIDUAL: encode(residual, "none"),
+            FEEDBACK_GAP: repr(packed.state.gap).encode(),
+        }
+    )
+    return packed.frame, packed.state.gap
+
+
+def _load_feedback(store: BufferStore, run_id: int, like: dict[str, np.ndarray]) -> FeedbackState:
+    """The residual and gap EWMA this device kept for this run (fresh for a new run)."""
+    if store.get_state(FEEDBACK_RUN) != str(run_id).encode():
+        return FeedbackState()
+    try:
+        residual = decode(
+            store.get_state(FEEDBACK_RESIDUAL) or b"", {k: v.shape for k, v in like.items()}
+        )
+        gap = float(store.get_state(FEEDBACK_GAP) or b"nan")
+    except (CodecError, ValueError) as err:
+        log.warning("dropping an unreadable error-feedback residual: %s", err)
+        return FeedbackState()
+    return FeedbackState(residual, gap if math.isfinite(gap) else None)
 
 
 def _device(context: Context) -> tuple[str, str, float]:

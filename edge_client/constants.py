@@ -70,6 +70,18 @@ WAIT_POLICIES: Final = ("wait", "adapt")
 CONTROLLER_MODES: Final = ("fixed", "static", "dynamic")
 MODELS: Final = ("cnn", "mlp")
 
+# --- Update codec (edge_client.codec) ---------------------------------------------------
+CODEC_MAGIC: Final = b"FSUP"
+CODEC_VERSION: Final = 1
+CODEC_MODES: Final = ("none", "fp16", "int8", "topk")  # how one frame codes its values
+COMPRESS_MODES: Final = (*CODEC_MODES, "adaptive")  # run-config choice; adaptive picks per round
+BROADCAST_MODES: Final = ("none", "fp16")  # server -> device model
+CODEC_MAX_RAW_BYTES: Final = 1 << 30  # hard cap on any frame's decompressed size
+CODEC_ZSTD_LEVEL: Final = 1
+DEFAULT_TOPK_RATIO: Final = 0.1
+DEFAULT_ADAPTIVE_DELTA: Final = 0.3
+GAP_EWMA_WEIGHT: Final = 0.5  # weight of the newest top-k gap in a device's EWMA
+
 # --- Flower ------------------------------------------------------------------------------
 SUPERLINK_NODE_ID: Final = 1  # Flower's node id of the SuperLink (message source)
 

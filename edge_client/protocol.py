@@ -1,9 +1,11 @@
 """The round protocol between the aggregator and a device: record names and keys.
 
 Server -> device: a ``ConfigRecord`` named ``config`` (the device's plan for the round) and
-the global model as an ``ArrayRecord`` named ``arrays``. Device -> server: ``arrays``, a
-``MetricRecord`` named ``metrics``, and a ``ConfigRecord`` named ``device`` holding
-``device-id`` (metrics may only hold numbers). Keys are kebab-case, as Flower's are.
+the global model as an ``ArrayRecord`` named ``arrays`` (float32, or float16 when the
+broadcast is compressed). Device -> server: a ``ConfigRecord`` named ``update`` whose
+``frame`` holds the model delta coded by :mod:`edge_client.codec`, a ``MetricRecord`` named
+``metrics``, and a ``ConfigRecord`` named ``device`` holding ``device-id`` (metrics may only
+hold numbers). Keys are kebab-case, as Flower's are.
 """
 
 from __future__ import annotations
@@ -13,13 +15,16 @@ from typing import Any
 
 from flwr.app import ConfigRecord, MetricRecord
 
+from edge_client.constants import DEFAULT_TOPK_RATIO
 from edge_client.trainer import LocalPlan, TrainResult
 
 __all__ = [
     "ARRAYS",
     "CONFIG",
     "DEVICE",
+    "FRAME",
     "METRICS",
+    "UPDATE",
     "metrics_record",
     "plan_from_config",
     "plan_to_config",
@@ -29,6 +34,8 @@ ARRAYS = "arrays"
 CONFIG = "config"
 METRICS = "metrics"
 DEVICE = "device"
+UPDATE = "update"
+FRAME = "frame"
 
 
 def plan_to_config(plan: LocalPlan, server_round: int) -> ConfigRecord:
@@ -43,6 +50,8 @@ def plan_to_config(plan: LocalPlan, server_round: int) -> ConfigRecord:
             "b-min": plan.b_min,
             "deadline-s": plan.deadline_s,
             "proximal-mu": plan.proximal_mu,
+            "compress": plan.compress,
+            "compress-ratio": plan.compress_ratio,
         }
     )
 
@@ -64,14 +73,18 @@ def plan_from_config(config: Mapping[str, Any]) -> LocalPlan:
             b_min=int(config.get("b-min", 1)),
             deadline_s=float(config.get("deadline-s", 60.0)),
             proximal_mu=float(config.get("proximal-mu", 0.0)),
+            compress=str(config.get("compress", "none")),
+            compress_ratio=float(config.get("compress-ratio", DEFAULT_TOPK_RATIO)),
         )
     except KeyError as err:
         raise ValueError(f"round plan lacks {err.args[0]!r}") from err
 
 
-def metrics_record(result: TrainResult, buffer: Mapping[str, Any], bytes_up: int) -> MetricRecord:
-    """The ``metrics`` record of a training reply."""
-    return MetricRecord(
+def metrics_record(
+    result: TrainResult, buffer: Mapping[str, Any], bytes_up: int, gap: float | None = None
+) -> MetricRecord:
+    """The ``metrics`` record of a training reply (``gap``: the top-k gap EWMA, if known)."""
+    record = MetricRecord(
         {
             "num-examples": result.num_examples,
             "batch-size": result.batch_size,
@@ -86,3 +99,6 @@ def metrics_record(result: TrainResult, buffer: Mapping[str, Any], bytes_up: int
             "bytes-up": bytes_up,
         }
     )
+    if gap is not None:
+        record["compress-gap"] = gap
+    return record

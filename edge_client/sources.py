@@ -13,7 +13,14 @@ import numpy.typing as npt
 
 from edge_client.synthetic import SensorTask
 
-__all__ = ["ArraySource", "SampleSource", "SyntheticSource", "label_distribution", "load_file"]
+__all__ = [
+    "ArraySource",
+    "SampleSource",
+    "SyntheticSource",
+    "label_distribution",
+    "load_file",
+    "pick_classes",
+]
 
 
 class SampleSource(Protocol):
@@ -64,6 +71,24 @@ def label_distribution(
         probs: npt.NDArray[np.float64] = rng.dirichlet(np.full(num_classes, dirichlet))
         return probs
     return np.full(num_classes, 1.0 / num_classes)
+
+
+def pick_classes(
+    k: int, num_classes: int, *, index: int | None = None, rng: np.random.Generator | None = None
+) -> list[int]:
+    """The ``k`` classes of one device under pathological skew.
+
+    With ``index`` (a fleet numbered 0..n-1) devices take classes round-robin, so that a
+    fleet covers every class as evenly as it can; otherwise ``rng`` (seeded by the device
+    id) draws ``k`` distinct classes.
+    """
+    if not 1 <= k <= num_classes:
+        raise ValueError(f"classes per device must be in 1..{num_classes}, got {k}")
+    if index is not None:
+        return sorted({(index * k + j) % num_classes for j in range(k)})
+    if rng is None:
+        raise ValueError("pick_classes needs an index or an rng")
+    return sorted(int(c) for c in rng.choice(num_classes, size=k, replace=False))
 
 
 class SyntheticSource:

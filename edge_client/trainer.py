@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from edge_client.buffer import BufferStore
-from edge_client.constants import WAIT_POLICIES
+from edge_client.constants import CODEC_MODES, DEFAULT_TOPK_RATIO, WAIT_POLICIES
 
 __all__ = ["LocalPlan", "TrainResult", "evaluate", "pick_device", "train_local"]
 
@@ -29,12 +29,18 @@ class LocalPlan:
     b_min: int = 1
     deadline_s: float = 60.0  # how long this device may wait for samples
     proximal_mu: float = 0.0
+    compress: str = "none"  # how the update travels (edge_client.codec)
+    compress_ratio: float = DEFAULT_TOPK_RATIO
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.local_steps < 1 or not self.lr > 0:
             raise ValueError(f"bad plan: {self}")
         if self.wait_policy not in WAIT_POLICIES:
             raise ValueError(f"wait-policy must be one of {WAIT_POLICIES}")
+        if self.compress not in CODEC_MODES:
+            raise ValueError(f"compress must be one of {CODEC_MODES}, got {self.compress!r}")
+        if not 0 < self.compress_ratio <= 1:
+            raise ValueError(f"compress-ratio must be in (0, 1], got {self.compress_ratio}")
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import math
 import os
+import struct
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -12,10 +14,13 @@ from typing import Any
 import numpy as np
 import paho.mqtt.client as mqtt
 import pytest
+import zstandard
 
 from deploy.brokers import EmbeddedBroker, MosquittoBroker, mosquitto_available
 from deploy.local import ProcessGroup, fedstream_command
 from edge_client.buffer import BufferStore
+from edge_client.codec import encode, seal
+from edge_client.constants import CODEC_MODES
 from edge_client.frames import encode_frame
 from edge_client.mqtt import BrokerURL, connect_async, make_client
 from edge_client.synthetic import SensorTask
@@ -136,3 +141,18 @@ class RawClient:
     def close(self) -> None:
         self.client.disconnect()
         self.client.loop_stop()
+
+
+def reseal(frame: bytes, edit: Callable[[bytes], bytes]) -> bytes:
+    """Re-frame an update frame after editing its raw body (valid prefix and CRC)."""
+    mode = CODEC_MODES[frame[5]]
+    count = int.from_bytes(frame[6:8], "little")
+    raw = zstandard.ZstdDecompressor().decompress(frame[20:])
+    return seal(mode, count, edit(raw))
+
+
+def nan_frame(tensors: dict[str, np.ndarray]) -> bytes:
+    """A well-formed ``none`` frame whose first value is NaN."""
+    frame = encode(tensors, "none")
+    first = sum(len(n.encode()) + 1 + 2 + 4 * t.ndim + 5 for n, t in tensors.items())
+    return reseal(frame, lambda raw: raw[:first] + struct.pack("<f", math.nan) + raw[first + 4 :])

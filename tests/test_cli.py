@@ -63,7 +63,9 @@ def test_status_reports_a_missing_buffer_clearly(tmp_path: Path) -> None:
         (["--rate", "10", "--rate-set", "S1"], "exactly one of --rate"),
         (["--rate", "10"], "exactly one of count and duration"),
         (["--rate", "-1", "--count", "5"], "rate must be > 0"),
-        (["--rate", "10", "--count", "5", "--labels", "9"], "labels must be classes"),
+        (["--rate", "10", "--count", "5", "--classes", "9"], "labels must be classes"),
+        (["--rate", "10", "--count", "5", "--labels", "9"], "classes per device"),
+        (["--rate", "10", "--labels", "1", "--classes", "0"], "not both"),
         (["--rate", "10", "--count", "5", "--source", "missing.npz"], "No such file"),
     ],
 )

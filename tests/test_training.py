@@ -17,7 +17,9 @@ from aggregator.server_app import run_rounds
 from aggregator.settings import RunSettings
 from aggregator.strategy import StreamStrategy
 from deploy.inprocess import InProcessGrid, VirtualDevice
-from edge_client.protocol import ARRAYS, DEVICE, METRICS
+from edge_client.codec import encode
+from edge_client.protocol import DEVICE, FRAME, METRICS, UPDATE
+from tests.conftest import nan_frame
 
 FAST: dict[str, Any] = {
     "num_rounds": 3,
@@ -38,7 +40,9 @@ def fleet(*slowdowns: float, **kw: Any) -> list[VirtualDevice]:
     return [VirtualDevice(f"dev-{i}", slowdown=s, **kw) for i, s in enumerate(slowdowns)]
 
 
-def reply(node: int, device: str, weights: dict[str, torch.Tensor], used: int) -> Message:
+def reply(
+    node: int, device: str, weights: dict[str, torch.Tensor], used: int, frame: bytes = b""
+) -> Message:
     ask = Message(RecordDict({}), node, MessageType.TRAIN, group_id="1")
     ask.metadata.__dict__["_message_id"] = f"m{node}"
     metrics: dict[str, int | float | list[int] | list[float]] = {
@@ -52,7 +56,9 @@ def reply(node: int, device: str, weights: dict[str, torch.Tensor], used: int) -
     }
     content = RecordDict(
         {
-            ARRAYS: ArrayRecord(weights),
+            UPDATE: ConfigRecord(
+                {FRAME: frame or encode({k: w.numpy() for k, w in weights.items()})}
+            ),
             METRICS: MetricRecord(metrics),
             DEVICE: ConfigRecord({"device-id": device}),
         }
@@ -67,26 +73,30 @@ def test_aggregate_is_the_sample_weighted_average(tmp_path: Path) -> None:
     strategy = StreamStrategy(
         settings=settings, controller=BatchController(settings.controller_config())
     )
+    strategy._global = {"w": np.zeros(2, np.float32), "b": np.zeros(1, np.float32)}
     strategy._shapes = {"w": (2,), "b": (1,)}
     a = {"w": torch.tensor([1.0, 2.0]), "b": torch.tensor([0.0])}
     b = {"w": torch.tensor([4.0, 8.0]), "b": torch.tensor([3.0])}
-    bad = {"w": torch.tensor([float("nan"), 0.0]), "b": torch.tensor([0.0])}
+    bad = nan_frame({"w": np.ones(2, np.float32), "b": np.zeros(1, np.float32)})
     # Execute
     agg, summary = strategy.aggregate_train(
-        1, [reply(1, "x", a, 10), reply(2, "y", b, 30), reply(3, "z", bad, 60)]
+        1, [reply(1, "x", a, 10), reply(2, "y", b, 30), reply(3, "z", a, 60, bad)]
     )
     # Assert: (10*a + 30*b) / 40
     assert agg is not None and summary is not None
     got = agg.to_torch_state_dict()
     torch.testing.assert_close(got["w"], torch.tensor([3.25, 6.5]))
     torch.testing.assert_close(got["b"], torch.tensor([2.25]))
-    assert summary["num-examples"] == 40 and strategy.rejected["node-3"] == 1
+    assert summary["num-examples"] == 40
+    assert strategy.rejected == {"z": 1} and strategy.rejected_reasons == {"non-finite": 1}
 
 
 def test_run_trains_with_per_device_plans(tmp_path: Path) -> None:
     # Prepare
     grid = InProcessGrid(fleet(1, 1, 2, 4, rate=20_000), tmp_path / "buffers")
-    settings = RunSettings(**{**FAST, "num_rounds": 6}, out_dir=str(tmp_path / "out"))
+    settings = RunSettings(
+        **{**FAST, "num_rounds": 6, "local_steps": 10}, out_dir=str(tmp_path / "out")
+    )
     # Execute
     records = run_rounds(grid, settings)
     # Assert

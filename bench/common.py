@@ -1,0 +1,86 @@
+"""What every benchmark scenario shares: the in-process fleet runner and the result files.
+
+Scenarios run the real ServerApp loop and ClientApp on :class:`deploy.inprocess.InProcessGrid`:
+times they report are on its *virtual clock* (each device charged
+``compute * slowdown + wait + bytes / bandwidth``, a round = its slowest device), and
+every table says so.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aggregator.server_app import run_rounds
+from aggregator.settings import RunSettings
+from deploy.inprocess import InProcessGrid, VirtualDevice
+
+__all__ = ["VIRTUAL_CLOCK_NOTE", "Result", "markdown_table", "run_fleet", "write_result"]
+
+VIRTUAL_CLOCK_NOTE = (
+    "Times are on the in-process runner's virtual clock (compute x slowdown + wait + "
+    "bytes/bandwidth, a round = its slowest device), not wall time."
+)
+
+
+@dataclass
+class Result:
+    """A scenario's output: JSON entries, a markdown table, and optional plots."""
+
+    scenario: str
+    entries: list[dict[str, Any]]
+    table: str
+    meta: dict[str, Any] = field(default_factory=dict)
+    plots: list[Callable[[Path], Path]] = field(default_factory=list)
+
+
+def run_fleet(
+    devices: Sequence[VirtualDevice], settings: RunSettings, seed: int = 0
+) -> list[dict[str, Any]]:
+    """Run the real ServerApp loop on a virtual fleet; return the per-round records."""
+    torch.set_num_threads(1)  # deterministic and fair on a shared 2-core machine
+    logging.getLogger("aggregator").setLevel(logging.WARNING)
+    with tempfile.TemporaryDirectory(prefix="fedstream-bench-") as tmp:
+        grid = InProcessGrid(
+            devices, Path(tmp), run_config={}, uplink_mbps=settings.uplink_mbps, seed=seed
+        )
+        try:
+            return run_rounds(grid, settings)
+        finally:
+            grid.close()
+
+
+def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """A GitHub markdown table."""
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write_result(result: Result, out_dir: Path, json_path: Path | None = None) -> list[Path]:
+    """Write ``<scenario>.json``, ``<scenario>.md`` and the plots; return the paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    doc = {
+        "scenario": result.scenario,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **result.meta,
+        "entries": result.entries,
+    }
+    paths = []
+    for path in {out_dir / f"{result.scenario}.json", *([json_path] if json_path else [])}:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(doc, indent=2) + "\n")
+        paths.append(path)
+    md = out_dir / f"{result.scenario}.md"
+    md.write_text(f"# {result.scenario}\n\n{result.table}\n")
+    paths.append(md)
+    paths += [plot(out_dir) for plot in result.plots]
+    return paths
