@@ -182,6 +182,9 @@ def _round_record(
             "bytes": int(m.get("bytes-up", 0)),
             "loss": m["train-loss"],
             "gap": m.get("compress-gap"),
+            "inject-used": int(m.get("inject-used", 0)),
+            "inject-bytes": int(m.get("inject-bytes", 0)),
+            "inject-samples": int(m.get("inject-samples", 0)),
         }
     return {
         "round": server_round,
@@ -202,6 +205,8 @@ def _round_record(
         "compress": strategy.mode,
         "bytes-up": sum(d["bytes"] for d in devices.values()),
         "broadcast-bytes": strategy.broadcast_bytes,
+        "inject-picked": strategy.injectors,
+        "inject-bytes": sum(d["inject-bytes"] for d in devices.values()),
         "virtual-s": round(virtual, 6),
         "wall-s": round(wall, 3),
     }

@@ -11,6 +11,9 @@ from edge_client.constants import (
     BROADCAST_MODES,
     COMPRESS_MODES,
     DEFAULT_ADAPTIVE_DELTA,
+    DEFAULT_INJECT_BETA,
+    DEFAULT_INJECT_BUDGET,
+    DEFAULT_INJECT_MIX,
     DEFAULT_TOPK_RATIO,
     MODELS,
     WAIT_POLICIES,
@@ -52,11 +55,20 @@ class RunSettings:
     compress_ratio: float = DEFAULT_TOPK_RATIO
     compress_delta: float = DEFAULT_ADAPTIVE_DELTA
     compress_broadcast: str = "none"
+    # Non-IID mitigation: FedProx, and ScaDLES data injection among opted-in devices.
+    proximal_mu: float = 0.0
+    inject_alpha: float = 0.0  # fraction of opted-in devices that share each round; 0: off
+    inject_beta: float = DEFAULT_INJECT_BETA
+    inject_budget: int = DEFAULT_INJECT_BUDGET
+    inject_mix: float = DEFAULT_INJECT_MIX
     # Flower simulation only: virtual devices' streams and speeds (read by the ClientApp).
     sim_dir: str = ""
     sim_rates: str = "400,400,200,100"
     sim_slowdowns: str = "1,1,2,4"
     sim_initial: int = 2000
+    sim_labels: int = 0  # pathological skew: classes per virtual device; 0: none
+    sim_dirichlet: float = 0.0  # Dirichlet label skew alpha; 0: none
+    sim_feature_shift: float = 0.0
 
     def __post_init__(self) -> None:
         self.controller_config()  # validates the controller fields
@@ -78,6 +90,14 @@ class RunSettings:
             raise ValueError(f"compress-ratio must be in (0, 1], got {self.compress_ratio}")
         if not 0 <= self.compress_delta <= 1:
             raise ValueError(f"compress-delta must be in [0, 1], got {self.compress_delta}")
+        if not (self.proximal_mu >= 0 and self.inject_budget >= 0):
+            raise ValueError("proximal-mu and inject-budget must be >= 0")
+        if not (0 <= self.inject_alpha <= 1 and 0 <= self.inject_beta <= 1):
+            raise ValueError("inject-alpha and inject-beta must be in [0, 1]")
+        if not 0 <= self.inject_mix < 1:
+            raise ValueError(f"inject-mix must be in [0, 1), got {self.inject_mix}")
+        if not (0 <= self.sim_labels <= self.num_classes and self.sim_dirichlet >= 0):
+            raise ValueError("sim-labels must be in 0..num-classes and sim-dirichlet >= 0")
         if self.compress_broadcast not in BROADCAST_MODES:
             raise ValueError(f"compress-broadcast must be one of {BROADCAST_MODES}")
         parse_profile(self.sim_rates, "sim-rates", 1e-9)

@@ -43,6 +43,8 @@ from edge_client.trainer import LocalPlan
 
 __all__ = ["DeviceReport", "StreamStrategy"]
 
+INJECT_STREAM = 77  # seed stream of the injector draw
+
 
 @dataclass
 class DeviceReport:
@@ -76,6 +78,7 @@ class StreamStrategy(Strategy):
     # Set by configure_train / aggregate_train for the round just run.
     plan: Plan = field(default_factory=lambda: Plan({}))
     mode: str = "none"  # the round's update compression
+    injectors: list[str] = field(default_factory=list)  # devices asked to share this round
     broadcast_bytes: int = 0  # one copy of the model as sent down
     reports: list[DeviceReport] = field(default_factory=list)
     round_s: float = 0.0
@@ -96,7 +99,9 @@ class StreamStrategy(Strategy):
         ids = {n: self.node_devices.get(n, f"node-{n}") for n in nodes}
         self.plan = self.controller.plan(list(ids.values()), server_round, self._available())
         self.mode = self._round_mode(list(ids.values()))
+        self.injectors = self._pick_injectors(server_round, list(ids.values()))
         down = self._broadcast(arrays)
+        injecting = self.settings.inject_alpha > 0
         self.planned = {node: self.plan.batches[device] for node, device in ids.items()}
         messages = []
         for node, device in ids.items():
@@ -109,6 +114,11 @@ class StreamStrategy(Strategy):
                 deadline_s=self.settings.round_timeout / 2,
                 compress=self.mode,
                 compress_ratio=self.settings.compress_ratio,
+                proximal_mu=self.settings.proximal_mu,
+                inject_mix=self.settings.inject_mix if injecting else 0.0,
+                inject_publish=device in self.injectors,
+                inject_beta=self.settings.inject_beta,
+                inject_budget=self.settings.inject_budget // max(1, len(self.injectors)),
             )
             cfg = plan_to_config(local, server_round)  # a fresh record per message
             for key, value in config.items():
@@ -127,6 +137,17 @@ class StreamStrategy(Strategy):
             if "compress-gap" in self.last_metrics.get(d, {})
         ]
         return choose_mode(gaps, self.settings.compress_delta)
+
+    def _pick_injectors(self, server_round: int, devices: list[str]) -> list[str]:
+        """ScaDLES: a random fraction alpha of the devices that reported opting in."""
+        opted = sorted(
+            d for d in devices if self.last_metrics.get(d, {}).get("inject-opt-in", 0) >= 1
+        )
+        if self.settings.inject_alpha <= 0 or not opted:
+            return []
+        n = max(1, round(self.settings.inject_alpha * len(opted)))
+        rng = np.random.default_rng([self.settings.seed, server_round, INJECT_STREAM])
+        return sorted(str(d) for d in rng.choice(opted, size=n, replace=False))
 
     def _broadcast(self, arrays: ArrayRecord) -> ArrayRecord:
         """The model as sent down: float32, or float16 when the broadcast is compressed."""

@@ -234,6 +234,13 @@ def ingest(
     username: Annotated[str | None, typer.Option()] = None,
     password: Annotated[str | None, typer.Option(envvar="FEDSTREAM_MQTT_PASSWORD")] = None,
     cafile: Annotated[str | None, typer.Option(help="CA bundle (enables TLS).")] = None,
+    inject: Annotated[
+        bool,
+        typer.Option(
+            "--inject",
+            help="Opt in to data injection: keep others' shared samples, publish ours.",
+        ),
+    ] = False,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Run the ingest daemon: MQTT samples into the device's durable buffer."""
@@ -256,6 +263,7 @@ def ingest(
             password=password,
             cafile=cafile,
             status_interval=status_interval,
+            inject=inject,
         )
         daemon = IngestDaemon(config)
     except (ValueError, BufferStoreError, OSError) as err:

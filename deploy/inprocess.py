@@ -3,13 +3,16 @@
 For tests and benchmarks. :class:`InProcessGrid` is a Flower ``Grid`` that hands each
 message straight to the ClientApp of a *virtual device*: a buffer store of its own, fed by a
 replayed synthetic stream at the device's rate on the virtual clock, and a slowdown charged
-on that clock instead of slept. A round costs the slowest device's
-``compute * slowdown + wait + bytes / bandwidth`` (synchronous rounds). Every time it
-reports is virtual-clock time; say so wherever it is printed.
+on that clock instead of slept. It also plays the broker for data injection: after each
+round it delivers every opted-in device's outbox to the other opted-in devices' pools
+(:func:`edge_client.inject.receive`, as their ingest daemons would). A round costs the
+slowest device's ``compute * slowdown + wait + bytes / bandwidth`` (synchronous rounds).
+Every time it reports is virtual-clock time; say so wherever it is printed.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,8 +27,9 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from edge_client.buffer import BufferStore
 from edge_client.client_app import app as default_client_app
-from edge_client.constants import DEFAULT_SHAPE, SUPERLINK_NODE_ID
+from edge_client.constants import DEFAULT_NUM_CLASSES, DEFAULT_SHAPE, SUPERLINK_NODE_ID
 from edge_client.frames import SampleBatch
+from edge_client.inject import open_pool, receive
 from edge_client.protocol import CONFIG, METRICS, plan_from_config
 from edge_client.schedule import device_rng
 from edge_client.sources import SyntheticSource, label_distribution
@@ -53,7 +57,13 @@ class VirtualDevice:
     fail_rounds : set of int
         Rounds in which it does not answer (dropout).
     labels : sequence of int, optional
-        Only these classes (label skew).
+        Only these classes (pathological label skew).
+    dirichlet : float, optional
+        Class mix drawn from Dirichlet(alpha) (label skew).
+    feature_shift : float
+        Per-device sensor gain/bias scale (feature skew).
+    inject : bool
+        Opted in to ScaDLES data injection (shares when picked, mixes in the pool).
     """
 
     device_id: str
@@ -62,6 +72,9 @@ class VirtualDevice:
     initial: int = 2000
     fail_rounds: set[int] = field(default_factory=set)
     labels: Sequence[int] | None = None
+    dirichlet: float | None = None
+    feature_shift: float = 0.0
+    inject: bool = False
 
 
 class InProcessGrid(Grid):
@@ -106,16 +119,21 @@ class InProcessGrid(Grid):
         self._last_round_s = 0.0
         task = SensorTask(DEFAULT_SHAPE)
         self.stores: dict[int, BufferStore] = {}
+        self.pools: dict[int, BufferStore] = {}
+        self.inject_rejected: Counter[str] = Counter()
+        self.inject_delivered = 0  # messages delivered (each to every other opted-in device)
         self.sources: dict[int, SyntheticSource] = {}
         self._owed: dict[int, float] = {}
         self._replies: dict[str, Message] = {}
         workdir.mkdir(parents=True, exist_ok=True)
         for node, dev in self.devices.items():
             rng = device_rng(seed, dev.device_id)
-            probs = label_distribution(task.num_classes, rng, dev.labels)
-            self.sources[node] = SyntheticSource(task, rng, probs)
+            probs = label_distribution(task.num_classes, rng, dev.labels, dev.dirichlet)
+            self.sources[node] = SyntheticSource(task, rng, probs, dev.feature_shift)
             path = workdir / f"{dev.device_id}.sqlite"
             self.stores[node] = BufferStore(path, shape=task.shape, capacity=10**7)
+            if dev.inject:
+                self.pools[node] = open_pool(path, task.shape)
             self._feed(node, dev.initial)
             self._owed[node] = 0.0
 
@@ -177,7 +195,11 @@ class InProcessGrid(Grid):
             context = Context(
                 run_id=1,
                 node_id=node,
-                node_config={"device-id": dev.device_id, "buffer": str(self.stores[node].path)},
+                node_config={
+                    "device-id": dev.device_id,
+                    "buffer": str(self.stores[node].path),
+                    "inject": dev.inject,
+                },
                 state=RecordDict(),
                 run_config=self.run_config,
             )
@@ -190,10 +212,28 @@ class InProcessGrid(Grid):
                 transfer = float(m["bytes-up"]) * 8 / (self.uplink_mbps * 1e6)  # type: ignore[arg-type]
                 round_s = max(round_s, float(m["compute-s"]) + virtual_wait + transfer)  # type: ignore[arg-type]
             replies.append(reply)
+        self._deliver_injections()
         self._last_round_s = round_s
         self.round_times.append(round_s)
         self.clock += round_s
         return replies
+
+    def _deliver_injections(self) -> None:
+        """Play the broker: each opted-in device's outbox to every other opted-in pool."""
+        for node, store in self.stores.items():
+            queued = store.outbox(limit=10**6)
+            if not queued:
+                continue
+            store.ack_outbox([i for i, _ in queued])
+            if node not in self.pools:
+                continue  # not opted in: its daemon would not publish (and it never queues)
+            for other, pool in self.pools.items():
+                if other != node:
+                    payloads = [p for _, p in queued]
+                    self.inject_rejected += receive(
+                        pool, payloads, self.devices[other].device_id, DEFAULT_NUM_CLASSES, 0.0
+                    )
+                    self.inject_delivered += len(payloads)
 
     # -- virtual streams --------------------------------------------------------------------
 
@@ -222,5 +262,5 @@ class InProcessGrid(Grid):
 
     def close(self) -> None:
         """Close the buffer files."""
-        for store in self.stores.values():
+        for store in [*self.stores.values(), *self.pools.values()]:
             store.close()

@@ -37,6 +37,7 @@ import numpy as np
 
 from edge_client.constants import (
     CHUNK_MAX_SAMPLES,
+    INJECT_POOL_SUFFIX,
     POLICIES,
     POLICY_PERSISTENCE,
     POLICY_TRUNCATION,
@@ -45,11 +46,20 @@ from edge_client.constants import (
 )
 from edge_client.frames import Arrivals, SampleBatch
 
-__all__ = ["AppendResult", "BufferStore", "BufferStoreError"]
+__all__ = ["AppendResult", "BufferStore", "BufferStoreError", "inject_pool_path"]
+
+
+def inject_pool_path(buffer: str | Path) -> Path:
+    """Where a device keeps samples injected by others: a store of its own, next to its
+    buffer, so that they are tagged by where they live, capped and counted apart."""
+    path = Path(buffer)
+    return path.with_name(path.stem + INJECT_POOL_SUFFIX)
+
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value BLOB NOT NULL);
+CREATE TABLE IF NOT EXISTS outbox (id INTEGER PRIMARY KEY, payload BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS publishers (publisher TEXT PRIMARY KEY, last_seq INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS chunks (
@@ -385,6 +395,47 @@ class BufferStore:
             y=np.concatenate(ys).astype(np.int64),
             ts=np.concatenate(tss).astype(np.float64),
         )
+
+    def sample(self, n: int, rng: np.random.Generator) -> SampleBatch:
+        """``n`` samples drawn at random *without consuming them* (the injection pool is a
+        small shared reservoir reused across rounds); with replacement only if ``n`` exceeds
+        what is held."""
+        rows = self._db.execute("SELECT n, start, ts, y, x FROM chunks ORDER BY id").fetchall()
+        per = math.prod(self.shape)
+        if n <= 0 or not rows:
+            return SampleBatch(
+                x=np.empty((0, *self.shape), np.float32),
+                y=np.empty(0, np.int64),
+                ts=np.empty(0, np.float64),
+            )
+        ts = np.concatenate([np.frombuffer(r[2], "<f8")[r[1] :] for r in rows])
+        y = np.concatenate([np.frombuffer(r[3], "<i8")[r[1] :] for r in rows])
+        x = np.concatenate([np.frombuffer(r[4], "<f4")[r[1] * per :] for r in rows])
+        idx = rng.choice(len(y), size=n, replace=n > len(y))
+        return SampleBatch(
+            x=x.reshape(len(y), *self.shape)[idx].astype(np.float32),
+            y=y[idx].astype(np.int64),
+            ts=ts[idx].astype(np.float64),
+        )
+
+    # -- outbox: messages the ingest daemon publishes for the ClientApp ----------------------
+
+    def queue_outbox(self, payloads: Sequence[bytes]) -> None:
+        """Queue messages (injection frames) for the ingest daemon to publish."""
+        with self._write() as db:
+            db.executemany("INSERT INTO outbox (payload) VALUES (?)", [(p,) for p in payloads])
+
+    def outbox(self, limit: int = 100) -> list[tuple[int, bytes]]:
+        """The oldest queued messages, as ``(id, payload)``."""
+        rows = self._db.execute(
+            "SELECT id, payload FROM outbox ORDER BY id LIMIT ?", (limit,)
+        ).fetchall()
+        return [(int(i), bytes(p)) for i, p in rows]
+
+    def ack_outbox(self, ids: Sequence[int]) -> None:
+        """Forget messages that were handed to the broker."""
+        with self._write() as db:
+            db.executemany("DELETE FROM outbox WHERE id = ?", [(i,) for i in ids])
 
     # -- observation ------------------------------------------------------------------------
 

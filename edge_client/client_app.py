@@ -15,9 +15,11 @@ at the rate and with the slowdown given by the run config's ``sim-rates`` and
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import tempfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -25,9 +27,10 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from edge_client.buffer import BufferStore
+from edge_client.buffer import BufferStore, inject_pool_path
 from edge_client.codec import CodecError, FeedbackState, compress, decode, encode
-from edge_client.constants import DEFAULT_CAPACITY, DEFAULT_NUM_CLASSES
+from edge_client.constants import DEFAULT_CAPACITY, DEFAULT_NUM_CLASSES, INJECT_MAX_PAYLOAD_BYTES
+from edge_client.frames import SampleBatch, encode_frame
 from edge_client.models import build_model
 from edge_client.mqtt import validate_device_id
 from edge_client.protocol import (
@@ -41,6 +44,7 @@ from edge_client.protocol import (
     plan_from_config,
 )
 from edge_client.replay import parse_profile, replay_into
+from edge_client.sources import pick_classes
 from edge_client.trainer import LocalPlan, pick_device, train_local
 
 __all__ = ["app", "train"]
@@ -51,6 +55,7 @@ log = logging.getLogger(__name__)
 FEEDBACK_RUN = "codec-run"
 FEEDBACK_RESIDUAL = "codec-residual"
 FEEDBACK_GAP = "codec-gap"
+INJECT_SEQ = "inject-seq"
 
 app = ClientApp()
 
@@ -73,18 +78,71 @@ def train(msg: Message, context: Context) -> Message:
         received = msg.content.array_records[ARRAYS].to_torch_state_dict()
         model.load_state_dict({k: v.float() for k, v in received.items()})  # fp16 broadcast too
         start = _numpy_state(model)
-        result = train_local(model, store, plan, slowdown=slowdown, device=pick_device())
+        opted_in = _flag(node.get("inject", False))
+        rng = np.random.default_rng([int(context.run_id) % 2**32, _round_of(msg), _tag(device_id)])
+        pool_path = inject_pool_path(buffer_path)
+        with contextlib.ExitStack() as stack:
+            pool = (
+                stack.enter_context(BufferStore(pool_path))
+                if opted_in and plan.inject_mix > 0 and pool_path.exists()
+                else None
+            )
+            result = train_local(
+                model, store, plan, slowdown=slowdown, device=pick_device(), pool=pool, rng=rng
+            )
         delta = {k: v - start[k] for k, v in _numpy_state(model).items()}
         frame, gap = _encode(store, context.run_id, delta, plan, result.num_examples > 0)
+        injection = {"inject-opt-in": int(opted_in), "inject-bytes": 0, "inject-samples": 0}
+        if opted_in and plan.inject_publish and result.taken is not None:
+            injection.update(_share(store, device_id, result.taken, plan, rng))
         buffer = store.stats()
     content = RecordDict(
         {
             UPDATE: ConfigRecord({FRAME: frame}),
-            METRICS: metrics_record(result, buffer, len(frame), gap),
+            METRICS: metrics_record(result, buffer, len(frame), gap, injection),
             DEVICE: ConfigRecord({"device-id": device_id}),
         }
     )
     return Message(content, reply_to=msg)
+
+
+def _share(
+    store: BufferStore,
+    device_id: str,
+    taken: SampleBatch,
+    plan: LocalPlan,
+    rng: np.random.Generator,
+) -> dict[str, int]:
+    """Queue a fraction beta of the samples just trained on for injection, within the budget.
+
+    One binary frame (publisher = this device, a sequence number kept in the buffer file) goes
+    to the buffer's outbox; the ingest daemon publishes it to ``fedstream/v1/inject``.
+    """
+    per_sample = 4 * int(np.prod(taken.x.shape[1:])) + 16  # features + label + timestamp
+    header = len(encode_frame(taken.x[:0], taken.y[:0], taken.ts[:0], publisher=device_id))
+    fits = max(0, (min(plan.inject_budget, INJECT_MAX_PAYLOAD_BYTES) - header) // per_sample)
+    n = min(int(plan.inject_beta * len(taken)), fits)
+    if n <= 0:
+        return {}
+    idx = np.sort(rng.choice(len(taken), size=n, replace=False))
+    seq = int(store.get_state(INJECT_SEQ) or b"0") + 1
+    payload = encode_frame(taken.x[idx], taken.y[idx], taken.ts[idx], publisher=device_id, seq=seq)
+    store.queue_outbox([payload])
+    store.set_state({INJECT_SEQ: str(seq).encode()})
+    return {"inject-bytes": len(payload), "inject-samples": n}
+
+
+def _flag(value: object) -> bool:
+    return str(value).lower() in ("1", "true", "yes")
+
+
+def _tag(device_id: str) -> int:
+    return zlib.crc32(device_id.encode())
+
+
+def _round_of(msg: Message) -> int:
+    """The message's server round (0 when absent)."""
+    return int(msg.content.config_records[CONFIG].get("server-round", 0))  # type: ignore[arg-type]
 
 
 def _numpy_state(model: torch.nn.Module) -> dict[str, np.ndarray]:
@@ -147,6 +205,7 @@ def _device(context: Context) -> tuple[str, str, float]:
     slowdowns = parse_profile(str(run.get("sim-slowdowns", "1")), "sim-slowdowns", 1.0)
     root = Path(str(run.get("sim-dir", "")) or Path(tempfile.gettempdir()) / "fedstream-sim")
     path = root / f"run-{context.run_id}" / f"{device_id}.sqlite"
+    k = int(run.get("sim-labels", 0))
     replay_into(
         path,
         device_id,
@@ -154,5 +213,8 @@ def _device(context: Context) -> tuple[str, str, float]:
         initial=int(run.get("sim-initial", 2000)),
         capacity=DEFAULT_CAPACITY,
         seed=int(run.get("seed", 0)),
+        labels=pick_classes(k, DEFAULT_NUM_CLASSES, index=pid) if k else None,
+        dirichlet=float(run.get("sim-dirichlet", 0.0)) or None,
+        feature_shift=float(run.get("sim-feature-shift", 0.0)),
     )
     return device_id, str(path), slowdowns[pid % len(slowdowns)]

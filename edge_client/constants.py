@@ -82,6 +82,15 @@ DEFAULT_TOPK_RATIO: Final = 0.1
 DEFAULT_ADAPTIVE_DELTA: Final = 0.3
 GAP_EWMA_WEIGHT: Final = 0.5  # weight of the newest top-k gap in a device's EWMA
 
+# --- Data injection (ScaDLES) and FedProx ----------------------------------------------
+INJECT_POOL_SUFFIX: Final = ".inject.sqlite"  # next to the buffer: injected samples, apart
+INJECT_POOL_CAPACITY: Final = 4096  # injected samples a device keeps (truncation: newest)
+INJECT_MAX_PAYLOAD_BYTES: Final = 256 * 1024  # larger injection messages are refused
+DEFAULT_INJECT_BETA: Final = 0.25  # fraction of its fresh samples a picked device shares
+DEFAULT_INJECT_BUDGET: Final = 16_384  # bytes per round, all picked devices together
+DEFAULT_INJECT_MIX: Final = 0.25  # planned fraction of each batch drawn from the pool
+OUTBOX_PUBLISH_S: Final = 0.5  # how often the ingest daemon publishes queued injections
+
 # --- Flower ------------------------------------------------------------------------------
 SUPERLINK_NODE_ID: Final = 1  # Flower's node id of the SuperLink (message source)
 

@@ -35,10 +35,13 @@ from edge_client.constants import (
     DEFAULT_SHAPE,
     INGEST_GATHER_S,
     INGEST_MAX_BATCH,
+    INJECT_TOPIC,
+    OUTBOX_PUBLISH_S,
     REJECT_LOG_INTERVAL_S,
     STATUS_INTERVAL_S,
 )
 from edge_client.frames import decode_messages
+from edge_client.inject import open_pool, receive
 from edge_client.mqtt import BrokerURL, connect_async, make_client, samples_topic, status_topic
 from edge_client.rate import RateEstimator
 
@@ -46,8 +49,8 @@ __all__ = ["IngestConfig", "IngestDaemon"]
 
 log = logging.getLogger(__name__)
 
-# (message id, qos, payload, arrival time)
-_Item = tuple[int, int, bytes | bytearray, float]
+# (message id, qos, payload, arrival time, from the injection topic)
+_Item = tuple[int, int, bytes | bytearray, float, bool]
 
 
 @dataclass
@@ -67,6 +70,7 @@ class IngestConfig:
     cafile: str | None = None
     status_interval: float = STATUS_INTERVAL_S
     client_id: str | None = None
+    inject: bool = False  # opted in to ScaDLES data injection (see edge_client.inject)
 
     def __post_init__(self) -> None:
         if self.status_interval <= 0:
@@ -120,6 +124,9 @@ class IngestDaemon:
             capacity=config.capacity,
             capacity_bytes=config.capacity_bytes,
         )
+        self.pool = open_pool(config.buffer, config.shape) if config.inject else None
+        self._published = 0
+        self._next_outbox = 0.0
         self._topic = samples_topic(config.device_id)
         self._status_topic = status_topic(config.device_id)
         self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
@@ -177,6 +184,8 @@ class IngestDaemon:
         self._client.disconnect()  # after the queued PUBACKs: paho sends packets in order
         self._client.loop_stop()
         self.store.close()
+        if self.pool is not None:
+            self.pool.close()
         log.info("ingest for %s stopped", self.config.device_id)
 
     def run(self) -> None:
@@ -203,6 +212,8 @@ class IngestDaemon:
             return
         # Subscribing again is harmless when the session survived, and needed when it did not.
         client.subscribe(self._topic, qos=1)
+        if self.pool is not None:
+            client.subscribe(INJECT_TOPIC, qos=1)
         log.info("connected to %s (session present: %s)", self.config.broker, flags.session_present)
         self._connected.set()
 
@@ -212,7 +223,7 @@ class IngestDaemon:
             log.warning("disconnected from %s (%s); reconnecting", self.config.broker, rc)
 
     def _on_message(self, _c: mqtt.Client, _u: Any, msg: mqtt.MQTTMessage) -> None:
-        self._queue.put((msg.mid, msg.qos, msg.payload, time.time()))
+        self._queue.put((msg.mid, msg.qos, msg.payload, time.time(), msg.topic == INJECT_TOPIC))
         if self._acks:
             self._send_acks()
 
@@ -233,6 +244,9 @@ class IngestDaemon:
                     time.sleep(1.0)
                     continue
                 pending = []
+            if self.pool is not None and now >= self._next_outbox:
+                self._publish_outbox()
+                self._next_outbox = now + OUTBOX_PUBLISH_S
             if now >= next_status:
                 self._publish_status(online=True)
                 next_status = now + self.config.status_interval
@@ -273,8 +287,15 @@ class IngestDaemon:
         return items
 
     def _commit(self, items: list[_Item]) -> None:
+        shared = [payload for _, _, payload, _, inject in items if inject]
+        if shared and self.pool is not None:
+            refused = receive(
+                self.pool, shared, self.config.device_id, self.config.num_classes, time.time()
+            )
+            if refused:
+                self._rejects.record(Counter({f"inject:{r}": n for r, n in refused.items()}), 0)
         arrivals, reasons = decode_messages(
-            [(payload, now) for _, _, payload, now in items],
+            [(payload, now) for _, _, payload, now, inject in items if not inject],
             self.config.shape,
             self.config.num_classes,
         )
@@ -283,11 +304,34 @@ class IngestDaemon:
         self._rate.add(result.received, time.monotonic())
         # Committed: now they may be acknowledged. paho's thread sends the acks with its next
         # message (no thread hand-off per ack); when the stream pauses, _drain sends them.
-        self._acks.extend((mid, qos) for mid, qos, _, _ in items if qos > 0)
+        self._acks.extend((mid, qos) for mid, qos, _, _, _ in items if qos > 0)
         if reasons:
             self._rejects.record(reasons, time.monotonic())
 
+    def _publish_outbox(self) -> None:
+        """Publish what the ClientApp queued for injection (only when opted in)."""
+        if not self._connected.is_set():
+            return  # stays queued in the buffer file
+        queued = self.store.outbox()
+        sent = []
+        for row_id, payload in queued:
+            if self._client.publish(INJECT_TOPIC, payload, qos=1).rc != mqtt.MQTT_ERR_SUCCESS:
+                break
+            sent.append(row_id)
+        if sent:
+            self.store.ack_outbox(sent)
+            self._published += len(sent)
+
     def _publish_status(self, *, online: bool) -> None:
         status = self.store.stats()
+        if self.pool is not None:
+            pool = self.pool.stats()
+            status["inject"] = {
+                "fill": pool["fill"],
+                "accepted": pool["accepted"],
+                "rejected": pool["rejected"],
+                "rejected-by-reason": pool["rejected-by-reason"],
+                "published": self._published,
+            }
         status.update({"device-id": self.config.device_id, "online": online, "ts": time.time()})
         self._client.publish(self._status_topic, json.dumps(status), qos=1, retain=True)

@@ -52,6 +52,10 @@ def plan_to_config(plan: LocalPlan, server_round: int) -> ConfigRecord:
             "proximal-mu": plan.proximal_mu,
             "compress": plan.compress,
             "compress-ratio": plan.compress_ratio,
+            "inject-mix": plan.inject_mix,
+            "inject-publish": plan.inject_publish,
+            "inject-beta": plan.inject_beta,
+            "inject-budget": plan.inject_budget,
         }
     )
 
@@ -75,15 +79,27 @@ def plan_from_config(config: Mapping[str, Any]) -> LocalPlan:
             proximal_mu=float(config.get("proximal-mu", 0.0)),
             compress=str(config.get("compress", "none")),
             compress_ratio=float(config.get("compress-ratio", DEFAULT_TOPK_RATIO)),
+            inject_mix=float(config.get("inject-mix", 0.0)),
+            inject_publish=bool(config.get("inject-publish", False)),
+            inject_beta=float(config.get("inject-beta", 0.0)),
+            inject_budget=int(config.get("inject-budget", 0)),
         )
     except KeyError as err:
         raise ValueError(f"round plan lacks {err.args[0]!r}") from err
 
 
 def metrics_record(
-    result: TrainResult, buffer: Mapping[str, Any], bytes_up: int, gap: float | None = None
+    result: TrainResult,
+    buffer: Mapping[str, Any],
+    bytes_up: int,
+    gap: float | None = None,
+    injection: Mapping[str, int] | None = None,
 ) -> MetricRecord:
-    """The ``metrics`` record of a training reply (``gap``: the top-k gap EWMA, if known)."""
+    """The ``metrics`` record of a training reply.
+
+    ``gap`` is the top-k gap EWMA, if known; ``injection`` holds ``inject-opt-in``,
+    ``inject-bytes`` and ``inject-samples`` (what this device queued for sharing).
+    """
     record = MetricRecord(
         {
             "num-examples": result.num_examples,
@@ -101,4 +117,7 @@ def metrics_record(
     )
     if gap is not None:
         record["compress-gap"] = gap
+    record["inject-used"] = result.inject_used
+    for key, value in (injection or {}).items():
+        record[key] = value
     return record

@@ -9,6 +9,7 @@ uses. The ClientApp then trains exactly as on a real device.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -17,13 +18,14 @@ from edge_client.buffer import BufferStore
 from edge_client.constants import DEFAULT_NUM_CLASSES, DEFAULT_SHAPE
 from edge_client.frames import SampleBatch
 from edge_client.schedule import device_rng
-from edge_client.sources import SyntheticSource
+from edge_client.sources import SyntheticSource, label_distribution
 from edge_client.synthetic import SensorTask
 
 __all__ = ["parse_profile", "replay_into"]
 
 _LAST = "replay-at"
 _COUNT = "replay-count"
+_SKEW_STREAM = 1_000_003  # seed stream of a device's label mix and feature shift
 
 
 def replay_into(
@@ -35,6 +37,9 @@ def replay_into(
     capacity: int,
     seed: int = 0,
     now: float | None = None,
+    labels: Sequence[int] | None = None,
+    dirichlet: float | None = None,
+    feature_shift: float = 0.0,
 ) -> int:
     """Append what ``device_id``'s stream delivered since the last call; return how many.
 
@@ -54,6 +59,9 @@ def replay_into(
         Run seed.
     now : float, optional
         Current time (defaults to the wall clock).
+    labels, dirichlet, feature_shift
+        Skew of this device's stream, as the publisher's ``--classes``, ``--dirichlet`` and
+        ``--feature-shift`` (fixed per device and seed across calls).
     """
     now = time.time() if now is None else now
     with BufferStore(path, shape=DEFAULT_SHAPE, capacity=capacity) as store:
@@ -62,9 +70,14 @@ def replay_into(
         due = initial if last is None else int(rate * max(0.0, now - float(last)))
         due = min(due, capacity)  # older ones would be truncated anyway
         if due > 0:
-            source = SyntheticSource(
-                SensorTask(DEFAULT_SHAPE, DEFAULT_NUM_CLASSES), device_rng(seed, device_id, count)
+            task = SensorTask(DEFAULT_SHAPE, DEFAULT_NUM_CLASSES)
+            probs = label_distribution(
+                task.num_classes, device_rng(seed, device_id, _SKEW_STREAM), labels, dirichlet
             )
+            source = SyntheticSource(task, device_rng(seed, device_id, count), probs)
+            if feature_shift:
+                shift_rng = device_rng(seed, device_id, _SKEW_STREAM + 1)
+                source.shift = task.device_shift(shift_rng, feature_shift)
             x, y = source.next(due)
             store.append([SampleBatch(x=x, y=y, ts=np.full(due, now))], rate=rate)
         store.set_meta(_LAST, repr(now))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -12,6 +12,7 @@ from torch import nn
 
 from edge_client.buffer import BufferStore
 from edge_client.constants import CODEC_MODES, DEFAULT_TOPK_RATIO, WAIT_POLICIES
+from edge_client.frames import SampleBatch
 
 __all__ = ["LocalPlan", "TrainResult", "evaluate", "pick_device", "train_local"]
 
@@ -31,6 +32,10 @@ class LocalPlan:
     proximal_mu: float = 0.0
     compress: str = "none"  # how the update travels (edge_client.codec)
     compress_ratio: float = DEFAULT_TOPK_RATIO
+    inject_mix: float = 0.0  # fraction of each batch drawn from the injection pool
+    inject_publish: bool = False  # picked this round to share some of its samples
+    inject_beta: float = 0.0  # ... this fraction of them
+    inject_budget: int = 0  # ... in at most this many bytes
 
     def __post_init__(self) -> None:
         if self.batch_size < 1 or self.local_steps < 1 or not self.lr > 0:
@@ -41,6 +46,10 @@ class LocalPlan:
             raise ValueError(f"compress must be one of {CODEC_MODES}, got {self.compress!r}")
         if not 0 < self.compress_ratio <= 1:
             raise ValueError(f"compress-ratio must be in (0, 1], got {self.compress_ratio}")
+        if not (0 <= self.inject_mix < 1 and 0 <= self.inject_beta <= 1):
+            raise ValueError(f"inject-mix must be in [0, 1), inject-beta in [0, 1]: {self}")
+        if self.inject_budget < 0 or self.proximal_mu < 0:
+            raise ValueError(f"inject-budget and proximal-mu must be >= 0: {self}")
 
 
 @dataclass(frozen=True)
@@ -54,6 +63,8 @@ class TrainResult:
     step_s: float  # median steady-state seconds per step
     wait_s: float
     train_loss: float
+    inject_used: int = 0  # samples of num_examples that came from the injection pool
+    taken: SampleBatch | None = field(default=None, repr=False)  # own samples consumed
 
 
 def pick_device() -> torch.device:
@@ -88,6 +99,8 @@ def train_local(
     *,
     slowdown: float = 1.0,
     device: torch.device | None = None,
+    pool: BufferStore | None = None,
+    rng: np.random.Generator | None = None,
 ) -> TrainResult:
     """Take ``b * K`` samples from the buffer and train ``K`` SGD steps at batch ``b``.
 
@@ -95,6 +108,8 @@ def train_local(
     with ``adapt`` it trains on what is there, lowering its batch but never below ``b_min``
     (it waits for ``b_min*K`` samples if needed). Step times exclude the first (warm-up)
     step; ``slowdown`` > 1 really stretches each step's wall time to emulate a slower device.
+    With a ``pool`` of injected samples and ``plan.inject_mix`` > 0, each batch holds
+    ``round(mix * b)`` samples drawn from the pool (not consumed) and the rest from the buffer.
 
     Returns
     -------
@@ -105,10 +120,20 @@ def train_local(
     batch, wait_s = _gather(store, plan)
     if batch < 1:
         return TrainResult(0, 0, 0, 0.0, 0.0, wait_s, math.nan)
-    data = store.take(batch * plan.local_steps)
-    batch = len(data) // plan.local_steps
-    x = torch.from_numpy(np.ascontiguousarray(data.x[: batch * plan.local_steps])).to(device)
-    y = torch.from_numpy(np.ascontiguousarray(data.y[: batch * plan.local_steps])).to(device)
+    k_steps = plan.local_steps
+    mixed = round(plan.inject_mix * batch) if pool is not None and pool.fill > 0 else 0
+    mixed = min(mixed, batch - 1)  # at least one own sample per step
+    data = store.take((batch - mixed) * k_steps)
+    own = len(data) // k_steps
+    injected = pool.sample(mixed * k_steps, rng or np.random.default_rng()) if pool else None
+    x_np = data.x[: own * k_steps].reshape(k_steps, own, *data.x.shape[1:])
+    y_np = data.y[: own * k_steps].reshape(k_steps, own)
+    if injected is not None and mixed:
+        x_np = np.concatenate([x_np, injected.x.reshape(k_steps, mixed, *data.x.shape[1:])], 1)
+        y_np = np.concatenate([y_np, injected.y.reshape(k_steps, mixed)], 1)
+    batch = own + mixed
+    x = torch.from_numpy(np.ascontiguousarray(x_np.reshape(-1, *x_np.shape[2:]))).to(device)
+    y = torch.from_numpy(np.ascontiguousarray(y_np.reshape(-1))).to(device)
     model.to(device).train()
     global_params = [p.detach().clone() for p in model.parameters()]
     opt = torch.optim.SGD(model.parameters(), lr=plan.lr, momentum=0.9)
@@ -145,6 +170,8 @@ def train_local(
         step_s=step_s,
         wait_s=wait_s,
         train_loss=float(np.mean(losses)),
+        inject_used=mixed * k_steps,
+        taken=data,
     )
 
 
