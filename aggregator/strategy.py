@@ -177,8 +177,9 @@ class StreamStrategy(Strategy):
         cap = raw_size_limit(self._shapes)
         # Error replies come from the SuperLink (src node 1): find the node by message id.
         sent = self.sent
-        replies_seen = list(replies)
-        for msg in replies_seen:
+        answered: set[str] = set()
+        for msg in replies:  # may be a generator: each reply is dropped once added in
+            answered.add(msg.metadata.reply_to_message_id)
             node = sent.get(msg.metadata.reply_to_message_id, msg.metadata.src_node_id)
             if msg.has_error():
                 self.failed[self.node_devices.get(node, f"node-{node}")] += 1
@@ -204,7 +205,6 @@ class StreamStrategy(Strategy):
                 total += used
                 loss += metrics["train-loss"] * used
                 self.controller.observe(device, int(metrics["batch-size"]), metrics["step-s"])
-        answered = {m.metadata.reply_to_message_id for m in replies_seen}
         for mid, node in sent.items():  # no reply before the round timeout
             if mid not in answered:
                 self.failed[self.node_devices.get(node, f"node-{node}")] += 1

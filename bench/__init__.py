@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # the CLI imports this package: keep torch out until a scenar
 __all__ = ["SCENARIOS", "run_scenario"]
 
 # name -> module; ``all`` runs them in this order.
-SCENARIOS = {"compression": "bench.compression"}
+SCENARIOS = {"compression": "bench.compression", "noniid": "bench.noniid"}
 
 
 def run_scenario(

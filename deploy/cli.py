@@ -18,6 +18,7 @@ from rich.console import Console
 from bench import SCENARIOS
 from edge_client.constants import (
     DEFAULT_CAPACITY,
+    DEFAULT_INJECT_BETA,
     DEFAULT_MQTT_PORT,
     DEFAULT_NUM_CLASSES,
     DEFAULT_POLICY,
@@ -338,6 +339,22 @@ def demo(
     compress_broadcast: Annotated[
         str, typer.Option("--compress-broadcast", help="Model sent down: none | fp16.")
     ] = "none",
+    labels: Annotated[
+        int | None, typer.Option(help="Non-IID: K classes per device (round-robin).")
+    ] = None,
+    dirichlet: Annotated[
+        float | None, typer.Option(help="Non-IID: Dirichlet(ALPHA) label mix per device.")
+    ] = None,
+    inject_alpha: Annotated[
+        float,
+        typer.Option("--inject-alpha", help="ScaDLES injection: fraction of devices sharing."),
+    ] = 0.0,
+    inject_beta: Annotated[
+        float, typer.Option("--inject-beta", help="... each shares this fraction of samples.")
+    ] = DEFAULT_INJECT_BETA,
+    proximal_mu: Annotated[
+        float, typer.Option("--proximal-mu", help="FedProx term (0: FedAvg).")
+    ] = 0.0,
 ) -> None:
     """Everything on one machine: streams, ingest, Flower SuperLink + SuperNodes, training."""
     from deploy.demo import DemoConfig, run_demo
@@ -366,6 +383,11 @@ def demo(
             compress=compress,
             compress_ratio=compress_ratio,
             compress_broadcast=compress_broadcast,
+            labels=labels,
+            dirichlet=dirichlet,
+            inject_alpha=inject_alpha,
+            inject_beta=inject_beta,
+            proximal_mu=proximal_mu,
         )
     except ValueError as err:
         raise _fail(str(err)) from err

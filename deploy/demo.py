@@ -30,10 +30,13 @@ from edge_client.constants import (
     BROADCAST_MODES,
     COMPRESS_MODES,
     CONTROLLER_MODES,
+    DEFAULT_INJECT_BETA,
+    DEFAULT_NUM_CLASSES,
     DEFAULT_TOPK_RATIO,
     POLICIES,
 )
 from edge_client.mqtt import BrokerURL
+from edge_client.sources import pick_classes
 
 __all__ = ["DemoConfig", "run_demo", "run_stream_demo"]
 
@@ -65,6 +68,11 @@ class DemoConfig:
     compress: str = "none"
     compress_ratio: float = DEFAULT_TOPK_RATIO
     compress_broadcast: str = "none"
+    labels: int | None = None  # non-IID: classes per device (round-robin over the fleet)
+    dirichlet: float | None = None  # non-IID: Dirichlet(alpha) label mix per device
+    inject_alpha: float = 0.0  # ScaDLES data injection (every demo device opts in)
+    inject_beta: float = DEFAULT_INJECT_BETA
+    proximal_mu: float = 0.0
 
     def __post_init__(self) -> None:
         if not 1 <= self.devices <= 64:
@@ -97,6 +105,16 @@ class DemoConfig:
             raise ValueError(f"--compress must be one of {COMPRESS_MODES}")
         if not 0 < self.compress_ratio <= 1:
             raise ValueError(f"--compress-ratio must be in (0, 1], got {self.compress_ratio}")
+        if self.labels is not None and not 1 <= self.labels <= DEFAULT_NUM_CLASSES:
+            raise ValueError(f"--labels must be in 1..{DEFAULT_NUM_CLASSES}")
+        if self.labels is not None and self.dirichlet is not None:
+            raise ValueError("give --labels or --dirichlet, not both")
+        if self.dirichlet is not None and not self.dirichlet > 0:
+            raise ValueError("--dirichlet must be > 0")
+        if not (0 <= self.inject_alpha <= 1 and 0 <= self.inject_beta <= 1):
+            raise ValueError("--inject-alpha and --inject-beta must be in [0, 1]")
+        if self.proximal_mu < 0:
+            raise ValueError("--proximal-mu must be >= 0")
         if self.compress_broadcast not in BROADCAST_MODES:
             raise ValueError(f"--compress-broadcast must be one of {BROADCAST_MODES}")
         if self.broker is not None:
@@ -273,6 +291,7 @@ def _start_publisher(
             "--seed",
             str(index),
             "--json",
+            *_skew_args(config, index),
         ),
         log_path=run_dir / "logs" / f"publish-{dev}.log",
         stdout_pipe=True,
@@ -300,10 +319,21 @@ def _start_ingest(
                 str(config.capacity),
                 "--status-interval",
                 "2",
+                *(["--inject"] if config.inject_alpha > 0 else []),
             ),
             log_path=run_dir / "logs" / f"ingest-{dev}.log",
         )
     _wait_for_buffers(paths, group, timeout=30.0)
+
+
+def _skew_args(config: DemoConfig, index: int) -> list[str]:
+    """The publisher's non-IID options for device ``index``."""
+    if config.labels is not None:
+        classes = pick_classes(config.labels, DEFAULT_NUM_CLASSES, index=index)
+        return ["--classes", ",".join(map(str, classes))]
+    if config.dirichlet is not None:
+        return ["--dirichlet", str(config.dirichlet)]
+    return []
 
 
 def _wait_for_buffers(paths: dict[str, Path], group: ProcessGroup, timeout: float) -> None:
@@ -377,6 +407,7 @@ def run_demo(config: DemoConfig, console: Console) -> bool:
                     "buffer": str(paths[dev]),
                     "slowdown": config.slowdowns[i],
                     "threads": 1,
+                    "inject": config.inject_alpha > 0,
                 },
             )
         console.print(
@@ -398,6 +429,9 @@ def run_demo(config: DemoConfig, console: Console) -> bool:
                 "compress": config.compress,
                 "compress-ratio": config.compress_ratio,
                 "compress-broadcast": config.compress_broadcast,
+                "inject-alpha": config.inject_alpha,
+                "inject-beta": config.inject_beta,
+                "proximal-mu": config.proximal_mu,
             },
         )
         console.print(f"flwr run {flwr_run} submitted; training {config.rounds} rounds")
@@ -412,6 +446,11 @@ def run_demo(config: DemoConfig, console: Console) -> bool:
         "slowdowns": config.slowdowns,
         "rates": config.rates,
         "compress": config.compress,
+        "labels": config.labels,
+        "dirichlet": config.dirichlet,
+        "inject_alpha": config.inject_alpha,
+        "inject_beta": config.inject_beta,
+        "proximal_mu": config.proximal_mu,
         "note": "virtual_s: sum over rounds of the slowest device's compute + wait + transfer",
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))

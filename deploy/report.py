@@ -38,6 +38,8 @@ def summarize(records: Sequence[dict[str, Any]], wall_s: float) -> dict[str, Any
         "bytes_up": sum(r.get("bytes-up", 0) for r in records),
         "broadcast_bytes_per_round": [r.get("broadcast-bytes", 0) for r in records],
         "compress_modes": [r.get("compress", "none") for r in records],
+        "inject_bytes_per_round": [r.get("inject-bytes", 0) for r in records],
+        "inject_bytes": sum(r.get("inject-bytes", 0) for r in records),
         "rejected": records[-1].get("rejected", {}) if records else {},
         "rejected_reasons": records[-1].get("rejected-reasons", {}) if records else {},
         "devices": {

@@ -92,9 +92,25 @@ def test_publish_fails_clearly_without_a_broker() -> None:
     assert proc.returncode == 2 and "could not connect" in proc.stderr
 
 
-def test_demo_refuses_bad_options(tmp_path: Path) -> None:
-    proc = run("demo", "--devices", "2", "--rates", "1,2,3", "--out", str(tmp_path))
-    assert proc.returncode == 2 and "--rates needs 2" in proc.stderr
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--devices", "2", "--rates", "1,2,3"], "--rates needs 2"),
+        (["--compress", "zip"], "--compress must be"),
+        (["--compress-ratio", "0"], "--compress-ratio"),
+        (["--labels", "9"], "--labels must be"),
+        (["--labels", "1", "--dirichlet", "0.1"], "not both"),
+        (["--inject-alpha", "1.5"], "--inject-alpha"),
+    ],
+)
+def test_demo_refuses_bad_options(tmp_path: Path, args: list[str], message: str) -> None:
+    proc = run("demo", *args, "--out", str(tmp_path))
+    assert proc.returncode == 2 and message in proc.stderr
+
+
+def test_bench_refuses_an_unknown_scenario() -> None:
+    proc = run("bench", "nosuch")
+    assert proc.returncode == 2 and "nosuch" in proc.stderr
 
 
 def test_broker_command_serves_mqtt_and_reports_a_taken_port(procs: ProcessGroup) -> None:
