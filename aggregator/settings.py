@@ -42,6 +42,7 @@ class RunSettings:
     model: str = "cnn"
     num_classes: int = 6
     wait_policy: str = "adapt"
+    availability_cap: bool = True  # ScaDLES: no batch above fill + rate * round time
     round_timeout: float = 120.0
     min_nodes: int = 1
     checkpoint_dir: str = ""

@@ -157,7 +157,10 @@ class StreamStrategy(Strategy):
         return arrays
 
     def _available(self) -> dict[str, float]:
-        """ScaDLES cap: what each device can have by the end of the round."""
+        """ScaDLES cap: what each device can have by the end of the round (none when the
+        run asks for conventional, stream-blind batches)."""
+        if not self.settings.availability_cap:
+            return {}
         horizon = self.round_s or self.settings.round_timeout / 2
         return {
             d: m["buffer-fill"] + m["stream-rate"] * horizon for d, m in self.last_metrics.items()

@@ -17,7 +17,13 @@ if TYPE_CHECKING:  # the CLI imports this package: keep torch out until a scenar
 __all__ = ["SCENARIOS", "run_scenario"]
 
 # name -> module; ``all`` runs them in this order.
-SCENARIOS = {"compression": "bench.compression", "noniid": "bench.noniid"}
+SCENARIOS = {
+    "hetero": "bench.hetero",
+    "streams": "bench.streams",
+    "noniid": "bench.noniid",
+    "compression": "bench.compression",
+    "scale": "bench.scale",
+}
 
 
 def run_scenario(

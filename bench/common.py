@@ -23,7 +23,15 @@ from aggregator.server_app import run_rounds
 from aggregator.settings import RunSettings
 from deploy.inprocess import InProcessGrid, VirtualDevice
 
-__all__ = ["VIRTUAL_CLOCK_NOTE", "Result", "markdown_table", "run_fleet", "write_result"]
+__all__ = [
+    "VIRTUAL_CLOCK_NOTE",
+    "FleetRun",
+    "Result",
+    "markdown_table",
+    "run_fleet",
+    "time_to_target",
+    "write_result",
+]
 
 VIRTUAL_CLOCK_NOTE = (
     "Times are on the in-process runner's virtual clock (compute x slowdown + wait + "
@@ -42,20 +50,43 @@ class Result:
     plots: list[Callable[[Path], Path]] = field(default_factory=list)
 
 
+@dataclass
+class FleetRun:
+    """What one in-process run produced."""
+
+    records: list[dict[str, Any]]  # the ServerApp's per-round metrics
+    fill_log: list[dict[str, int]]  # per round: each buffer's fill before training
+
+
 def run_fleet(
-    devices: Sequence[VirtualDevice], settings: RunSettings, seed: int = 0
-) -> list[dict[str, Any]]:
-    """Run the real ServerApp loop on a virtual fleet; return the per-round records."""
+    devices: Sequence[VirtualDevice], settings: RunSettings, seed: int = 0, **grid_kw: Any
+) -> FleetRun:
+    """Run the real ServerApp loop on a virtual fleet (``grid_kw``: InProcessGrid options)."""
     torch.set_num_threads(1)  # deterministic and fair on a shared 2-core machine
     logging.getLogger("aggregator").setLevel(logging.WARNING)
     with tempfile.TemporaryDirectory(prefix="fedstream-bench-") as tmp:
         grid = InProcessGrid(
-            devices, Path(tmp), run_config={}, uplink_mbps=settings.uplink_mbps, seed=seed
+            devices,
+            Path(tmp),
+            run_config={},
+            uplink_mbps=settings.uplink_mbps,
+            seed=seed,
+            **grid_kw,
         )
         try:
-            return run_rounds(grid, settings)
+            return FleetRun(run_rounds(grid, settings), grid.fill_log)
         finally:
             grid.close()
+
+
+def time_to_target(records: Sequence[dict[str, Any]], target: float) -> float | None:
+    """Virtual seconds until the held-out accuracy first reaches ``target`` (None: never)."""
+    clock = 0.0
+    for r in records:
+        clock += float(r["virtual-s"])
+        if r["accuracy"] >= target:
+            return clock
+    return None
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

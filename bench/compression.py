@@ -83,7 +83,7 @@ def run(quick: bool = False, seed: int = 0) -> Result:
     runs: dict[str, list[dict[str, Any]]] = {}
     for label, overrides in CASES.items():
         t0 = time.monotonic()
-        runs[label] = run_fleet(fleet, RunSettings(**base, **overrides), seed=seed)
+        runs[label] = run_fleet(fleet, RunSettings(**base, **overrides), seed=seed).records
         print(f"  compression {label}: {time.monotonic() - t0:.1f} s", flush=True)
     ref_bytes = sum(r["bytes-up"] for r in runs["none"])
     ref_acc = runs["none"][-1]["accuracy"]

@@ -74,7 +74,9 @@ def run(quick: bool = False, seed: int = 0) -> Result:
 
     def one(partition: str | None, method: str, inject: bool, overrides: dict[str, Any]) -> None:
         t0 = time.monotonic()
-        records = run_fleet(fleet(partition, inject), RunSettings(**base, **overrides), seed)
+        records = run_fleet(
+            fleet(partition, inject), RunSettings(**base, **overrides), seed
+        ).records
         runs[(partition or "iid", method)] = records
         print(f"  noniid {partition or 'iid'} {method}: {time.monotonic() - t0:.1f} s", flush=True)
 

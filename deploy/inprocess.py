@@ -13,7 +13,7 @@ Every time it reports is virtual-clock time; say so wherever it is printed.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +27,12 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from edge_client.buffer import BufferStore
 from edge_client.client_app import app as default_client_app
-from edge_client.constants import DEFAULT_NUM_CLASSES, DEFAULT_SHAPE, SUPERLINK_NODE_ID
+from edge_client.constants import (
+    DEFAULT_NUM_CLASSES,
+    DEFAULT_SHAPE,
+    POLICY_TRUNCATION,
+    SUPERLINK_NODE_ID,
+)
 from edge_client.frames import SampleBatch
 from edge_client.inject import open_pool, receive
 from edge_client.protocol import CONFIG, METRICS, plan_from_config
@@ -64,6 +69,8 @@ class VirtualDevice:
         Per-device sensor gain/bias scale (feature skew).
     inject : bool
         Opted in to ScaDLES data injection (shares when picked, mixes in the pool).
+    policy, capacity
+        Its buffer's overflow policy and capacity in samples.
     """
 
     device_id: str
@@ -75,6 +82,8 @@ class VirtualDevice:
     dirichlet: float | None = None
     feature_shift: float = 0.0
     inject: bool = False
+    policy: str = POLICY_TRUNCATION
+    capacity: int = 10**7
 
 
 class InProcessGrid(Grid):
@@ -94,6 +103,12 @@ class InProcessGrid(Grid):
         Bandwidth charged for ``bytes-up`` on the virtual clock.
     seed : int
         Seeds the replayed streams.
+    step_time : callable, optional
+        Seconds per training step at a batch size on a reference device. When given, each
+        device is charged ``step_time(b) * slowdown`` per step on the virtual clock instead
+        of its measured time, which makes results independent of the host's load.
+    on_round : callable, optional
+        Called with ``(round, grid)`` before each round (e.g. to change slowdowns).
     """
 
     def __init__(
@@ -104,6 +119,8 @@ class InProcessGrid(Grid):
         client_app: ClientApp | None = None,
         uplink_mbps: float = 10.0,
         seed: int = 0,
+        step_time: Callable[[int], float] | None = None,
+        on_round: Callable[[int, InProcessGrid], None] | None = None,
     ) -> None:
         TaskIdentity.run_id = 1
         TaskIdentity.node_id = SUPERLINK_NODE_ID
@@ -113,6 +130,9 @@ class InProcessGrid(Grid):
         self.run_config = dict(run_config or {})
         self.client_app = client_app or default_client_app
         self.uplink_mbps = uplink_mbps
+        self.step_time = step_time
+        self.on_round = on_round
+        self.fill_log: list[dict[str, int]] = []  # per round: each buffer's fill before training
         self.clock = 0.0  # virtual seconds
         self.round = 0
         self.round_times: list[float] = []
@@ -131,7 +151,9 @@ class InProcessGrid(Grid):
             probs = label_distribution(task.num_classes, rng, dev.labels, dev.dirichlet)
             self.sources[node] = SyntheticSource(task, rng, probs, dev.feature_shift)
             path = workdir / f"{dev.device_id}.sqlite"
-            self.stores[node] = BufferStore(path, shape=task.shape, capacity=10**7)
+            self.stores[node] = BufferStore(
+                path, shape=task.shape, policy=dev.policy, capacity=dev.capacity
+            )
             if dev.inject:
                 self.pools[node] = open_pool(path, task.shape)
             self._feed(node, dev.initial)
@@ -181,9 +203,12 @@ class InProcessGrid(Grid):
     def _round(self, messages: list[Message]) -> list[Message]:
         """Run each device's ClientApp; charge the round on the virtual clock."""
         self.round += 1
+        if self.on_round is not None:
+            self.on_round(self.round, self)
         for node, dev in self.devices.items():  # what streamed in during the last round
             self._feed(node, dev.rate * self._last_round_s)
         replies: list[Message] = []
+        fills: dict[str, int] = {}
         round_s = 0.0
         for msg in messages:
             node = msg.metadata.dst_node_id
@@ -192,6 +217,7 @@ class InProcessGrid(Grid):
                 replies.append(Message(Error(code=0, reason="device offline"), reply_to=msg))
                 continue
             virtual_wait = self._emulate_wait(node, msg.content.config_records[CONFIG])
+            fills[dev.device_id] = self.stores[node].fill
             context = Context(
                 run_id=1,
                 node_id=node,
@@ -206,6 +232,9 @@ class InProcessGrid(Grid):
             reply = self.client_app(msg, context)
             if reply.has_content():
                 m = reply.content.metric_records[METRICS]
+                if self.step_time is not None and int(m["batch-size"]) > 0:  # type: ignore[arg-type]
+                    m["step-s"] = self.step_time(int(m["batch-size"]))  # type: ignore[arg-type]
+                    m["compute-s"] = float(m["step-s"]) * int(m["local-steps"])  # type: ignore[arg-type]
                 m["compute-s"] = float(m["compute-s"]) * dev.slowdown  # type: ignore[arg-type]
                 m["step-s"] = float(m["step-s"]) * dev.slowdown  # type: ignore[arg-type]
                 m["wait-s"] = virtual_wait
@@ -213,6 +242,7 @@ class InProcessGrid(Grid):
                 round_s = max(round_s, float(m["compute-s"]) + virtual_wait + transfer)  # type: ignore[arg-type]
             replies.append(reply)
         self._deliver_injections()
+        self.fill_log.append(fills)
         self._last_round_s = round_s
         self.round_times.append(round_s)
         self.clock += round_s

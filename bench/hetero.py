@@ -1,0 +1,309 @@
+"""OmniLearn's heterogeneity levels: fixed vs static vs dynamic batch control (issue: paper
+effects, hetero).
+
+4 devices whose speeds follow OmniLearn's core counts (HL1 = 12/12/12/12, HL2 = 12/12/8/16,
+HL4 = 9/9/6/24, HL8 = 6/6/4/32; slowdown = max cores / cores), plus the dynamic schedule
+HL1 -> 2 -> 4 -> 8 -> 8 -> 4 -> 2 -> 1. Compute is charged on the virtual clock from a step-time
+table measured at the start on this machine (the CNN, one thread, per batch size), times the
+device's slowdown: the comparison does not depend on what else the host runs. Streams are
+fast enough never to limit a batch, so the controller is the only difference.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+
+from aggregator.settings import RunSettings
+from bench.common import VIRTUAL_CLOCK_NOTE, Result, markdown_table, run_fleet, time_to_target
+from deploy.inprocess import InProcessGrid, VirtualDevice
+from edge_client.constants import DEFAULT_NUM_CLASSES, DEFAULT_SHAPE
+from edge_client.models import build_model
+
+__all__ = ["LEVELS", "measure_step_time", "run"]
+
+LEVELS: dict[str, tuple[int, ...]] = {
+    "HL1": (12, 12, 12, 12),
+    "HL2": (12, 12, 8, 16),
+    "HL4": (9, 9, 6, 24),
+    "HL8": (6, 6, 4, 32),
+}
+SCHEDULE = ("HL1", "HL2", "HL4", "HL8", "HL8", "HL4", "HL2", "HL1")
+CONTROLLERS = ("fixed", "static", "dynamic")
+TARGET_ACCURACY = 0.85
+BALANCED = 1.10  # slowest / fastest device step time within 10 %
+GLOBAL_BATCH = 512
+LOCAL_STEPS = 20
+GOALS = {"efficiency": 0.85, "HL2": 0.14, "HL8": 0.60, "periods": 3}
+
+
+def slowdowns(level: str) -> list[float]:
+    cores = LEVELS[level]
+    return [max(cores) / c for c in cores]
+
+
+def ideal_speedup(level: str) -> float:
+    """If work were split by speed: sum of speeds / (n * slowest speed)."""
+    cores = LEVELS[level]
+    return sum(cores) / (len(cores) * min(cores))
+
+
+def measure_step_time(
+    batches: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+) -> tuple[Callable[[int], float], dict[int, float]]:
+    """Median seconds of one SGD step of the default CNN per batch size (one thread)."""
+    torch.set_num_threads(1)
+    model = build_model("cnn", DEFAULT_SHAPE, DEFAULT_NUM_CLASSES)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    table: dict[int, float] = {}
+    for b in batches:
+        x = torch.randn(b, *DEFAULT_SHAPE)
+        y = torch.randint(0, DEFAULT_NUM_CLASSES, (b,))
+        times = []
+        for _ in range(25):
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            loss_fn(model(x), y).backward()
+            opt.step()
+            times.append(time.perf_counter() - t0)
+        table[b] = statistics.median(times[5:])
+    xs, ys = np.array(list(table)), np.array(list(table.values()))
+    return (lambda b: float(np.interp(b, xs, ys))), table
+
+
+def _settings(controller: str, rounds: int, seed: int) -> RunSettings:
+    return RunSettings(
+        num_rounds=rounds,
+        local_steps=LOCAL_STEPS,
+        global_batch=GLOBAL_BATCH,
+        b_min=8,
+        b_max=GLOBAL_BATCH,
+        controller=controller,
+        eval_samples=2000,
+        seed=seed,
+    )
+
+
+def _fleet() -> list[VirtualDevice]:
+    return [VirtualDevice(f"dev-{i}", rate=1e6, initial=20_000) for i in range(4)]
+
+
+def imbalance(record: dict[str, Any]) -> float:
+    """Slowest / fastest device step time in a round (1.0 = perfectly balanced)."""
+    steps = [d["step-s"] for d in record["devices"].values()]
+    return float(max(steps) / min(steps))
+
+
+def run(quick: bool = False, seed: int = 0) -> Result:
+    """Every level x controller, then the dynamic schedule x controller."""
+    rounds = 12 if quick else 25
+    phase = 3 if quick else 4
+    step_time, table = measure_step_time()
+    runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for level in LEVELS:
+        for controller in CONTROLLERS:
+            t0 = time.monotonic()
+            fleet = [
+                VirtualDevice(d.device_id, slowdown=s, rate=d.rate, initial=d.initial)
+                for d, s in zip(_fleet(), slowdowns(level), strict=True)
+            ]
+            out = run_fleet(fleet, _settings(controller, rounds, seed), seed, step_time=step_time)
+            runs[(level, controller)] = out.records
+            print(f"  hetero {level} {controller}: {time.monotonic() - t0:.1f} s", flush=True)
+
+    def switch(rnd: int, grid: InProcessGrid) -> None:
+        level = SCHEDULE[min((rnd - 1) // phase, len(SCHEDULE) - 1)]
+        for dev, s in zip(grid.devices.values(), slowdowns(level), strict=True):
+            dev.slowdown = s
+
+    for controller in CONTROLLERS:
+        t0 = time.monotonic()
+        out = run_fleet(
+            _fleet(),
+            _settings(controller, phase * len(SCHEDULE), seed),
+            seed,
+            step_time=step_time,
+            on_round=switch,
+        )
+        runs[("schedule", controller)] = out.records
+        print(f"  hetero schedule {controller}: {time.monotonic() - t0:.1f} s", flush=True)
+    entries = _entries(runs, phase)
+    rows = [
+        [
+            e["level"],
+            e["controller"],
+            _fmt(e["time_to_target_s"]),
+            e["rounds_to_target"] or "-",
+            f"{e['round_s_steady'] * 1e3:.0f} ms",
+            _pct(e["reduction"]),
+            f"{e['ideal_speedup']:.2f}x",
+            _ratio(e["efficiency"]),
+            f"{e['final_accuracy']:.3f}",
+            e.get("periods_to_balance", "-"),
+        ]
+        for e in entries
+    ]
+    table_md = markdown_table(
+        [
+            "level",
+            "controller",
+            f"time to {TARGET_ACCURACY:g}",
+            "rounds",
+            "round (steady)",
+            "reduction vs fixed",
+            "ideal speedup",
+            "efficiency",
+            "final accuracy",
+            "periods to rebalance",
+        ],
+        rows,
+    )
+    goals = _goals(entries)
+    table_md += (
+        f"\n\n4 devices, B={GLOBAL_BATCH}, {LOCAL_STEPS} local steps, b in [8, {GLOBAL_BATCH}], "
+        f"{rounds} rounds per level; schedule {' -> '.join(SCHEDULE)} at {phase} rounds each; "
+        "seed "
+        f"{seed}. Efficiency = (time fixed / time controller) / ideal speedup. Compute charged "
+        "from a step-time table measured on this machine at the start: "
+        + ", ".join(f"b={b}: {t * 1e3:.2f} ms" for b, t in table.items())
+        + f". Goals: {goals['text']}. {VIRTUAL_CLOCK_NOTE}"
+    )
+    return Result(
+        "hetero",
+        entries,
+        table_md,
+        meta={
+            "rounds": rounds,
+            "quick": quick,
+            "seed": seed,
+            "step_time_ms": {str(b): t * 1e3 for b, t in table.items()},
+            "goals": goals,
+        },
+        plots=[lambda out_dir: _plot(runs, out_dir)],
+    )
+
+
+def _entries(runs: dict[tuple[str, str], list[dict[str, Any]]], phase: int) -> list[dict[str, Any]]:
+    entries = []
+    for (level, controller), records in runs.items():
+        ttt = time_to_target(records, TARGET_ACCURACY)
+        fixed = time_to_target(runs[(level, "fixed")], TARGET_ACCURACY)
+        ideal = ideal_speedup(level) if level in LEVELS else None
+        speedup = fixed / ttt if fixed and ttt else None
+        steady = records[3:] or records
+        entry: dict[str, Any] = {
+            "level": level,
+            "controller": controller,
+            "time_to_target_s": ttt,
+            "rounds_to_target": next(
+                (r["round"] for r in records if r["accuracy"] >= TARGET_ACCURACY), None
+            ),
+            "round_s_steady": statistics.mean(r["virtual-s"] for r in steady),
+            "reduction": 1 - ttt / fixed if fixed and ttt else None,
+            "speedup": speedup,
+            "ideal_speedup": ideal if ideal is not None else _schedule_ideal(phase),
+            "efficiency": None,
+            "final_accuracy": records[-1]["accuracy"],
+            "imbalance": [imbalance(r) for r in records],
+            "batches": [r["planned"] for r in records],
+        }
+        if speedup is not None:
+            entry["efficiency"] = speedup / entry["ideal_speedup"]
+        if level == "schedule":
+            entry["periods_to_balance"] = _periods_to_balance(records, phase)
+        entries.append(entry)
+    return entries
+
+
+def _schedule_ideal(phase: int) -> float:
+    """Ideal speedup over the whole schedule: time-weighted by each phase's fixed round time."""
+    weights = [max(slowdowns(level)) for level in SCHEDULE]  # fixed: the slowest device
+    ideal_time = [w / ideal_speedup(level) for w, level in zip(weights, SCHEDULE, strict=True)]
+    return sum(weights) / sum(ideal_time)
+
+
+def _periods_to_balance(records: list[dict[str, Any]], phase: int) -> int | None:
+    """Worst, over the schedule's switches, of rounds until step times are within 10 %."""
+    worst = 0
+    for k in range(1, len(SCHEDULE)):
+        if SCHEDULE[k] == SCHEDULE[k - 1]:
+            continue
+        start = k * phase  # 0-based index of the first round at the new level
+        window = records[start : start + phase]
+        hit = next((i for i, r in enumerate(window) if imbalance(r) <= BALANCED), None)
+        if hit is None:
+            return None
+        worst = max(worst, hit)
+    return worst
+
+
+def _goals(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    by = {(e["level"], e["controller"]): e for e in entries}
+    eff = {lv: by[(lv, "dynamic")]["efficiency"] for lv in ("HL2", "HL4", "HL8")}
+    red2, red8 = by[("HL2", "dynamic")]["reduction"], by[("HL8", "dynamic")]["reduction"]
+    periods = by[("schedule", "dynamic")]["periods_to_balance"]
+    met = {
+        "efficiency": all(v is not None and v >= GOALS["efficiency"] for v in eff.values()),
+        "reduction_hl2": red2 is not None and red2 >= GOALS["HL2"],
+        "reduction_hl8": red8 is not None and red8 >= GOALS["HL8"],
+        "rebalance": periods is not None and periods <= GOALS["periods"],
+    }
+    text = (
+        f"dynamic efficiency >= {GOALS['efficiency']} at HL2/4/8: "
+        + "/".join(_ratio(v) for v in eff.values())
+        + f" ({'met' if met['efficiency'] else 'MISSED'}); reduction >= 14 % at HL2: "
+        f"{_pct(red2)} ({'met' if met['reduction_hl2'] else 'MISSED'}), >= 60 % at HL8: "
+        f"{_pct(red8)} ({'met' if met['reduction_hl8'] else 'MISSED'}); rebalanced within "
+        f"{GOALS['periods']} periods after each switch: {periods} "
+        f"({'met' if met['rebalance'] else 'MISSED'})"
+    )
+    return {"met": met, "efficiency": eff, "text": text}
+
+
+def _fmt(seconds: float | None) -> str:
+    return "not reached" if seconds is None else f"{seconds:.2f} s"
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.0f} %"
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def _plot(runs: dict[tuple[str, str], list[dict[str, Any]]], out: Path) -> Path:
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.2))
+    for controller in CONTROLLERS:
+        records = runs[("HL8", controller)]
+        clock = np.cumsum([r["virtual-s"] for r in records])
+        axes[0].plot(clock, [r["accuracy"] for r in records], label=f"HL8 {controller}")
+        sched = runs[("schedule", controller)]
+        axes[1].plot([r["round"] for r in sched], [imbalance(r) for r in sched], label=controller)
+    for dev in sorted(runs[("schedule", "dynamic")][0]["planned"]):
+        axes[2].plot([r["planned"].get(dev) for r in runs[("schedule", "dynamic")]], label=dev)
+    axes[0].set_xlabel("virtual seconds")
+    axes[0].set_ylabel("accuracy")
+    axes[1].set_xlabel("round (schedule HL1-2-4-8-8-4-2-1)")
+    axes[1].set_ylabel("slowest / fastest step time")
+    axes[1].set_yscale("log")
+    axes[2].set_xlabel("round (schedule, dynamic)")
+    axes[2].set_ylabel("planned batch")
+    for ax in axes:
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    path = out / "hetero.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

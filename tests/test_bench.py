@@ -1,0 +1,64 @@
+"""Benchmark plumbing: result files, the virtual-clock helpers, and the aggregator at scale."""
+
+from __future__ import annotations
+
+import json
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+from flwr.app import Array, ArrayRecord
+
+from bench.common import Result, markdown_table, time_to_target, write_result
+from bench.hetero import ideal_speedup, slowdowns
+from bench.scale import MODEL_SHAPES, one_round
+from edge_client.codec import encode
+
+
+def test_time_to_target_sums_the_virtual_clock_until_the_target() -> None:
+    records = [{"virtual-s": 2.0, "accuracy": a} for a in (0.5, 0.7, 0.9, 0.95)]
+
+    assert time_to_target(records, 0.9) == 6.0
+    assert time_to_target(records, 0.99) is None
+
+
+def test_omnilearn_levels_give_the_papers_ideal_speedups() -> None:
+    assert slowdowns("HL8") == [32 / 6, 32 / 6, 8.0, 1.0]
+    assert [ideal_speedup(lv) for lv in ("HL1", "HL2", "HL4", "HL8")] == [1.0, 1.5, 2.0, 3.0]
+
+
+def test_results_are_written_as_json_markdown_and_plots(tmp_path: Path) -> None:
+    def plot(out: Path) -> Path:
+        path = out / "x.png"
+        path.write_bytes(b"png")
+        return path
+
+    result = Result("demo", [{"a": 1}], markdown_table(["a"], [[1]]), {"quick": True}, [plot])
+
+    paths = write_result(result, tmp_path / "out", tmp_path / "extra.json")
+
+    doc = json.loads((tmp_path / "out" / "demo.json").read_text())
+    assert doc["entries"] == [{"a": 1}] and doc["quick"] is True
+    assert json.loads((tmp_path / "extra.json").read_text()) == doc
+    assert "| a |" in (tmp_path / "out" / "demo.md").read_text()
+    assert {p.name for p in paths} == {"demo.json", "extra.json", "demo.md", "x.png"}
+
+
+def test_the_aggregators_memory_does_not_grow_with_the_fleet() -> None:
+    # Prepare: a 100k-parameter model and real update frames
+    rng = np.random.default_rng(0)
+    arrays = ArrayRecord(
+        {k: Array(rng.standard_normal(s).astype(np.float32)) for k, s in MODEL_SHAPES.items()}
+    )
+    frames = [encode({k: np.full(s, 0.01, np.float32) for k, s in MODEL_SHAPES.items()})]
+
+    def peak(n: int) -> float:
+        tracemalloc.start()
+        one_round(n, "none", frames, arrays)
+        _, top = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        return top
+
+    # Execute / Assert: 10x the devices, about the same peak (replies are streamed)
+    small, large = peak(20), peak(200)
+    assert large < 1.5 * small
