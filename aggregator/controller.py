@@ -44,6 +44,9 @@ __all__ = [
 
 HISTORY = 8  # step-time measurements kept per device
 SLOPE_REL_SE = 0.3  # a fitted per-sample cost this uncertain is not trusted
+# A step time this far (relative) from the device's fitted cost means its speed changed
+# (throttling, another job, a new level): forget its older timings and re-fit from the new.
+SPEED_CHANGE = 0.3
 
 
 @dataclass(frozen=True)
@@ -171,6 +174,11 @@ class BatchController:
         state = self.devices.setdefault(device_id, DeviceState(batch=batch))
         if state.first_throughput is None:
             state.first_throughput = batch / step_seconds
+        model = state.cost_model(self.config.smoothing)
+        if model is not None and len(state.history) >= 2:
+            predicted = model[0] + model[1] * batch
+            if abs(step_seconds - predicted) > SPEED_CHANGE * predicted:
+                state.history = []  # the device changed speed: old timings would mislead
         state.history = [*state.history, [float(batch), float(step_seconds)]][-HISTORY:]
 
     def plan(

@@ -12,6 +12,7 @@ Every time it reports is virtual-clock time; say so wherever it is printed.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -56,7 +57,8 @@ class VirtualDevice:
     slowdown : float
         Compute-time multiplier charged on the virtual clock.
     rate : float
-        Stream rate, samples per virtual second.
+        Stream rate, samples per virtual second; ``math.inf``: a stream always ahead of
+        training (each round finds exactly what it takes, without waiting).
     initial : int
         Samples buffered before the first round.
     fail_rounds : set of int
@@ -206,7 +208,8 @@ class InProcessGrid(Grid):
         if self.on_round is not None:
             self.on_round(self.round, self)
         for node, dev in self.devices.items():  # what streamed in during the last round
-            self._feed(node, dev.rate * self._last_round_s)
+            if math.isfinite(dev.rate):
+                self._feed(node, dev.rate * self._last_round_s)
         replies: list[Message] = []
         fills: dict[str, int] = {}
         round_s = 0.0
@@ -217,6 +220,8 @@ class InProcessGrid(Grid):
                 replies.append(Message(Error(code=0, reason="device offline"), reply_to=msg))
                 continue
             virtual_wait = self._emulate_wait(node, msg.content.config_records[CONFIG])
+            # The wait was charged on the virtual clock; the ClientApp must not sleep it again.
+            msg.content.config_records[CONFIG]["deadline-s"] = 0.0
             fills[dev.device_id] = self.stores[node].fill
             context = Context(
                 run_id=1,
@@ -276,12 +281,16 @@ class InProcessGrid(Grid):
             x, y = self.sources[node].next(n)
             ts = [self.clock] * n
             batch = SampleBatch(x=x, y=y, ts=ts)  # type: ignore[arg-type]
-            self.stores[node].append([batch], rate=self.devices[node].rate)
+            rate = self.devices[node].rate
+            self.stores[node].append([batch], rate=rate if math.isfinite(rate) else None)
 
     def _emulate_wait(self, node: int, config: ConfigRecord) -> float:
         """Stream in the samples the device would wait for, and charge that wait."""
         dev = self.devices[node]
         plan = plan_from_config(config)
+        if math.isinf(dev.rate):  # a stream always ahead: exactly what the round takes
+            self._feed(node, plan.batch_size * plan.local_steps - self.stores[node].fill)
+            return 0.0
         per_step = plan.batch_size if plan.wait_policy == "wait" else plan.b_min
         deficit = per_step * plan.local_steps - self.stores[node].fill
         if deficit <= 0 or dev.rate <= 0:

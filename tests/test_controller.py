@@ -110,6 +110,32 @@ def test_heterogeneity_change_mid_run_is_rebalanced() -> None:
     assert plans[-1].batches["d0"] < plans[-1].batches["d3"]
 
 
+def test_a_speed_change_is_rebalanced_within_three_periods_with_step_overhead() -> None:
+    # Prepare: steps cost 1 ms + 0.02 ms per sample (fixed overhead), default smoothing;
+    # 8 rounds at one profile fill the history with timings that the change makes wrong.
+    ctrl = BatchController(ControllerConfig(global_batch=512, b_min=8, b_max=512))
+
+    def affine(b: int, slowdown: float) -> float:
+        return (1e-3 + 2e-5 * b) * slowdown
+
+    def rounds(slow: dict[str, float], n: int, start: int) -> list[float]:
+        out = []
+        for r in range(start, start + n):
+            plan = ctrl.plan(list(slow), r)
+            times = {d: affine(b, slow[d]) for d, b in plan.batches.items()}
+            out.append(max(times.values()) / min(times.values()))
+            for d, b in plan.batches.items():
+                ctrl.observe(d, b, times[d])
+        return out
+
+    rounds(profile(1, 1, 1, 1), 8, 1)
+    # Execute: the devices' speeds change (OmniLearn HL4 as slowdowns)
+    imbalance = rounds(profile(24 / 9, 24 / 9, 4, 1), 4, 9)
+    # Assert: the first round runs the old plan; within 3 more periods step times are even
+    assert imbalance[0] > 2
+    assert min(imbalance[1:]) <= 1.15
+
+
 def test_availability_cap_and_learning_rate_scaling() -> None:
     slow = profile(1, 1, 1, 1)
     ctrl = BatchController(ControllerConfig(global_batch=200, b_min=5, b_max=200))
