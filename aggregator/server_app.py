@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 from flwr.serverapp import Grid, ServerApp
 
@@ -20,14 +19,13 @@ from aggregator.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
 from aggregator.controller import BatchController
 from aggregator.settings import RunSettings
 from aggregator.strategy import StreamStrategy
+from edge_client.datasets import load_dataset
 from edge_client.models import build_model
-from edge_client.synthetic import SensorTask
 from edge_client.trainer import evaluate
 
 __all__ = ["app", "run_rounds"]
 
 log = logging.getLogger(__name__)
-EVAL_STREAM = 999  # seed stream of the held-out evaluation samples
 PULL_INTERVAL_S = 0.2
 
 app = ServerApp()
@@ -49,11 +47,9 @@ def run_rounds(grid: Grid, settings: RunSettings) -> list[dict[str, Any]]:
     settings : RunSettings
         The run's tunables.
     """
-    task = SensorTask(num_classes=settings.num_classes)
-    x_eval, y_eval = task.sample(
-        settings.eval_samples, np.random.default_rng([settings.seed, EVAL_STREAM])
-    )
-    model = build_model(settings.model, task.shape, settings.num_classes, seed=settings.seed)
+    data = load_dataset(settings.dataset, settings.num_classes)
+    x_eval, y_eval = data.eval_set(settings.eval_samples, settings.seed)
+    model = build_model(settings.model, data.shape, settings.num_classes, seed=settings.seed)
     arrays = ArrayRecord(model.state_dict())
     controller = BatchController(settings.controller_config())
     strategy = StreamStrategy(settings=settings, controller=controller)

@@ -10,11 +10,13 @@ from aggregator.controller import ControllerConfig
 from edge_client.constants import (
     BROADCAST_MODES,
     COMPRESS_MODES,
+    DATASETS,
     DEFAULT_ADAPTIVE_DELTA,
     DEFAULT_INJECT_BETA,
     DEFAULT_INJECT_BUDGET,
     DEFAULT_INJECT_MIX,
     DEFAULT_TOPK_RATIO,
+    DIGITS_CLASSES,
     MODELS,
     WAIT_POLICIES,
 )
@@ -41,6 +43,7 @@ class RunSettings:
     lr: float = 0.05
     model: str = "cnn"
     num_classes: int = 6
+    dataset: str = "synthetic"  # what the streams carry (edge_client.datasets)
     wait_policy: str = "adapt"
     availability_cap: bool = True  # ScaDLES: no batch above fill + rate * round time
     round_timeout: float = 120.0
@@ -85,6 +88,10 @@ class RunSettings:
             raise ValueError(f"min-nodes must be >= 1, got {self.min_nodes}")
         if not self.round_timeout > 0:
             raise ValueError(f"round-timeout must be > 0, got {self.round_timeout}")
+        if self.dataset not in DATASETS:
+            raise ValueError(f"dataset must be one of {DATASETS}, got {self.dataset!r}")
+        if self.dataset == "digits" and self.num_classes != DIGITS_CLASSES:
+            raise ValueError(f"dataset digits has {DIGITS_CLASSES} classes: set num-classes=10")
         if self.compress not in COMPRESS_MODES:
             raise ValueError(f"compress must be one of {COMPRESS_MODES}, got {self.compress!r}")
         if not 0 < self.compress_ratio <= 1:

@@ -223,6 +223,8 @@ class StreamStrategy(Strategy):
 
     def _learn_device(self, node: int, device: str) -> None:
         """Map node -> device id; a device on a new node (restart) keeps its state."""
+        if self.node_devices.get(node) == device:
+            return  # the usual case: known (and no scan over the fleet per reply)
         for old, dev in list(self.node_devices.items()):
             if dev == device and old != node:
                 del self.node_devices[old]

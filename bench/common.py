@@ -68,7 +68,8 @@ def run_fleet(
         grid = InProcessGrid(
             devices,
             Path(tmp),
-            run_config={},
+            run_config={"num-classes": settings.num_classes, "model": settings.model},
+            dataset=settings.dataset,
             uplink_mbps=settings.uplink_mbps,
             seed=seed,
             **grid_kw,

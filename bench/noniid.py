@@ -21,7 +21,7 @@ import matplotlib.pyplot as plt
 from aggregator.settings import RunSettings
 from bench.common import VIRTUAL_CLOCK_NOTE, Result, markdown_table, run_fleet
 from deploy.inprocess import VirtualDevice
-from edge_client.constants import DEFAULT_NUM_CLASSES, DEFAULT_SHAPE
+from edge_client.constants import DEFAULT_NUM_CLASSES, DEFAULT_SHAPE, DIGITS_CLASSES
 from edge_client.models import build_model
 from edge_client.sources import pick_classes
 
@@ -42,13 +42,18 @@ PARTITIONS = ("one-label", "dirichlet-0.1")
 GOAL_METHOD, GOAL_INJECT, GOAL_FEDAVG = "inject-0.25-0.25", 0.9, 0.6
 
 
-def fleet(partition: str | None, inject: bool) -> list[VirtualDevice]:
-    """The 8 devices; ``partition`` None is the IID reference."""
+def fleet(
+    partition: str | None,
+    inject: bool,
+    devices_n: int = DEVICES,
+    classes: int = DEFAULT_NUM_CLASSES,
+) -> list[VirtualDevice]:
+    """The devices; ``partition`` None is the IID reference."""
     devices = []
-    for i in range(DEVICES):
+    for i in range(devices_n):
         skew: dict[str, Any] = {}
-        if partition == "one-label":
-            skew["labels"] = pick_classes(1, DEFAULT_NUM_CLASSES, index=i)
+        if partition is not None and partition.startswith("one-label"):
+            skew["labels"] = pick_classes(1, classes, index=i)
         elif partition == "dirichlet-0.1":
             skew["dirichlet"] = 0.1
         devices.append(VirtualDevice(f"dev-{i}", rate=20_000.0, inject=inject, **skew))
@@ -70,23 +75,37 @@ def run(quick: bool = False, seed: int = 0) -> Result:
     model_bytes = 4 * sum(
         p.numel() for p in build_model("cnn", DEFAULT_SHAPE, DEFAULT_NUM_CLASSES).parameters()
     )
+    digits_bytes = 4 * sum(p.numel() for p in build_model("cnn", (8, 8), 10).parameters())
     runs: dict[tuple[str, str], list[dict[str, Any]]] = {}
 
-    def one(partition: str | None, method: str, inject: bool, overrides: dict[str, Any]) -> None:
+    def one(
+        partition: str | None,
+        method: str,
+        inject: bool,
+        overrides: dict[str, Any],
+        digits: bool = False,
+    ) -> None:
         t0 = time.monotonic()
-        records = run_fleet(
-            fleet(partition, inject), RunSettings(**base, **overrides), seed
-        ).records
-        runs[(partition or "iid", method)] = records
-        print(f"  noniid {partition or 'iid'} {method}: {time.monotonic() - t0:.1f} s", flush=True)
+        devices = fleet(partition, inject, *((DIGITS_CLASSES, DIGITS_CLASSES) if digits else ()))
+        data = {"dataset": "digits", "num_classes": 10, "eval_samples": 400} if digits else {}
+        settings = RunSettings(**{**base, **data, **overrides})
+        key = (partition or ("iid-digits" if digits else "iid"), method)
+        runs[key] = run_fleet(devices, settings, seed).records
+        print(f"  noniid {key[0]} {method}: {time.monotonic() - t0:.1f} s", flush=True)
 
     one(None, "iid-reference", False, {})
     for partition in PARTITIONS:
         for method, (inject, overrides) in METHODS.items():
             one(partition, method, inject, overrides)
-    iid_acc = runs[("iid", "iid-reference")][-1]["accuracy"]
+    # The second, real dataset: 10 devices (one per digit), the goal's two methods.
+    one(None, "iid-reference", False, {}, digits=True)
+    for method in ("fedavg", GOAL_METHOD):
+        inject, overrides = METHODS[method]
+        one("one-label-digits", method, inject, overrides, digits=True)
     entries = []
     for (partition, method), records in runs.items():
+        digits = partition.endswith("digits")
+        iid_acc = runs[("iid-digits" if digits else "iid", "iid-reference")][-1]["accuracy"]
         acc = records[-1]["accuracy"]
         inject_bytes = [r["inject-bytes"] for r in records]
         entries.append(
@@ -101,7 +120,7 @@ def run(quick: bool = False, seed: int = 0) -> Result:
                 ),
                 "inject_bytes_per_round": sum(inject_bytes) / len(records),
                 "inject_bytes_max_round": max(inject_bytes),
-                "model_update_bytes": model_bytes,
+                "model_update_bytes": digits_bytes if digits else model_bytes,
                 "accuracy_curve": [r["accuracy"] for r in records],
             }
         )
@@ -129,7 +148,9 @@ def run(quick: bool = False, seed: int = 0) -> Result:
         rows,
     )
     table += (
-        f"\n\n{DEVICES} devices, {rounds} rounds x 20 local steps, B=128 (16 each), fixed "
+        f"\n\n{DEVICES} devices ('-digits' rows: 10, one per digit, on scikit-learn's 8x8 "
+        f"digits streamed as frames, against their own IID reference), {rounds} rounds x 20 "
+        "local steps, B=128, fixed "
         f"controller, seed {seed}; injection with the default budget (16,384 B per round for "
         f"all picked devices) and mix (25 % of each batch from the pool); one model update = "
         f"{model_bytes:,} B of float32 parameters. Goal: {goal['text']}. {VIRTUAL_CLOCK_NOTE}"

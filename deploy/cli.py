@@ -112,7 +112,11 @@ def publish(
     count: Annotated[int | None, typer.Option(help="Stop after this many samples.")] = None,
     duration: Annotated[float | None, typer.Option(help="Stop after this many seconds.")] = None,
     source: Annotated[
-        str, typer.Option(help="'synthetic', or an .npz (x, y) or .csv (label,f1,...) file.")
+        str,
+        typer.Option(
+            help="'synthetic', 'digits' (8x8 frames, scikit-learn), or an .npz (x, y) or "
+            ".csv (label,f1,...) file."
+        ),
     ] = "synthetic",
     labels: Annotated[
         int | None,
@@ -141,6 +145,7 @@ def publish(
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Publish a sensor stream at a rate; prints the achieved rate at the end."""
+    from edge_client.datasets import load_dataset
     from edge_client.mqtt import BrokerURL, validate_device_id
     from edge_client.publisher import PublisherConfig, run_publisher
     from edge_client.schedule import device_rng, draw_rate
@@ -174,6 +179,8 @@ def publish(
         if source == "synthetic":
             task = SensorTask(_parse_shape(shape), num_classes)
             src = SyntheticSource(task, rng, probs, feature_shift)
+        elif source == "digits":  # 8x8 camera frames (ingest with --shape 8,8 --num-classes 10)
+            src = load_dataset("digits", num_classes).source(rng, probs, feature_shift)
         else:
             x, y = load_file(source, _parse_shape(shape))
             skewed = label_list is not None or dirichlet is not None

@@ -30,16 +30,15 @@ from edge_client.buffer import BufferStore
 from edge_client.client_app import app as default_client_app
 from edge_client.constants import (
     DEFAULT_NUM_CLASSES,
-    DEFAULT_SHAPE,
     POLICY_TRUNCATION,
     SUPERLINK_NODE_ID,
 )
+from edge_client.datasets import load_dataset
 from edge_client.frames import SampleBatch
 from edge_client.inject import open_pool, receive
 from edge_client.protocol import CONFIG, METRICS, plan_from_config
 from edge_client.schedule import device_rng
-from edge_client.sources import SyntheticSource, label_distribution
-from edge_client.synthetic import SensorTask
+from edge_client.sources import SampleSource, label_distribution
 
 __all__ = ["InProcessGrid", "VirtualDevice"]
 
@@ -111,6 +110,9 @@ class InProcessGrid(Grid):
         of its measured time, which makes results independent of the host's load.
     on_round : callable, optional
         Called with ``(round, grid)`` before each round (e.g. to change slowdowns).
+    dataset : str
+        What the streams carry (:mod:`edge_client.datasets`); ``num-classes`` comes from
+        ``run_config``.
     """
 
     def __init__(
@@ -123,6 +125,7 @@ class InProcessGrid(Grid):
         seed: int = 0,
         step_time: Callable[[int], float] | None = None,
         on_round: Callable[[int, InProcessGrid], None] | None = None,
+        dataset: str = "synthetic",
     ) -> None:
         TaskIdentity.run_id = 1
         TaskIdentity.node_id = SUPERLINK_NODE_ID
@@ -139,25 +142,26 @@ class InProcessGrid(Grid):
         self.round = 0
         self.round_times: list[float] = []
         self._last_round_s = 0.0
-        task = SensorTask(DEFAULT_SHAPE)
+        data = load_dataset(dataset, int(self.run_config.get("num-classes", DEFAULT_NUM_CLASSES)))
+        self._classes = data.num_classes
         self.stores: dict[int, BufferStore] = {}
         self.pools: dict[int, BufferStore] = {}
         self.inject_rejected: Counter[str] = Counter()
         self.inject_delivered = 0  # messages delivered (each to every other opted-in device)
-        self.sources: dict[int, SyntheticSource] = {}
+        self.sources: dict[int, SampleSource] = {}
         self._owed: dict[int, float] = {}
         self._replies: dict[str, Message] = {}
         workdir.mkdir(parents=True, exist_ok=True)
         for node, dev in self.devices.items():
             rng = device_rng(seed, dev.device_id)
-            probs = label_distribution(task.num_classes, rng, dev.labels, dev.dirichlet)
-            self.sources[node] = SyntheticSource(task, rng, probs, dev.feature_shift)
+            probs = label_distribution(data.num_classes, rng, dev.labels, dev.dirichlet)
+            self.sources[node] = data.source(rng, probs, dev.feature_shift)
             path = workdir / f"{dev.device_id}.sqlite"
             self.stores[node] = BufferStore(
-                path, shape=task.shape, policy=dev.policy, capacity=dev.capacity
+                path, shape=data.shape, policy=dev.policy, capacity=dev.capacity
             )
             if dev.inject:
-                self.pools[node] = open_pool(path, task.shape)
+                self.pools[node] = open_pool(path, data.shape)
             self._feed(node, dev.initial)
             self._owed[node] = 0.0
 
@@ -266,7 +270,7 @@ class InProcessGrid(Grid):
                 if other != node:
                     payloads = [p for _, p in queued]
                     self.inject_rejected += receive(
-                        pool, payloads, self.devices[other].device_id, DEFAULT_NUM_CLASSES, 0.0
+                        pool, payloads, self.devices[other].device_id, self._classes, 0.0
                     )
                     self.inject_delivered += len(payloads)
 

@@ -98,3 +98,9 @@ SUPERLINK_NODE_ID: Final = 1  # Flower's node id of the SuperLink (message sourc
 EMBEDDED_MAX_PAYLOAD: Final = 1024 * 1024
 EMBEDDED_MAX_INFLIGHT: Final = 1000
 DEFAULT_MQTT_PORT: Final = 1883
+
+# --- Datasets a stream can carry (edge_client.datasets) ----------------------------------
+DATASETS: Final = ("synthetic", "digits")
+DIGITS_SHAPE: Final = (8, 8)  # scikit-learn's 8x8 digit images: 8 rows x 8 columns
+DIGITS_CLASSES: Final = 10
+DIGITS_HELD_OUT: Final = 400  # images kept for evaluation, never streamed
