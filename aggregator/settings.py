@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -23,6 +24,9 @@ from edge_client.constants import (
 from edge_client.replay import parse_profile
 
 __all__ = ["RunSettings"]
+
+MAX_INT = 10**7  # no count in a run config (rounds, steps, batch, samples) is anywhere near
+MAX_EVAL_SAMPLES = 100_000  # the held-out set is built in memory
 
 
 @dataclass(frozen=True)
@@ -75,6 +79,14 @@ class RunSettings:
     sim_feature_shift: float = 0.0
 
     def __post_init__(self) -> None:
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{f.name.replace('_', '-')} must be finite, got {value}")
+            if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
+                raise ValueError(f"{f.name.replace('_', '-')} is out of range: {value}")
+        if not 1 <= self.eval_samples <= MAX_EVAL_SAMPLES:
+            raise ValueError(f"eval-samples must be in 1..{MAX_EVAL_SAMPLES}")
         self.controller_config()  # validates the controller fields
         if self.num_rounds < 1 or self.local_steps < 1:
             raise ValueError("num-rounds and local-steps must be >= 1")
@@ -141,7 +153,7 @@ class RunSettings:
             kind = type(getattr(cls(), f.name))
             try:
                 values[f.name] = _coerce(value, kind)
-            except (TypeError, ValueError) as err:
+            except (TypeError, ValueError, OverflowError) as err:
                 raise ValueError(f"run-config {key}={value!r}: {err}") from err
         return cls(**values)
 

@@ -392,6 +392,8 @@ def _parse_binary(payload: bytes | bytearray, shape: tuple[int, ...]) -> _Parsed
         raise FrameError("empty", "frame declares 0 samples")
     if count > FRAME_MAX_SAMPLES:
         raise FrameError("count-too-large", f"{count} samples > {FRAME_MAX_SAMPLES} per message")
+    if seq >= 2**63:  # the buffer stores it as a signed 64-bit integer
+        raise FrameError("bad-publisher", f"sequence number {seq} is out of range")
     off = _HEADER.size
     if len(payload) < off + publen + 4 * ndim:
         raise FrameError("truncated", "frame ends inside its header")
@@ -445,7 +447,8 @@ def _decode_json(payload: bytes, shape: tuple[int, ...], now: float) -> SampleBa
         if not isinstance(item, dict) or "x" not in item or "y" not in item:
             raise FrameError("bad-json", 'each sample must be an object with "x" and "y"')
         try:
-            xi = np.asarray(item["x"], dtype=np.float32)
+            with np.errstate(over="ignore"):  # 1e300 -> inf, refused below as non-finite
+                xi = np.asarray(item["x"], dtype=np.float32)
         except (ValueError, TypeError) as err:
             raise FrameError("bad-json", f'"x" is not a numeric array: {err}') from err
         if xi.size != per or (xi.ndim > 1 and xi.shape != shape):
@@ -485,7 +488,9 @@ def _check_values(
         return
     # A float64 sum of float32 values cannot overflow, so it is finite iff every value is:
     # one reduction instead of an isfinite pass plus an all().
-    if not math.isfinite(float(x.sum(dtype=np.float64))):
+    with np.errstate(invalid="ignore", over="ignore"):  # inf - inf: nan, refused below
+        total = float(x.sum(dtype=np.float64))
+    if not math.isfinite(total):
         raise FrameError("non-finite", "features contain NaN or Inf")
     if not (np.isfinite(ts).all() and ts.min() >= 0):
         raise FrameError("bad-timestamp", "timestamps must be finite and non-negative")

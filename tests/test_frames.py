@@ -101,6 +101,7 @@ REJECTED = [
     (_with_header(count=FRAME_MAX_SAMPLES + 1), "count-too-large"),
     (_with_header(count=2**32 - 1), "count-too-large"),
     (_with_header(count=3), "truncated"),
+    (_with_header(seq=2**63), "bad-publisher"),  # SQLite stores seq as a signed 64-bit int
     (_with_header(publen=200)[:40], "truncated"),
     (_good()[:-1], "truncated"),
     (_good()[:25], "truncated"),
