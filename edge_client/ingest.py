@@ -17,6 +17,7 @@ import json
 import logging
 import queue
 import signal
+import sqlite3
 import threading
 import time
 from collections import Counter
@@ -126,6 +127,7 @@ class IngestDaemon:
         )
         self.pool = open_pool(config.buffer, config.shape) if config.inject else None
         self._published = 0
+        self._last_retry_log = -1e18
         self._next_outbox = 0.0
         self._topic = samples_topic(config.device_id)
         self._status_topic = status_topic(config.device_id)
@@ -239,10 +241,15 @@ class IngestDaemon:
             if pending or now >= next_status:
                 try:
                     self._commit(pending)
-                except Exception:  # disk full, locked file...: keep the items, retry
-                    log.exception("could not commit %d message(s); retrying", len(pending))
+                except sqlite3.OperationalError as err:  # disk full, locked: keep them, retry
+                    self._log_retry(err, len(pending))
                     time.sleep(1.0)
                     continue
+                except Exception:  # a message the store cannot take must not stall the rest
+                    log.exception("could not commit %d message(s); one by one", len(pending))
+                    if not self._commit_each(pending):
+                        time.sleep(1.0)
+                        continue
                 pending = []
             if self.pool is not None and now >= self._next_outbox:
                 self._publish_outbox()
@@ -252,6 +259,29 @@ class IngestDaemon:
                 next_status = now + self.config.status_interval
             if self._stopping.is_set() and self._queue.empty():
                 return
+
+    def _commit_each(self, items: list[_Item]) -> bool:
+        """Commit messages one at a time; count one that fails as ``decode-error`` and drop it
+        (acknowledged, or the broker would redeliver it forever). False: retry them all."""
+        for item in items:
+            try:
+                self._commit([item])
+            except sqlite3.OperationalError as err:
+                self._log_retry(err, len(items))
+                return False
+            except Exception:
+                log.exception("dropping a message the buffer cannot store")
+                self.store.append([], rejected={"decode-error": 1}, messages=1)
+                if item[1] > 0:
+                    self._acks.append((item[0], item[1]))
+        return True
+
+    def _log_retry(self, err: Exception, n: int) -> None:
+        """One line per minute while the buffer cannot be written (e.g. the disk is full)."""
+        now = time.monotonic()
+        if now - self._last_retry_log >= REJECT_LOG_INTERVAL_S:
+            log.error("cannot write the buffer (%s); holding %d message(s), retrying", err, n)
+            self._last_retry_log = now
 
     def _send_acks(self) -> None:
         """Acknowledge committed messages; the lock keeps them in arrival order, as MQTT

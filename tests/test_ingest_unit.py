@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import logging
+import sqlite3
 from collections import Counter
+from pathlib import Path
+from typing import Any
 
 import pytest
 
-from edge_client.ingest import IngestConfig, _RejectLog
+from edge_client.ingest import IngestConfig, IngestDaemon, _RejectLog
 from edge_client.mqtt import BrokerURL
 
 
@@ -48,3 +51,48 @@ def test_broker_urls() -> None:
     for bad in ("http://h:1", "mqtt://:1883", "mqtt://h:99999"):
         with pytest.raises(ValueError, match="broker URL"):
             BrokerURL.parse(bad)
+
+
+def test_a_message_the_buffer_cannot_take_is_isolated_not_retried_forever(
+    tmp_path: Path, frames: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prepare: the store fails on one publisher's messages (a bug or a poison message).
+    config = IngestConfig(BrokerURL.parse("mqtt://127.0.0.1:1"), "d", tmp_path / "d.sqlite")
+    daemon = IngestDaemon(config)
+    append = daemon.store.append
+
+    def picky(arrivals: Any, **kw: Any) -> Any:
+        if "poison" in getattr(arrivals, "publishers", []):
+            raise ValueError("cannot store this")
+        return append(arrivals, **kw)
+
+    monkeypatch.setattr(daemon.store, "append", picky)
+    items = [
+        (1, 1, frames(n=4, publisher="good", seq=1), 0.0, False),
+        (2, 1, frames(n=4, publisher="poison", seq=1), 0.0, False),
+        (3, 1, frames(n=4, publisher="good", seq=2), 0.0, False),
+    ]
+    # Execute
+    done = daemon._commit_each(items)
+    # Assert: the good ones are in, the bad one is counted and acknowledged, nothing retried
+    s = daemon.store.stats()
+    assert done and s["accepted"] == 8 and s["rejected-by-reason"] == {"decode-error": 1}
+    assert sorted(daemon._acks) == [(1, 1), (2, 1), (3, 1)]
+    daemon.store.close()
+
+
+def test_a_full_disk_holds_the_messages_for_a_retry(
+    tmp_path: Path, frames: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = IngestConfig(BrokerURL.parse("mqtt://127.0.0.1:1"), "d", tmp_path / "d.sqlite")
+    daemon = IngestDaemon(config)
+
+    def full(*_a: Any, **_k: Any) -> Any:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    monkeypatch.setattr(daemon.store, "append", full)
+
+    done = daemon._commit_each([(1, 1, frames(n=2, publisher="p", seq=1), 0.0, False)])
+
+    assert not done and not daemon._acks  # kept unacknowledged: retried when space returns
+    daemon.store.close()
