@@ -245,12 +245,18 @@ class BatchController:
         current = {d: float(s.batch) for d, s in states.items()}
         models = {d: s.cost_model(cfg.smoothing) for d, s in states.items()}
         due = (server_round - 1) % cfg.period == 0
-        if any(m is None for m in models.values()):  # no timing yet: share B equally
+        unknown = [d for d, m in models.items() if m is None]
+        if len(unknown) == len(ids):  # no timing yet: share B equally
             return _water_fill(cfg.global_batch, {d: 1.0 for d in ids}, {}, cfg.b_min, upper)
         # Equal step times T: b_i = (T - a_i) / c_i, i.e. weight 1/c_i and offset -a_i/c_i.
         # With a_i = 0 this is OmniLearn's law b_i' = b_i * t_mean / t_i, normalised to B.
         speed = {d: 1.0 / m[1] for d, m in models.items() if m is not None}
         offset = {d: -m[0] / m[1] for d, m in models.items() if m is not None}
+        if unknown:  # a newcomer gets an equal share until it has timings; the rest follow
+            share = cfg.global_batch / len(ids)
+            fixed = {d: min(float(upper[d]), max(float(cfg.b_min), share)) for d in unknown}
+            self.updates += 1
+            return _water_fill(cfg.global_batch, speed, fixed, cfg.b_min, upper, offset)
         if not due and _fits(current, cfg.global_batch, cfg.b_min, upper):
             return current
         ideal = _water_fill(cfg.global_batch, speed, {}, cfg.b_min, upper, offset)

@@ -64,6 +64,7 @@ def run_rounds(grid: Grid, settings: RunSettings) -> list[dict[str, Any]]:
         strategy.controller = BatchController.from_state_dict(ckpt.controller)
         strategy.last_metrics = ckpt.extra.get("last-metrics", {})
         strategy.node_devices = {int(n): d for n, d in ckpt.extra.get("node-devices", {}).items()}
+        strategy.retired = {int(n) for n in ckpt.extra.get("retired-nodes", [])}
         start = ckpt.server_round + 1
         log.info("resuming after round %d from %s", ckpt.server_round, settings.checkpoint_dir)
     out = Path(settings.out_dir) if settings.out_dir else None

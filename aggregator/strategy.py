@@ -71,6 +71,7 @@ class StreamStrategy(Strategy):
     settings: RunSettings
     controller: BatchController
     node_devices: dict[int, str] = field(default_factory=dict)
+    retired: set[int] = field(default_factory=set)  # nodes whose device came back elsewhere
     last_metrics: dict[str, dict[str, float]] = field(default_factory=dict)
     rejected: Counter[str] = field(default_factory=Counter)
     rejected_reasons: Counter[str] = field(default_factory=Counter)
@@ -95,7 +96,9 @@ class StreamStrategy(Strategy):
         """One message per node with this device's plan (batch, steps, scaled lr, codec)."""
         self._global = {k: a.numpy().astype(np.float32) for k, a in arrays.items()}
         self._shapes = {k: v.shape for k, v in self._global.items()}
-        nodes = sorted(grid.get_node_ids())
+        # A node whose device reappeared on another node is dead (its SuperLink entry lingers
+        # for about a minute): planning for it would cost every round a timeout.
+        nodes = sorted(n for n in grid.get_node_ids() if n not in self.retired)
         ids = {n: self.node_devices.get(n, f"node-{n}") for n in nodes}
         self.plan = self.controller.plan(list(ids.values()), server_round, self._available())
         self.mode = self._round_mode(list(ids.values()))
@@ -228,6 +231,7 @@ class StreamStrategy(Strategy):
         for old, dev in list(self.node_devices.items()):
             if dev == device and old != node:
                 del self.node_devices[old]
+                self.retired.add(old)
         if self.node_devices.get(node) != device:
             placeholder = f"node-{node}"
             self.controller.devices.pop(placeholder, None)
@@ -254,6 +258,7 @@ class StreamStrategy(Strategy):
         """Device bookkeeping for the checkpoint."""
         return {
             "node-devices": {str(n): d for n, d in self.node_devices.items()},
+            "retired-nodes": sorted(self.retired),
             "last-metrics": self.last_metrics,
             "rejected": dict(self.rejected),
             "rejected-reasons": dict(self.rejected_reasons),

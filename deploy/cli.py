@@ -334,6 +334,10 @@ def demo(
     kill: Annotated[
         list[str] | None, typer.Option(help="Fault injection: DEVICE@ROUND kills its SuperNode.")
     ] = None,
+    restart: Annotated[
+        list[str] | None,
+        typer.Option(help="DEVICE@ROUND starts a killed device's SuperNode again."),
+    ] = None,
     round_timeout: Annotated[
         float, typer.Option("--round-timeout", help="Seconds a round waits for devices.")
     ] = 120.0,
@@ -386,6 +390,7 @@ def demo(
             local_steps=local_steps,
             stream_only=stream_only,
             kill=_parse_kills(kill or []),
+            restart=_parse_kills(restart or [], "--restart"),
             round_timeout=round_timeout,
             compress=compress,
             compress_ratio=compress_ratio,
@@ -436,12 +441,12 @@ def bench(
         json_path.write_text(json.dumps(combined, indent=2) + "\n")
 
 
-def _parse_kills(specs: list[str]) -> dict[str, int]:
+def _parse_kills(specs: list[str], option: str = "--kill") -> dict[str, int]:
     out: dict[str, int] = {}
     for spec in specs:
         dev, sep, after = spec.partition("@")
         if not sep or not after.isdigit():
-            raise ValueError(f"--kill takes DEVICE@ROUND, got {spec!r}")
+            raise ValueError(f"{option} takes DEVICE@ROUND, got {spec!r}")
         out[dev] = int(after)
     return out
 

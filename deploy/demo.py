@@ -65,6 +65,7 @@ class DemoConfig:
     stream_only: bool = False
     round_timeout: float = 120.0
     kill: dict[str, int] = field(default_factory=dict)  # device -> after which round
+    restart: dict[str, int] = field(default_factory=dict)  # killed device -> back after round
     compress: str = "none"
     compress_ratio: float = DEFAULT_TOPK_RATIO
     compress_broadcast: str = "none"
@@ -97,6 +98,9 @@ class DemoConfig:
         unknown = set(self.kill) - set(_device_ids(self.devices))
         if unknown:
             raise ValueError(f"--kill names unknown devices {sorted(unknown)}")
+        for dev, after in self.restart.items():
+            if dev not in self.kill or after < self.kill[dev]:
+                raise ValueError(f"--restart {dev}@{after} needs --kill {dev}@N with N <= {after}")
         if self.policy not in POLICIES:
             raise ValueError(f"--policy must be one of {POLICIES}")
         if self.capacity < 1:
@@ -399,17 +403,18 @@ def run_demo(config: DemoConfig, console: Console) -> bool:
             _start_publisher(group, config, url, i, dev, run_dir, PUBLISH_FOREVER_S)
         flower = FlowerDeployment(group, run_dir / "flwr")
         flower.start_superlink()
-        for i, dev in enumerate(devices):
-            flower.start_supernode(
-                dev,
-                {
-                    "device-id": dev,
-                    "buffer": str(paths[dev]),
-                    "slowdown": config.slowdowns[i],
-                    "threads": 1,
-                    "inject": config.inject_alpha > 0,
-                },
-            )
+        node_configs = {
+            dev: {
+                "device-id": dev,
+                "buffer": str(paths[dev]),
+                "slowdown": config.slowdowns[i],
+                "threads": 1,
+                "inject": config.inject_alpha > 0,
+            }
+            for i, dev in enumerate(devices)
+        }
+        for dev, node_config in node_configs.items():
+            flower.start_supernode(dev, node_config)
         console.print(
             f"[bold]{config.devices} devices[/bold] (slowdowns {config.slowdowns}, "
             f"streams {config.rates} samples/s): SuperLink on 127.0.0.1:{flower.port}"
@@ -435,7 +440,7 @@ def run_demo(config: DemoConfig, console: Console) -> bool:
             },
         )
         console.print(f"flwr run {flwr_run} submitted; training {config.rounds} rounds")
-        status = _follow(flower, flwr_run, config, run_dir, console)
+        status = _follow(flower, flwr_run, config, run_dir, console, node_configs)
     wall = time.monotonic() - start
     records = read_metrics(run_dir / "metrics.jsonl")
     summary = {
@@ -474,7 +479,12 @@ def run_demo(config: DemoConfig, console: Console) -> bool:
 
 
 def _follow(
-    flower: FlowerDeployment, run_id: str, config: DemoConfig, run_dir: Path, console: Console
+    flower: FlowerDeployment,
+    run_id: str,
+    config: DemoConfig,
+    run_dir: Path,
+    console: Console,
+    node_configs: dict[str, dict[str, Any]],
 ) -> dict[str, Any]:
     """Show progress until the run ends (or stalls past every round's timeout)."""
     deadline = time.monotonic() + 120.0 + config.rounds * (config.round_timeout + 30.0)
@@ -482,6 +492,7 @@ def _follow(
     with Live(console=console, refresh_per_second=2, transient=not config.live) as live:
         shown = -1
         doomed = dict(config.kill)
+        revived = dict(config.restart)
         while time.monotonic() < deadline:
             status = flower.status(run_id)
             records = read_metrics(run_dir / "metrics.jsonl")
@@ -490,6 +501,11 @@ def _follow(
                     flower.kill_supernode(dev)
                     console.print(f"[yellow]killed {dev}'s SuperNode after round {after}[/yellow]")
                     del doomed[dev]
+            for dev, after in list(revived.items()):
+                if dev not in doomed and len(records) >= after:  # the device comes back
+                    flower.start_supernode(dev, node_configs[dev])
+                    console.print(f"[yellow]restarted {dev}'s SuperNode after round {after}[/]")
+                    del revived[dev]
             if len(records) != shown:
                 shown = len(records)
                 table = _progress_table(records, config.rounds, str(status.get("status", "")))

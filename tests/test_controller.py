@@ -136,6 +136,18 @@ def test_a_speed_change_is_rebalanced_within_three_periods_with_step_overhead() 
     assert min(imbalance[1:]) <= 1.15
 
 
+def test_a_newcomer_gets_an_equal_share_and_the_others_keep_their_plan() -> None:
+    # Prepare: four known devices with timings (d3 is 4x slower)
+    ctrl = BatchController(ControllerConfig(global_batch=256, b_min=4, b_max=256, smoothing=1.0))
+    slow = profile(1, 1, 2, 4)
+    run(ctrl, slow, 4)
+    # Execute: a fifth device without timings joins
+    plan = ctrl.plan([*DEVICES, "new"], 5)
+    # Assert: it gets B / 5; the others still follow their speeds; the sum holds
+    assert plan.batches["new"] == 256 // 5 and plan.total == 256
+    assert plan.batches["d3"] < plan.batches["d2"] < plan.batches["d0"]
+
+
 def test_availability_cap_and_learning_rate_scaling() -> None:
     slow = profile(1, 1, 1, 1)
     ctrl = BatchController(ControllerConfig(global_batch=200, b_min=5, b_max=200))

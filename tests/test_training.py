@@ -124,6 +124,26 @@ def test_a_device_that_drops_out_is_left_out_and_the_run_goes_on(tmp_path: Path)
     assert set(records[3]["devices"]) == {"dev-0", "dev-1", "dev-2"}  # back, old state kept
 
 
+def test_a_device_back_on_a_new_node_retires_its_old_node(tmp_path: Path) -> None:
+    # Prepare: dev-0 was on node 100; it comes back on node 103 (SuperNode restart) while
+    # the SuperLink still lists the dead node.
+    grid = InProcessGrid(fleet(1, 1, 1), tmp_path)
+    settings = RunSettings(**FAST)
+    strategy = StreamStrategy(
+        settings=settings, controller=BatchController(settings.controller_config())
+    )
+    strategy.node_devices = {100: "dev-0", 101: "dev-1", 102: "dev-2"}
+    arrays = ArrayRecord({"w": torch.zeros(2)})
+    # Execute
+    strategy._learn_device(103, "dev-0")
+    grid.devices[103] = VirtualDevice("dev-0")
+    messages = list(strategy.configure_train(1, arrays, ConfigRecord(), grid))
+    grid.close()
+    # Assert: the dead node gets no message (no round timeout spent on it)
+    assert sorted(m.metadata.dst_node_id for m in messages) == [101, 102, 103]
+    assert strategy.retired == {100} and strategy.node_devices[103] == "dev-0"
+
+
 def test_resume_continues_rounds_and_controller_state(tmp_path: Path) -> None:
     # Prepare: run 2 rounds with checkpoints.
     ckpt = str(tmp_path / "ckpt")
