@@ -23,6 +23,7 @@ SCENARIOS = {
     "noniid": "bench.noniid",
     "compression": "bench.compression",
     "scale": "bench.scale",
+    "reliability": "bench.reliability",
 }
 
 
