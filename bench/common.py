@@ -17,7 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt
 import torch
+from matplotlib.figure import Figure
 
 from aggregator.server_app import run_rounds
 from aggregator.settings import RunSettings
@@ -28,7 +33,9 @@ __all__ = [
     "FleetRun",
     "Result",
     "markdown_table",
+    "rounds_to_target",
     "run_fleet",
+    "save_figure",
     "time_to_target",
     "write_result",
 ]
@@ -88,6 +95,20 @@ def time_to_target(records: Sequence[dict[str, Any]], target: float) -> float | 
         if r["accuracy"] >= target:
             return clock
     return None
+
+
+def rounds_to_target(records: Sequence[dict[str, Any]], target: float) -> int | None:
+    """The first round whose held-out accuracy reaches ``target`` (None: never)."""
+    return next((int(r["round"]) for r in records if r["accuracy"] >= target), None)
+
+
+def save_figure(fig: Figure, out: Path, scenario: str) -> Path:
+    """Lay out, write ``<out>/<scenario>.png`` and release a matplotlib figure."""
+    fig.tight_layout()
+    path = out / f"{scenario}.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
 
 
 def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

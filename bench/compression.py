@@ -20,7 +20,14 @@ import matplotlib.pyplot as plt
 import numpy as np
 
 from aggregator.settings import RunSettings
-from bench.common import VIRTUAL_CLOCK_NOTE, Result, markdown_table, run_fleet
+from bench.common import (
+    VIRTUAL_CLOCK_NOTE,
+    Result,
+    markdown_table,
+    rounds_to_target,
+    run_fleet,
+    save_figure,
+)
 from deploy.inprocess import VirtualDevice
 from edge_client.codec import decode, encode
 
@@ -107,9 +114,7 @@ def run(quick: bool = False, seed: int = 0) -> Result:
             "final_accuracy": acc,
             "accuracy_delta": acc - ref_acc,
             "final_accuracy_last5": float(np.mean([r["accuracy"] for r in records[-5:]])),
-            "rounds_to_target": next(
-                (r["round"] for r in records if r["accuracy"] >= TARGET_ACCURACY), None
-            ),
+            "rounds_to_target": rounds_to_target(records, TARGET_ACCURACY),
             "topk_rounds": sum(r["compress"] == "topk" for r in records),
             "accuracy_curve": [r["accuracy"] for r in records],
             **{k: round(v, 1) for k, v in speed.items()},
@@ -187,8 +192,4 @@ def _plot(runs: dict[str, list[dict[str, Any]]], out: Path) -> Path:
     for ax in axes:
         ax.set_ylabel("accuracy")
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out / "compression.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, out, "compression")

@@ -26,7 +26,15 @@ import numpy as np
 import torch
 
 from aggregator.settings import RunSettings
-from bench.common import VIRTUAL_CLOCK_NOTE, Result, markdown_table, run_fleet, time_to_target
+from bench.common import (
+    VIRTUAL_CLOCK_NOTE,
+    Result,
+    markdown_table,
+    rounds_to_target,
+    run_fleet,
+    save_figure,
+    time_to_target,
+)
 from deploy.inprocess import InProcessGrid, VirtualDevice
 from edge_client.constants import DEFAULT_NUM_CLASSES, DEFAULT_SHAPE
 from edge_client.models import build_model
@@ -110,8 +118,12 @@ def _settings(controller: str, rounds: int, seed: int, dataset: str = "synthetic
     )
 
 
-def _fleet() -> list[VirtualDevice]:
-    return [VirtualDevice(f"dev-{i}", rate=math.inf, initial=0) for i in range(4)]
+def _fleet(level: str = "HL1") -> list[VirtualDevice]:
+    """Four devices at a level's slowdowns, on streams that never limit a batch."""
+    return [
+        VirtualDevice(f"dev-{i}", slowdown=s, rate=math.inf, initial=0)
+        for i, s in enumerate(slowdowns(level))
+    ]
 
 
 def imbalance(record: dict[str, Any]) -> float:
@@ -129,10 +141,7 @@ def run(quick: bool = False, seed: int = 0) -> Result:
     for level in LEVELS:
         for controller in CONTROLLERS:
             t0 = time.monotonic()
-            fleet = [
-                VirtualDevice(d.device_id, slowdown=s, rate=d.rate, initial=d.initial)
-                for d, s in zip(_fleet(), slowdowns(level), strict=True)
-            ]
+            fleet = _fleet(level)
             out = run_fleet(fleet, _settings(controller, rounds, seed), seed, step_time=step_time)
             runs[(level, controller)] = out.records
             print(f"  hetero {level} {controller}: {time.monotonic() - t0:.1f} s", flush=True)
@@ -140,10 +149,7 @@ def run(quick: bool = False, seed: int = 0) -> Result:
     for level in ("HL8",) if quick else ("HL2", "HL8"):  # the second, real dataset
         for controller in ("fixed", "dynamic"):
             t0 = time.monotonic()
-            fleet = [
-                VirtualDevice(d.device_id, slowdown=s, rate=d.rate, initial=d.initial)
-                for d, s in zip(_fleet(), slowdowns(level), strict=True)
-            ]
+            fleet = _fleet(level)
             settings = _settings(controller, rounds, seed, "digits")
             out = run_fleet(fleet, settings, seed, step_time=step_time)
             runs[(f"{level}-digits", controller)] = out.records
@@ -250,9 +256,7 @@ def _entries(runs: dict[tuple[str, str], list[dict[str, Any]]], phase: int) -> l
             "controller": controller,
             "target_accuracy": target,
             "time_to_target_s": ttt,
-            "rounds_to_target": next(
-                (r["round"] for r in records if r["accuracy"] >= target), None
-            ),
+            "rounds_to_target": rounds_to_target(records, target),
             "round_s_steady": statistics.mean(r["virtual-s"] for r in steady),
             "reduction": 1 - ttt / fixed if fixed and ttt else None,
             "speedup": speedup,
@@ -349,8 +353,4 @@ def _plot(runs: dict[tuple[str, str], list[dict[str, Any]]], out: Path) -> Path:
     axes[2].set_ylabel("planned batch")
     for ax in axes:
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out / "hetero.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, out, "hetero")

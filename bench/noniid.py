@@ -19,7 +19,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 from aggregator.settings import RunSettings
-from bench.common import VIRTUAL_CLOCK_NOTE, Result, markdown_table, run_fleet
+from bench.common import (
+    VIRTUAL_CLOCK_NOTE,
+    Result,
+    markdown_table,
+    rounds_to_target,
+    run_fleet,
+    save_figure,
+)
 from deploy.inprocess import VirtualDevice
 from edge_client.constants import DEFAULT_NUM_CLASSES, DEFAULT_SHAPE, DIGITS_CLASSES
 from edge_client.models import build_model
@@ -115,9 +122,7 @@ def run(quick: bool = False, seed: int = 0) -> Result:
                 "rounds": len(records),
                 "final_accuracy": acc,
                 "iid_fraction": acc / iid_acc,
-                "rounds_to_target": next(
-                    (r["round"] for r in records if r["accuracy"] >= TARGET_ACCURACY), None
-                ),
+                "rounds_to_target": rounds_to_target(records, TARGET_ACCURACY),
                 "inject_bytes_per_round": sum(inject_bytes) / len(records),
                 "inject_bytes_max_round": max(inject_bytes),
                 "model_update_bytes": digits_bytes if digits else model_bytes,
@@ -202,8 +207,4 @@ def _plot(runs: dict[tuple[str, str], list[dict[str, Any]]], out: Path) -> Path:
         ax.set_xlabel("round")
         ax.set_ylabel("accuracy")
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    path = out / "noniid.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, out, "noniid")

@@ -23,16 +23,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
-from flwr.serverapp import Grid
-from flwr.supercore.run import Run
-from flwr.supercore.task_identity import TaskIdentity
 
 from aggregator.controller import BatchController
 from aggregator.settings import RunSettings
 from aggregator.strategy import StreamStrategy
-from bench.common import Result, markdown_table
+from bench.common import Result, markdown_table, save_figure
+from deploy.inprocess import LocalGrid
 from edge_client.codec import encode
-from edge_client.constants import SUPERLINK_NODE_ID
 from edge_client.protocol import DEVICE, FRAME, METRICS, UPDATE
 
 __all__ = ["MODEL_SHAPES", "run"]
@@ -41,30 +38,12 @@ MODEL_SHAPES = {"w1": (256, 384), "b1": (256,), "w2": (6, 256), "b2": (6,)}  # 1
 GOALS = {"devices": 1000, "round_s": 2.0}
 
 
-class _Fleet(Grid):
+class _Fleet(LocalGrid):
     """Just enough of a Grid for the strategy to plan N nodes."""
 
     def __init__(self, n: int) -> None:
-        TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, SUPERLINK_NODE_ID, 1
-        self._run = Run.create_empty(1)
+        super().__init__()
         self.n = n
-
-    def set_run(self, run: Run) -> None:
-        self._run = run
-
-    @property
-    def run(self) -> Run:
-        return self._run
-
-    def create_message(
-        self,
-        content: RecordDict,
-        message_type: str,
-        dst_node_id: int,
-        group_id: str,
-        ttl: float | None = None,
-    ) -> Message:
-        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
 
     def get_node_ids(self) -> Iterable[int]:
         return range(100, 100 + self.n)
@@ -73,11 +52,6 @@ class _Fleet(Grid):
         raise NotImplementedError
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        raise NotImplementedError
-
-    def send_and_receive(
-        self, messages: Iterable[Message], *, timeout: float | None = None
-    ) -> Iterable[Message]:
         raise NotImplementedError
 
 
@@ -239,8 +213,4 @@ def _plot(entries: list[dict[str, Any]], out: Path) -> Path:
     for ax in axes:
         ax.set_xlabel("devices")
         ax.legend()
-    fig.tight_layout()
-    path = out / "scale.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, out, "scale")

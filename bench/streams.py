@@ -32,6 +32,7 @@ from bench.common import (
     Result,
     markdown_table,
     run_fleet,
+    save_figure,
     time_to_target,
 )
 from bench.hetero import measure_step_time
@@ -235,8 +236,4 @@ def _plot(runs: dict[tuple[str, str], FleetRun], out: Path) -> Path:
     axes[1].set_xscale("log")
     for ax in axes:
         ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = out / "streams.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return save_figure(fig, out, "streams")

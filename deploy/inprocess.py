@@ -40,7 +40,7 @@ from edge_client.protocol import CONFIG, METRICS, plan_from_config
 from edge_client.schedule import device_rng
 from edge_client.sources import SampleSource, label_distribution
 
-__all__ = ["InProcessGrid", "VirtualDevice"]
+__all__ = ["InProcessGrid", "LocalGrid", "VirtualDevice"]
 
 FIRST_NODE_ID = 100
 
@@ -87,7 +87,41 @@ class VirtualDevice:
     capacity: int = 10**7
 
 
-class InProcessGrid(Grid):
+class LocalGrid(Grid):
+    """A Grid living in this process (run 1, the SuperLink's identity): the plumbing that
+    every in-process grid shares. Subclasses say which nodes exist and what a push does."""
+
+    def __init__(self) -> None:
+        TaskIdentity.run_id = 1
+        TaskIdentity.node_id = SUPERLINK_NODE_ID
+        TaskIdentity.task_id = 1
+        self._run = Run.create_empty(1)
+
+    def set_run(self, run: Run) -> None:
+        self._run = run
+
+    @property
+    def run(self) -> Run:
+        return self._run
+
+    def create_message(
+        self,
+        content: RecordDict,
+        message_type: str,
+        dst_node_id: int,
+        group_id: str,
+        ttl: float | None = None,
+    ) -> Message:
+        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
+
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterable[Message]:
+        """Push, then pull every reply."""
+        return self.pull_messages(self.push_messages(messages))
+
+
+class InProcessGrid(LocalGrid):
     """A Grid whose nodes are :class:`VirtualDevice` s served by a ClientApp in-process.
 
     Parameters
@@ -127,10 +161,7 @@ class InProcessGrid(Grid):
         on_round: Callable[[int, InProcessGrid], None] | None = None,
         dataset: str = "synthetic",
     ) -> None:
-        TaskIdentity.run_id = 1
-        TaskIdentity.node_id = SUPERLINK_NODE_ID
-        TaskIdentity.task_id = 1
-        self._run = Run.create_empty(1)
+        super().__init__()
         self.devices = {FIRST_NODE_ID + i: d for i, d in enumerate(devices)}
         self.run_config = dict(run_config or {})
         self.client_app = client_app or default_client_app
@@ -167,23 +198,6 @@ class InProcessGrid(Grid):
 
     # -- Grid API ---------------------------------------------------------------------------
 
-    def set_run(self, run: Run) -> None:
-        self._run = run
-
-    @property
-    def run(self) -> Run:
-        return self._run
-
-    def create_message(
-        self,
-        content: RecordDict,
-        message_type: str,
-        dst_node_id: int,
-        group_id: str,
-        ttl: float | None = None,
-    ) -> Message:
-        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
-
     def get_node_ids(self) -> Iterable[int]:
         return list(self.devices)
 
@@ -199,12 +213,6 @@ class InProcessGrid(Grid):
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         """The replies to these messages (all are there after the push)."""
         return [self._replies.pop(i) for i in message_ids if i in self._replies]
-
-    def send_and_receive(
-        self, messages: Iterable[Message], *, timeout: float | None = None
-    ) -> Iterable[Message]:
-        """Push, then pull every reply."""
-        return self.pull_messages(self.push_messages(messages))
 
     def _round(self, messages: list[Message]) -> list[Message]:
         """Run each device's ClientApp; charge the round on the virtual clock."""
