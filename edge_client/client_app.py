@@ -19,7 +19,6 @@ import contextlib
 import logging
 import math
 import tempfile
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +43,7 @@ from edge_client.protocol import (
     plan_from_config,
 )
 from edge_client.replay import parse_profile, replay_into
+from edge_client.schedule import device_rng
 from edge_client.sources import pick_classes
 from edge_client.trainer import LocalPlan, pick_device, train_local
 
@@ -79,7 +79,7 @@ def train(msg: Message, context: Context) -> Message:
         model.load_state_dict({k: v.float() for k, v in received.items()})  # fp16 broadcast too
         start = _numpy_state(model)
         opted_in = _flag(node.get("inject", False))
-        rng = np.random.default_rng([int(context.run_id) % 2**32, _round_of(msg), _tag(device_id)])
+        rng = device_rng(int(context.run_id) % 2**32, device_id, _round_of(msg))
         pool_path = inject_pool_path(buffer_path)
         with contextlib.ExitStack() as stack:
             pool = (
@@ -134,10 +134,6 @@ def _share(
 
 def _flag(value: object) -> bool:
     return str(value).lower() in ("1", "true", "yes")
-
-
-def _tag(device_id: str) -> int:
-    return zlib.crc32(device_id.encode())
 
 
 def _round_of(msg: Message) -> int:
