@@ -11,9 +11,11 @@ from typing import Any
 import torch
 from flwr.app import ArrayRecord
 
-__all__ = ["Checkpoint", "load_checkpoint", "save_checkpoint"]
+__all__ = ["RUN_CONFIG", "Checkpoint", "load_checkpoint", "save_checkpoint"]
 
 STATE_FILE = "state.json"
+#: Key of the run config a checkpoint was made with (``fedstream resume`` submits it again).
+RUN_CONFIG = "run-config"
 
 
 @dataclass

@@ -15,7 +15,7 @@ from typing import Any
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 from flwr.serverapp import Grid, ServerApp
 
-from aggregator.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
+from aggregator.checkpoint import RUN_CONFIG, Checkpoint, load_checkpoint, save_checkpoint
 from aggregator.controller import BatchController
 from aggregator.settings import RunSettings
 from aggregator.strategy import StreamStrategy
@@ -60,6 +60,7 @@ def run_rounds(grid: Grid, settings: RunSettings) -> list[dict[str, Any]]:
         else None
     )
     if ckpt is not None:
+        _check_resumable(ckpt, settings)
         arrays = ckpt.arrays
         strategy.controller = BatchController.from_state_dict(ckpt.controller)
         strategy.last_metrics = ckpt.extra.get("last-metrics", {})
@@ -67,6 +68,8 @@ def run_rounds(grid: Grid, settings: RunSettings) -> list[dict[str, Any]]:
         strategy.retired = {int(n) for n in ckpt.extra.get("retired-nodes", [])}
         start = ckpt.server_round + 1
         log.info("resuming after round %d from %s", ckpt.server_round, settings.checkpoint_dir)
+        if start > settings.num_rounds:
+            log.info("the checkpoint already holds all %d rounds: nothing to do", start - 1)
     out = Path(settings.out_dir) if settings.out_dir else None
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
@@ -95,17 +98,46 @@ def run_rounds(grid: Grid, settings: RunSettings) -> list[dict[str, Any]]:
             len(messages),
             record["sum-b"],
         )
-        if out is not None:
-            with (out / "metrics.jsonl").open("a") as fh:
-                fh.write(json.dumps(record) + "\n")
+        # Checkpoint first: a crash between the two leaves a round checkpointed but not in
+        # metrics.jsonl (a gap in a log), never a logged round that a resume runs again.
         if settings.checkpoint_dir:
             save_checkpoint(
                 settings.checkpoint_dir,
                 Checkpoint(
-                    server_round, arrays, strategy.controller.state_dict(), strategy.state_dict()
+                    server_round,
+                    arrays,
+                    strategy.controller.state_dict(),
+                    {**strategy.state_dict(), RUN_CONFIG: settings.to_run_config()},
                 ),
             )
+        if out is not None:
+            with (out / "metrics.jsonl").open("a") as fh:
+                fh.write(json.dumps(record) + "\n")
     return records
+
+
+#: Settings a checkpoint's model depends on: a resume must not change them.
+MODEL_KEYS = ("model", "num-classes", "dataset")
+
+
+def _check_resumable(ckpt: Checkpoint, settings: RunSettings) -> None:
+    """Refuse a checkpoint made for another model (its arrays would not fit).
+
+    Raises
+    ------
+    ValueError
+        If the checkpoint's run config names another model, class count or dataset.
+    """
+    saved = ckpt.extra.get(RUN_CONFIG, {})
+    now = settings.to_run_config()
+    changed = [
+        f"{k}: {saved[k]!r} -> {now[k]!r}" for k in MODEL_KEYS if k in saved and saved[k] != now[k]
+    ]
+    if changed:
+        raise ValueError(
+            f"cannot resume from {settings.checkpoint_dir}: it holds a model for another "
+            f"configuration ({'; '.join(changed)}); use a new checkpoint-dir or resume=false"
+        )
 
 
 def wait_for_nodes(grid: Grid, count: int, timeout: float) -> None:

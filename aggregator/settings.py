@@ -134,6 +134,10 @@ class RunSettings:
             mode=self.controller,
         )
 
+    def to_run_config(self) -> dict[str, Any]:
+        """The settings as a run config (kebab-case keys): what a resume submits again."""
+        return {f.name.replace("_", "-"): getattr(self, f.name) for f in fields(self)}
+
     @classmethod
     def from_run_config(cls, config: Mapping[str, Any]) -> RunSettings:
         """Read settings from a run config (unknown keys are an error: likely typos).

@@ -22,6 +22,9 @@ __all__ = [
     "run_embedded_broker",
 ]
 
+#: Persistence as in mosquitto-prod.conf, for configs without it (the path is rewritten).
+PERSISTENCE = "\npersistence true\npersistence_location /var/lib/mosquitto/\nautosave_interval 1\n"
+
 #: The repository's broker_config/ folder (Mosquitto configs, ACL, certificate script).
 BROKER_CONFIG_DIR = Path(__file__).resolve().parent.parent / "broker_config"
 
@@ -105,15 +108,21 @@ class MosquittoBroker:
         A Mosquitto config file, e.g. ``broker_config/mosquitto-dev.conf``.
     files_dir : Path, optional
         Replaces ``/etc/mosquitto/fedstream`` in the config.
+    persist : bool
+        Turn persistence on (autosave every second, in its temporary folder) if the config
+        does not: sessions and queued messages then outlive a restart, as in production.
     """
 
-    def __init__(self, config: Path | None = None, files_dir: Path | None = None) -> None:
+    def __init__(
+        self, config: Path | None = None, files_dir: Path | None = None, persist: bool = False
+    ) -> None:
         binary = _mosquitto_binary()
         if binary is None:
             raise FileNotFoundError("mosquitto is not installed (apt-get install -y mosquitto)")
         self.binary = binary
         self.config = config or BROKER_CONFIG_DIR / "mosquitto-dev.conf"
         self.files_dir = files_dir
+        self.persist = persist
         self.ports: list[int] = []
         self._tmp = tempfile.TemporaryDirectory(prefix="fedstream-mosquitto-")
         self._group = ProcessGroup(grace=5.0)
@@ -133,13 +142,15 @@ class MosquittoBroker:
         text = self.config.read_text()
         if self.files_dir is not None:
             text = text.replace("/etc/mosquitto/fedstream", str(self.files_dir))
+        if self.persist and not re.search(r"(?m)^persistence\s+true", text):
+            text += PERSISTENCE
         text = text.replace("/var/lib/mosquitto/", self._tmp.name + "/")
 
         def new_port(match: re.Match[str]) -> str:
             self.ports.append(free_port())
             return f"listener {self.ports[-1]} 127.0.0.1"
 
-        text = re.sub(r"(?m)^listener\s+\d+(\s+\S+)?", new_port, text)
+        text = re.sub(r"(?m)^listener[ \t]+\d+([ \t]+\S+)?", new_port, text)
         if os.geteuid() == 0:
             # Started as root, Mosquitto would drop to user "mosquitto", which cannot read
             # files in our private temporary folders. Deployments install them for that user.
@@ -155,9 +166,16 @@ class MosquittoBroker:
             raise RuntimeError(f"mosquitto did not start:\n{log}")
         return self
 
-    def kill(self) -> None:
-        """SIGKILL the broker (for failure tests)."""
-        self._group.kill("mosquitto")
+    def kill(self, graceful: bool = False) -> None:
+        """SIGKILL the broker (a crash), or SIGTERM it (``systemctl restart``), for fault tests.
+
+        A SIGTERM lets Mosquitto save its persistence database (sessions, queued messages);
+        a crash keeps only what its last autosave wrote.
+        """
+        if graceful:
+            self._group.stop("mosquitto")
+        else:
+            self._group.kill("mosquitto")
 
     def restart(self) -> None:
         """Start the same broker again on the same ports (after :meth:`kill` or stop)."""

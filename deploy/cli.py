@@ -366,6 +366,30 @@ def demo(
     proximal_mu: Annotated[
         float, typer.Option("--proximal-mu", help="FedProx term (0: FedAvg).")
     ] = 0.0,
+    kill_aggregator: Annotated[
+        int | None,
+        typer.Option(
+            "--kill-aggregator",
+            help="Fault injection: SIGKILL the SuperLink and ServerApp after this round, start "
+            "the SuperLink again and resume the run from its last checkpoint.",
+        ),
+    ] = None,
+    kill_broker: Annotated[
+        int | None,
+        typer.Option(
+            "--kill-broker",
+            help="Fault injection (with --mosquitto): SIGKILL the broker after this round and "
+            "start it again 5 s later.",
+        ),
+    ] = None,
+    secure: Annotated[
+        bool,
+        typer.Option(
+            "--secure",
+            help="Mosquitto with TLS, passwords and per-device ACL; Flower TLS and SuperNode "
+            "authentication (keys registered). Everything generated under <run>/secrets.",
+        ),
+    ] = False,
 ) -> None:
     """Everything on one machine: streams, ingest, Flower SuperLink + SuperNodes, training."""
     from deploy.demo import DemoConfig, run_demo
@@ -400,6 +424,9 @@ def demo(
             inject_alpha=inject_alpha,
             inject_beta=inject_beta,
             proximal_mu=proximal_mu,
+            secure=secure,
+            kill_aggregator=kill_aggregator,
+            kill_broker=kill_broker,
         )
     except ValueError as err:
         raise _fail(str(err)) from err
@@ -408,6 +435,39 @@ def demo(
     except FlowerError as err:
         raise _fail(str(err)) from err
     raise typer.Exit(0 if ok else 1)
+
+
+@app.command()
+def resume(
+    checkpoint_dir: Annotated[
+        Path, typer.Argument(help="The run's checkpoint-dir (holds state.json).")
+    ],
+    connection: Annotated[
+        str | None,
+        typer.Option(help="SuperLink connection in $FLWR_HOME/config.toml (default: its default)."),
+    ] = None,
+    app_dir: Annotated[
+        Path, typer.Option("--app", help="The Flower app (folder with pyproject.toml).")
+    ] = Path("."),
+) -> None:
+    """Continue a run after an aggregator crash, from its last checkpoint.
+
+    Submits the run config stored in the checkpoint again with resume=true: same rounds,
+    model and settings; the model, controller state and device map come from the checkpoint.
+    """
+    from deploy.flower import FlowerError, resume_run
+
+    try:
+        run_id, last, total = resume_run(checkpoint_dir, app_dir, connection)
+    except FlowerError as err:
+        raise _fail(str(err)) from err
+    if last >= total:
+        console.print(
+            f"the checkpoint already holds all {total} rounds (run {run_id} ends at once)"
+        )
+    else:
+        console.print(f"resumed after round {last} of {total} as run {run_id}")
+    print(json.dumps({"run-id": run_id, "resumed-after": last, "num-rounds": total}))
 
 
 Scenario = Enum("Scenario", {n: n for n in [*SCENARIOS, "all"]}, type=str)  # type: ignore[misc]

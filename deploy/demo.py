@@ -21,10 +21,16 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from deploy.brokers import EmbeddedBroker, MosquittoBroker
+from deploy.brokers import (
+    BROKER_CONFIG_DIR,
+    EmbeddedBroker,
+    MosquittoBroker,
+    mosquitto_available,
+)
 from deploy.flower import FlowerDeployment, FlowerError
 from deploy.local import ProcessGroup, fedstream_command
 from deploy.report import read_metrics, summarize, write_report
+from deploy.secure import RunSecrets, make_run_secrets
 from edge_client.buffer import BufferStore, BufferStoreError
 from edge_client.constants import (
     BROADCAST_MODES,
@@ -74,6 +80,11 @@ class DemoConfig:
     inject_alpha: float = 0.0  # ScaDLES data injection (every demo device opts in)
     inject_beta: float = DEFAULT_INJECT_BETA
     proximal_mu: float = 0.0
+    secure: bool = False  # Mosquitto TLS + passwords + ACL, Flower TLS + SuperNode auth
+    kill_aggregator: int | None = None  # SIGKILL SuperLink + ServerApp after round N, resume
+    kill_broker: int | None = (
+        None  # SIGKILL Mosquitto after round N, start it BROKER_OUTAGE_S later
+    )
 
     def __post_init__(self) -> None:
         if not 1 <= self.devices <= 64:
@@ -123,20 +134,62 @@ class DemoConfig:
             raise ValueError(f"--compress-broadcast must be one of {BROADCAST_MODES}")
         if self.broker is not None:
             BrokerURL.parse(self.broker)
+        if self.secure and self.broker is not None:
+            raise ValueError(
+                "--secure starts its own Mosquitto with the run's credentials: drop --broker"
+            )
+        if self.kill_aggregator is not None and not 1 <= self.kill_aggregator < self.rounds:
+            raise ValueError(f"--kill-aggregator must be in 1..{self.rounds - 1} (--rounds - 1)")
+        if self.kill_broker is not None:
+            if not 1 <= self.kill_broker < self.rounds:
+                raise ValueError(f"--kill-broker must be in 1..{self.rounds - 1} (--rounds - 1)")
+            if not (self.mosquitto or self.secure):
+                raise ValueError("--kill-broker needs the demo's Mosquitto: add --mosquitto")
+        if self.secure and not mosquitto_available():
+            raise ValueError("--secure needs Mosquitto (apt-get install -y mosquitto)")
+
+
+@dataclass
+class _Streams:
+    """Where the demo's MQTT clients connect, and as whom."""
+
+    url: str
+    secrets: RunSecrets | None = None
+    mosquitto: MosquittoBroker | None = None  # the demo's own, for broker fault injection
+
+    def client_args(self, dev: str) -> tuple[list[str], dict[str, str]]:
+        """Options and environment of ``fedstream publish|ingest`` for device ``dev``."""
+        if self.secrets is None:
+            return ["--broker", self.url], {}
+        return (
+            ["--broker", self.url, "--username", dev, "--cafile", str(self.secrets.ca)],
+            {"FEDSTREAM_MQTT_PASSWORD": self.secrets.password(dev)},  # not on command lines
+        )
 
 
 @contextlib.contextmanager
-def _broker(config: DemoConfig, console: Console) -> Iterator[str]:
+def _broker(
+    config: DemoConfig, console: Console, secrets: RunSecrets | None = None
+) -> Iterator[_Streams]:
     if config.broker is not None:
-        yield config.broker
+        yield _Streams(config.broker)
         return
-    broker: EmbeddedBroker | MosquittoBroker = (
-        MosquittoBroker() if config.mosquitto else EmbeddedBroker()
-    )
-    with broker:
-        kind = "Mosquitto" if config.mosquitto else "embedded broker (iotcore)"
-        console.print(f"[bold]broker[/bold]: {kind} on {broker.url}")
-        yield broker.url
+    if secrets is not None:  # the production config: TLS listener first, then plain + auth
+        with MosquittoBroker(BROKER_CONFIG_DIR / "mosquitto-prod.conf", secrets.root) as prod:
+            url = f"mqtts://127.0.0.1:{prod.port}"
+            console.print(
+                f"[bold]broker[/bold]: Mosquitto on {url} (TLS, a password and an ACL per device)"
+            )
+            yield _Streams(url, secrets, prod)
+        return
+    if config.mosquitto:  # persistence on, as in production
+        with MosquittoBroker(persist=True) as mosquitto:
+            console.print(f"[bold]broker[/bold]: Mosquitto on {mosquitto.url}")
+            yield _Streams(mosquitto.url, mosquitto=mosquitto)
+        return
+    with EmbeddedBroker() as embedded:
+        console.print(f"[bold]broker[/bold]: embedded broker (iotcore) on {embedded.url}")
+        yield _Streams(embedded.url)
 
 
 def _device_ids(n: int) -> list[str]:
@@ -205,10 +258,11 @@ def run_stream_demo(config: DemoConfig, console: Console) -> bool:
     published: dict[str, int] = {}
     ingest_rc: dict[str, int | None] = {}
     start = time.monotonic()
-    with ProcessGroup() as group, _broker(config, console) as url:
-        _start_ingest(group, config, url, paths, run_dir)
+    secrets = make_run_secrets(run_dir / "secrets", devices) if config.secure else None
+    with _broker(config, console, secrets) as streams, ProcessGroup() as group:
+        _start_ingest(group, config, streams, paths, run_dir)
         pubs = {
-            dev: _start_publisher(group, config, url, i, dev, run_dir, config.duration)
+            dev: _start_publisher(group, config, streams, i, dev, run_dir, config.duration)
             for i, dev in enumerate(devices)
         }
         console.print(
@@ -270,7 +324,7 @@ def run_stream_demo(config: DemoConfig, console: Console) -> bool:
 def _start_publisher(
     group: ProcessGroup,
     config: DemoConfig,
-    url: str,
+    streams: _Streams,
     index: int,
     dev: str,
     run_dir: Path,
@@ -278,12 +332,12 @@ def _start_publisher(
 ) -> subprocess.Popen[bytes]:
     """``fedstream publish`` for one device; its JSON report comes on stdout."""
     assert config.rates is not None
+    connect, env = streams.client_args(dev)
     return group.start(
         f"publish-{dev}",
         fedstream_command(
             "publish",
-            "--broker",
-            url,
+            *connect,
             "--device-id",
             dev,
             "--rate",
@@ -299,20 +353,25 @@ def _start_publisher(
         ),
         log_path=run_dir / "logs" / f"publish-{dev}.log",
         stdout_pipe=True,
+        env=env,
     )
 
 
 def _start_ingest(
-    group: ProcessGroup, config: DemoConfig, url: str, paths: dict[str, Path], run_dir: Path
+    group: ProcessGroup,
+    config: DemoConfig,
+    streams: _Streams,
+    paths: dict[str, Path],
+    run_dir: Path,
 ) -> None:
     """One ``fedstream ingest`` per device; returns once every buffer file exists."""
     for dev, path in paths.items():
+        connect, env = streams.client_args(dev)
         group.start(
             f"ingest-{dev}",
             fedstream_command(
                 "ingest",
-                "--broker",
-                url,
+                *connect,
                 "--device-id",
                 dev,
                 "--buffer",
@@ -326,6 +385,7 @@ def _start_ingest(
                 *(["--inject"] if config.inject_alpha > 0 else []),
             ),
             log_path=run_dir / "logs" / f"ingest-{dev}.log",
+            env=env,
         )
     _wait_for_buffers(paths, group, timeout=30.0)
 
@@ -375,6 +435,7 @@ def _last_json(text: str) -> dict[str, Any] | None:
 
 APP_DIR = Path(__file__).resolve().parent.parent  # the Flower app: pyproject.toml is here
 STATUS_POLL_S = 2.0
+BROKER_OUTAGE_S = 5.0
 
 
 def run_demo(config: DemoConfig, console: Console) -> bool:
@@ -397,12 +458,16 @@ def run_demo(config: DemoConfig, console: Console) -> bool:
     paths = {dev: run_dir / "buffers" / f"{dev}.sqlite" for dev in devices}
     start = time.monotonic()
     status: dict[str, Any] = {}
-    with ProcessGroup() as group, _broker(config, console) as url:
-        _start_ingest(group, config, url, paths, run_dir)
+    secrets = make_run_secrets(run_dir / "secrets", devices) if config.secure else None
+    with _broker(config, console, secrets) as streams, ProcessGroup() as group:
+        _start_ingest(group, config, streams, paths, run_dir)
         for i, dev in enumerate(devices):  # streaming until training ends
-            _start_publisher(group, config, url, i, dev, run_dir, PUBLISH_FOREVER_S)
-        flower = FlowerDeployment(group, run_dir / "flwr")
+            _start_publisher(group, config, streams, i, dev, run_dir, PUBLISH_FOREVER_S)
+        flower = FlowerDeployment(group, run_dir / "flwr", secrets=secrets)
         flower.start_superlink()
+        if secrets is not None:  # only these SuperNodes may join
+            for dev in devices:
+                flower.register_supernode(secrets.node_public_key(dev))
         node_configs = {
             dev: {
                 "device-id": dev,
@@ -418,6 +483,7 @@ def run_demo(config: DemoConfig, console: Console) -> bool:
         console.print(
             f"[bold]{config.devices} devices[/bold] (slowdowns {config.slowdowns}, "
             f"streams {config.rates} samples/s): SuperLink on 127.0.0.1:{flower.port}"
+            + (" (TLS, registered SuperNodes only)" if secrets else "")
         )
         flower.wait_nodes(config.devices)
         flwr_run = flower.submit(
@@ -440,12 +506,14 @@ def run_demo(config: DemoConfig, console: Console) -> bool:
             },
         )
         console.print(f"flwr run {flwr_run} submitted; training {config.rounds} rounds")
-        status = _follow(flower, flwr_run, config, run_dir, console, node_configs)
+        status = _follow(flower, flwr_run, config, run_dir, console, node_configs, streams)
+        runs = [flwr_run, *status.pop("resumed-as", [])]
     wall = time.monotonic() - start
     records = read_metrics(run_dir / "metrics.jsonl")
     summary = {
         **summarize(records, wall),
-        "run_id": flwr_run,
+        "run_id": runs[-1],
+        "runs": runs,  # more than one when the aggregator was killed and the run resumed
         "status": status.get("status"),
         "controller": config.controller,
         "slowdowns": config.slowdowns,
@@ -456,6 +524,7 @@ def run_demo(config: DemoConfig, console: Console) -> bool:
         "inject_alpha": config.inject_alpha,
         "inject_beta": config.inject_beta,
         "proximal_mu": config.proximal_mu,
+        "secure": config.secure,
         "note": "virtual_s: sum over rounds of the slowest device's compute + wait + transfer",
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -485,17 +554,45 @@ def _follow(
     run_dir: Path,
     console: Console,
     node_configs: dict[str, dict[str, Any]],
+    streams: _Streams,
 ) -> dict[str, Any]:
-    """Show progress until the run ends (or stalls past every round's timeout)."""
+    """Show progress until the run ends (or stalls past every round's timeout).
+
+    Injects the faults asked for: SuperNodes killed and restarted, the broker killed and
+    started again ``BROKER_OUTAGE_S`` later (training goes on from the buffers), and the aggregator
+    (SuperLink with its ServerApp) killed, started again, and the run resumed from its last
+    checkpoint as ``fedstream resume`` would. The returned status carries ``resumed-as``,
+    the run ids submitted after the first.
+    """
     deadline = time.monotonic() + 120.0 + config.rounds * (config.round_timeout + 30.0)
     status: dict[str, Any] = {}
+    resumed: list[str] = []
     with Live(console=console, refresh_per_second=2, transient=not config.live) as live:
         shown = -1
         doomed = dict(config.kill)
         revived = dict(config.restart)
+        aggregator_fault = config.kill_aggregator
+        broker_fault = config.kill_broker
+        broker_back_at: float | None = None
         while time.monotonic() < deadline:
             status = flower.status(run_id)
             records = read_metrics(run_dir / "metrics.jsonl")
+            if streams.mosquitto is not None:
+                if broker_fault is not None and len(records) >= broker_fault:
+                    streams.mosquitto.kill()
+                    console.print(
+                        f"[yellow]killed the broker (SIGKILL) after round {broker_fault}[/]"
+                    )
+                    broker_fault, broker_back_at = None, time.monotonic() + BROKER_OUTAGE_S
+                if broker_back_at is not None and time.monotonic() >= broker_back_at:
+                    streams.mosquitto.restart()
+                    console.print(f"[yellow]restarted the broker ({BROKER_OUTAGE_S:.0f} s down)[/]")
+                    broker_back_at = None
+            if aggregator_fault is not None and len(records) >= aggregator_fault:
+                run_id = _kill_and_resume(flower, config, run_dir, console, len(records))
+                resumed.append(run_id)
+                aggregator_fault = None
+                continue
             for dev, after in list(doomed.items()):
                 if len(records) >= after:  # fault injection: the device dies (SIGKILL)
                     flower.kill_supernode(dev)
@@ -517,7 +614,25 @@ def _follow(
                 break
             time.sleep(STATUS_POLL_S)
     (run_dir / "serverapp.log").write_text(flower.logs(run_id))
-    return status
+    return {**status, "resumed-as": resumed}
+
+
+def _kill_and_resume(
+    flower: FlowerDeployment, config: DemoConfig, run_dir: Path, console: Console, done: int
+) -> str:
+    """The aggregator host dies mid-round and comes back; the run resumes. New run id."""
+    flower.kill_superlink()
+    console.print(
+        f"[yellow]killed the aggregator (SuperLink + ServerApp, SIGKILL) after round {done}[/]"
+    )
+    flower.start_superlink()  # same port and state database, as systemd would restart it
+    flower.wait_nodes(config.devices)  # the SuperNodes reconnect on their own
+    run_id, last, total = flower.resume(run_dir / "checkpoint", APP_DIR)
+    console.print(
+        f"[yellow]resumed from the checkpoint of round {last} as run {run_id} "
+        f"(rounds {last + 1}..{total})[/]"
+    )
+    return run_id
 
 
 def _progress_table(records: list[dict[str, Any]], rounds: int, state: str) -> Table:

@@ -18,9 +18,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from aggregator.checkpoint import RUN_CONFIG, load_checkpoint
 from deploy.local import ProcessGroup, free_port, wait_for_port
+from deploy.secure import RunSecrets
 
-__all__ = ["FlowerDeployment", "FlowerError"]
+__all__ = ["FlowerDeployment", "FlowerError", "resume_run", "submit_run"]
 
 CONNECTION = "fedstream-local"
 DEFAULT_FEDERATION = "@none/default"
@@ -46,8 +48,97 @@ def _flwr_bin(name: str) -> str:
     return path
 
 
+def _cli_json(*args: str, env: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """Run ``flwr ARGS --format json``; its JSON object (``success`` false on garbage)."""
+    proc = subprocess.run(
+        [_flwr_bin("flwr"), *args, "--format", "json"],
+        capture_output=True,
+        text=True,
+        timeout=CLI_TIMEOUT_S,
+        env={**os.environ, **(env or {})},
+    )
+    try:
+        data = json.loads(proc.stdout)
+    except json.JSONDecodeError:
+        return {"success": False, "error": (proc.stdout + proc.stderr)[-2000:]}
+    return data if isinstance(data, dict) else {"success": False, "error": str(data)}
+
+
+def submit_run(
+    app_dir: Path,
+    connection: str | None,
+    run_config: Mapping[str, Any],
+    env: Mapping[str, str] | None = None,
+) -> str:
+    """``flwr run APP [CONNECTION] --run-config ...``; the new run's id.
+
+    Parameters
+    ----------
+    app_dir : Path
+        The Flower app (the folder with ``pyproject.toml``).
+    connection : str or None
+        A SuperLink connection in ``$FLWR_HOME/config.toml``; None: its default.
+    run_config : Mapping
+        Run-config overrides (kebab-case keys).
+    env : Mapping, optional
+        Extra environment (``FLWR_HOME``).
+
+    Raises
+    ------
+    FlowerError
+        If ``flwr run`` does not report a run id (the message carries its output).
+    """
+    pairs = " ".join(f"{k}={_toml_value(v)}" for k, v in run_config.items())
+    where = [str(app_dir), *([connection] if connection else [])]
+    data = _cli_json("run", *where, "--run-config", pairs, env=env)
+    if not data.get("success") or "run-id" not in data:
+        raise FlowerError(f"flwr run failed: {data}")
+    return str(data["run-id"])
+
+
+def resume_run(
+    checkpoint_dir: Path,
+    app_dir: Path,
+    connection: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> tuple[str, int, int]:
+    """Submit the checkpointed run again with ``resume=true``: what ``fedstream resume`` does.
+
+    The checkpoint holds the run config it was made with, so the resumed run has the same
+    rounds, model and settings; it continues after the checkpoint's round with its model,
+    controller state and device map, and appends to the same ``metrics.jsonl``.
+
+    Returns
+    -------
+    tuple
+        (new run id, last completed round, total rounds).
+
+    Raises
+    ------
+    FlowerError
+        If there is no checkpoint, it has no run config, or ``flwr run`` fails.
+    """
+    ckpt = load_checkpoint(checkpoint_dir)
+    if ckpt is None:
+        raise FlowerError(f"no checkpoint in {checkpoint_dir} (no state.json)")
+    saved = ckpt.extra.get(RUN_CONFIG)
+    if not isinstance(saved, dict):
+        raise FlowerError(
+            f"the checkpoint in {checkpoint_dir} does not record its run config: resume with "
+            f"flwr run . <connection> --run-config \"resume=true checkpoint-dir='...' ...\""
+        )
+    config = {**saved, "resume": True, "checkpoint-dir": str(Path(checkpoint_dir).resolve())}
+    run_id = submit_run(app_dir, connection, config, env)
+    return run_id, ckpt.server_round, int(config["num-rounds"])
+
+
 class FlowerDeployment:
-    """A SuperLink and SuperNodes on 127.0.0.1 (insecure), started in a ProcessGroup.
+    """A SuperLink and SuperNodes on 127.0.0.1, started in a ProcessGroup.
+
+    Insecure by default. With ``secrets`` the SuperLink serves TLS with the run's server
+    certificate and admits only SuperNodes whose public key was registered
+    (``--enable-supernode-auth``); SuperNodes verify it with the run's CA and sign with their
+    own key; the ``flwr`` CLI connection verifies it too.
 
     Parameters
     ----------
@@ -57,11 +148,20 @@ class FlowerDeployment:
         ``FLWR_HOME`` for the CLI, the SuperLink's state and the logs.
     simulated_nodes : int
         If > 0, a SuperLink in simulation mode with this many virtual SuperNodes.
+    secrets : RunSecrets, optional
+        TLS and SuperNode authentication (see :mod:`deploy.secure`).
     """
 
-    def __init__(self, group: ProcessGroup, home: Path, simulated_nodes: int = 0) -> None:
+    def __init__(
+        self,
+        group: ProcessGroup,
+        home: Path,
+        simulated_nodes: int = 0,
+        secrets: RunSecrets | None = None,
+    ) -> None:
         self.group = group
         self.home = home
+        self.secrets = secrets
         self.port = free_port()
         self.env = {
             "FLWR_HOME": str(home),
@@ -73,9 +173,12 @@ class FlowerDeployment:
         self.nodes: list[str] = []
         home.mkdir(parents=True, exist_ok=True)
         self.simulated_nodes = simulated_nodes
+        transport = (
+            f"root-certificates = {_toml_value(secrets.ca)}\n" if secrets else "insecure = true\n"
+        )
         (home / "config.toml").write_text(
             f'[superlink]\ndefault = "{CONNECTION}"\n\n'
-            f'[superlink.{CONNECTION}]\naddress = "127.0.0.1:{self.port}"\ninsecure = true\n'
+            f'[superlink.{CONNECTION}]\naddress = "127.0.0.1:{self.port}"\n{transport}'
         )
 
     def start_superlink(self, timeout: float = 60.0) -> None:
@@ -84,7 +187,7 @@ class FlowerDeployment:
             "superlink",
             [
                 _flwr_bin("flower-superlink"),
-                "--insecure",
+                *self._superlink_transport(),
                 "--host",
                 "127.0.0.1",
                 "--port",
@@ -121,14 +224,63 @@ class FlowerDeployment:
                 time.sleep(1.0)
             raise FlowerError(f"could not configure the simulation: {data}")
 
-    def start_supernode(self, name: str, node_config: Mapping[str, Any]) -> None:
-        """Start a ``flower-supernode`` with ``--node-config`` built from ``node_config``."""
+    def _superlink_transport(self) -> list[str]:
+        if self.secrets is None:
+            return ["--insecure"]
+        return [
+            "--ssl-ca-certfile",
+            str(self.secrets.ca),
+            "--ssl-certfile",
+            str(self.secrets.server_cert),
+            "--ssl-keyfile",
+            str(self.secrets.server_key),
+            "--enable-supernode-auth",
+        ]
+
+    def register_supernode(self, public_key: Path) -> int:
+        """``flwr supernode register``: admit the SuperNode holding this key; its node id.
+
+        Raises
+        ------
+        FlowerError
+            If the SuperLink refuses the key.
+        """
+        data = self._cli_json("supernode", "register", str(public_key), CONNECTION)
+        if not data.get("success") or "node-id" not in data:
+            raise FlowerError(f"flwr supernode register {public_key} failed: {data}")
+        return int(data["node-id"])
+
+    def start_supernode(
+        self, name: str, node_config: Mapping[str, Any], key: Path | None = None
+    ) -> subprocess.Popen[bytes]:
+        """Start a ``flower-supernode`` with ``--node-config`` built from ``node_config``.
+
+        Parameters
+        ----------
+        name : str
+            Process name (``supernode-<name>``) and log file name.
+        node_config : Mapping
+            The SuperNode's ``--node-config`` (``device-id``, ``buffer``, ...).
+        key : Path, optional
+            Private key it signs with; secured deployments default to the device's key in
+            the run's secrets (``node_config["device-id"]``).
+        """
         config = " ".join(f"{k}={_toml_value(v)}" for k, v in node_config.items())
-        self.group.start(
+        if self.secrets is None:
+            transport = ["--insecure"]
+        else:
+            key = key or self.secrets.node_key(str(node_config["device-id"]))
+            transport = [
+                "--root-certificates",
+                str(self.secrets.ca),
+                "--auth-supernode-private-key",
+                str(key),
+            ]
+        proc = self.group.start(
             f"supernode-{name}",
             [
                 _flwr_bin("flower-supernode"),
-                "--insecure",
+                *transport,
                 "--superlink",
                 f"127.0.0.1:{self.port}",
                 "--host",
@@ -145,6 +297,11 @@ class FlowerDeployment:
             cwd=self.home,
         )
         self.nodes.append(name)
+        return proc
+
+    def kill_superlink(self) -> None:
+        """SIGKILL the SuperLink and the ServerApp it runs (the aggregator host dies)."""
+        self.group.kill("superlink")
 
     def kill_supernode(self, name: str) -> None:
         """SIGKILL a SuperNode and its app processes (a device that dies)."""
@@ -166,11 +323,11 @@ class FlowerDeployment:
 
     def submit(self, app_dir: Path, run_config: Mapping[str, Any]) -> str:
         """``flwr run`` the app; return the run id."""
-        pairs = " ".join(f"{k}={_toml_value(v)}" for k, v in run_config.items())
-        data = self._cli_json("run", str(app_dir), CONNECTION, "--run-config", pairs)
-        if not data.get("success") or "run-id" not in data:
-            raise FlowerError(f"flwr run failed: {data}")
-        return str(data["run-id"])
+        return submit_run(app_dir, CONNECTION, run_config, self.env)
+
+    def resume(self, checkpoint_dir: Path, app_dir: Path) -> tuple[str, int, int]:
+        """:func:`resume_run` on this deployment's SuperLink."""
+        return resume_run(checkpoint_dir, app_dir, CONNECTION, self.env)
 
     def status(self, run_id: str) -> dict[str, Any]:
         """The run's entry of ``flwr list --run-id ID --format json`` (empty if unknown)."""
@@ -190,15 +347,4 @@ class FlowerDeployment:
         return proc.stdout + proc.stderr
 
     def _cli_json(self, *args: str) -> dict[str, Any]:
-        proc = subprocess.run(
-            [_flwr_bin("flwr"), *args, "--format", "json"],
-            capture_output=True,
-            text=True,
-            timeout=CLI_TIMEOUT_S,
-            env={**os.environ, **self.env},
-        )
-        try:
-            data = json.loads(proc.stdout)
-        except json.JSONDecodeError:
-            return {"success": False, "error": (proc.stdout + proc.stderr)[-2000:]}
-        return data if isinstance(data, dict) else {"success": False, "error": str(data)}
+        return _cli_json(*args, env=self.env)

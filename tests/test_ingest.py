@@ -17,7 +17,7 @@ from deploy.local import ProcessGroup, fedstream_command
 from edge_client.buffer import BufferStore
 from edge_client.frames import encode_frame, encode_json
 from edge_client.mqtt import samples_topic, status_topic
-from tests.conftest import RawClient, needs_mosquitto, start_ingest, stats, wait_until
+from tests.conftest import RawClient, start_ingest, stats, wait_until
 
 Broker = EmbeddedBroker | MosquittoBroker
 
@@ -173,33 +173,6 @@ def test_sigterm_flushes_and_exits_zero_and_status_is_retained(
     assert {"rate", "fill", "accepted", "rejected", "dropped", "consumed"} <= set(online)
     assert wait_until(lambda: watcher.last_json().get("online") is False, 10)
     watcher.close()
-
-
-@needs_mosquitto
-def test_publisher_and_ingest_ride_through_a_broker_restart(
-    procs: ProcessGroup, tmp_path: Path
-) -> None:
-    # Prepare
-    with MosquittoBroker() as broker:
-        buf = tmp_path / "dev-a.sqlite"
-        start_ingest(procs, broker.url, buf)
-        pub = procs.start(
-            "pub",
-            publish_cmd(broker.url, "--duration", "8", "--rate", "200", "--batch", "4"),
-            stdout_pipe=True,
-        )
-        assert wait_until(lambda: stats(buf)["accepted"] >= 200, 20)
-        # Execute: the broker dies for ~2 s, then comes back on the same port.
-        broker.kill()
-        before = stats(buf)["accepted"]
-        time.sleep(2.0)
-        broker.restart()
-        report = report_of(pub)
-        # Assert: both reconnected; everything published after the restart arrived.
-        assert wait_until(lambda: stats(buf)["accepted"] > before + 400, 30)
-        assert report["acknowledged"] == report["messages"]
-        assert procs.procs["ingest"].poll() is None
-        assert procs.stop("ingest") == 0
 
 
 def test_ingest_refuses_bad_configuration(tmp_path: Path) -> None:

@@ -164,6 +164,50 @@ def test_resume_continues_rounds_and_controller_state(tmp_path: Path) -> None:
     )
 
 
+def test_a_resumed_run_ends_with_the_model_of_an_uninterrupted_one(tmp_path: Path) -> None:
+    # Prepare: the virtual step cost makes timings (and so the dynamic controller) exact.
+    def step_time(b: int) -> float:
+        return 0.001 + 1e-5 * b
+
+    settings = {**FAST, "num_rounds": 4}
+    grid = InProcessGrid(fleet(1, 3), tmp_path / "a", step_time=step_time)
+    whole = run_rounds(grid, RunSettings(**settings, checkpoint_dir=str(tmp_path / "ca")))
+    grid.close()
+    # Execute: the aggregator dies after round 2; a new one (new grid, new strategy) resumes
+    # on the same devices, whose buffers lived on.
+    grid = InProcessGrid(fleet(1, 3), tmp_path / "b", step_time=step_time)
+    run_rounds(
+        grid, RunSettings(**{**settings, "num_rounds": 2}, checkpoint_dir=str(tmp_path / "cb"))
+    )
+    grid.close()
+    grid = InProcessGrid(fleet(1, 3), tmp_path / "b", step_time=step_time)
+    rest = run_rounds(
+        grid, RunSettings(**settings, checkpoint_dir=str(tmp_path / "cb"), resume=True)
+    )
+    grid.close()
+    # Assert: same rounds, same plans (controller state carried over), the same final model.
+    assert [r["round"] for r in rest] == [3, 4]
+    assert [r["planned"] for r in rest] == [r["planned"] for r in whole[2:]]
+    assert rest[0]["planned"]["dev-1"] < rest[0]["planned"]["dev-0"]  # not a fresh equal split
+    a = load_checkpoint(tmp_path / "ca")
+    b = load_checkpoint(tmp_path / "cb")
+    assert a is not None and b is not None and a.server_round == b.server_round == 4
+    wa, wb = a.arrays.to_torch_state_dict(), b.arrays.to_torch_state_dict()
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    assert rest[-1]["accuracy"] == whole[-1]["accuracy"]
+
+
+def test_resume_refuses_a_checkpoint_of_another_model(tmp_path: Path) -> None:
+    # Prepare
+    ckpt = str(tmp_path / "ckpt")
+    grid = InProcessGrid(fleet(1), tmp_path / "buffers")
+    run_rounds(grid, RunSettings(**{**FAST, "num_rounds": 1}, checkpoint_dir=ckpt))
+    # Execute / Assert
+    with pytest.raises(ValueError, match=r"another configuration.*model: 'cnn' -> 'mlp'"):
+        run_rounds(grid, RunSettings(**FAST, model="mlp", checkpoint_dir=ckpt, resume=True))
+    grid.close()
+
+
 @pytest.mark.parametrize(
     ("config", "message"),
     [
