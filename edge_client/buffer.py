@@ -168,6 +168,7 @@ class BufferStore:
                 if statement.strip():
                     db.execute(statement)
             meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
+            stored_meta = dict(meta)
             if "shape" not in meta:
                 if shape is None:
                     raise BufferStoreError(f"{self.path} is not an initialised fedstream buffer")
@@ -186,7 +187,8 @@ class BufferStore:
             meta.setdefault("capacity", str(2**62))
             if capacity_bytes is not None:
                 meta["capacity-bytes"] = str(capacity_bytes)
-            db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", meta.items())
+            if meta != stored_meta:  # a reader (`fedstream status`) must not write: full disks
+                db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", meta.items())
         self.shape: tuple[int, ...] = stored
         self.policy: str = meta["policy"]
         self.sample_bytes = 4 * math.prod(stored) + 16  # features + label + timestamp

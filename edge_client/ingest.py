@@ -243,6 +243,9 @@ class IngestDaemon:
                     self._commit(pending)
                 except sqlite3.OperationalError as err:  # disk full, locked: keep them, retry
                     self._log_retry(err, len(pending))
+                    if now >= next_status:  # say so where operators look, too
+                        self._publish_status(online=True, error=f"cannot write the buffer: {err}")
+                        next_status = now + self.config.status_interval
                     time.sleep(1.0)
                     continue
                 except Exception:  # a message the store cannot take must not stall the rest
@@ -352,8 +355,13 @@ class IngestDaemon:
             self.store.ack_outbox(sent)
             self._published += len(sent)
 
-    def _publish_status(self, *, online: bool) -> None:
-        status = self.store.stats()
+    def _publish_status(self, *, online: bool, error: str | None = None) -> None:
+        """The retained status message: counters, fill, rate, and ``error`` while the buffer
+        cannot be written."""
+        try:
+            status = self.store.stats()
+        except sqlite3.OperationalError as err:  # the status must go out even then
+            status, error = {}, error or f"cannot read the buffer: {err}"
         if self.pool is not None:
             pool = self.pool.stats()
             status["inject"] = {
@@ -364,4 +372,6 @@ class IngestDaemon:
                 "published": self._published,
             }
         status.update({"device-id": self.config.device_id, "online": online, "ts": time.time()})
+        if error is not None:
+            status["error"] = error
         self._client.publish(self._status_topic, json.dumps(status), qos=1, retain=True)
