@@ -232,6 +232,8 @@ def _round_record(
         "rejected": dict(strategy.rejected),
         "rejected-reasons": dict(strategy.rejected_reasons),
         "compress": strategy.mode,
+        "aggregation": settings.aggregation,
+        "aggregated": sorted(strategy.aggregated),
         "bytes-up": sum(d["bytes"] for d in devices.values()),
         "broadcast-bytes": strategy.broadcast_bytes,
         "inject-picked": strategy.injectors,

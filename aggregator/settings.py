@@ -9,6 +9,7 @@ from typing import Any
 
 from aggregator.controller import ControllerConfig
 from edge_client.constants import (
+    AGGREGATIONS,
     BROADCAST_MODES,
     COMPRESS_MODES,
     DATASETS,
@@ -16,7 +17,9 @@ from edge_client.constants import (
     DEFAULT_INJECT_BETA,
     DEFAULT_INJECT_BUDGET,
     DEFAULT_INJECT_MIX,
+    DEFAULT_KRUM_MALICIOUS,
     DEFAULT_TOPK_RATIO,
+    DEFAULT_TRIM_FRACTION,
     DIGITS_CLASSES,
     MODELS,
     WAIT_POLICIES,
@@ -69,6 +72,10 @@ class RunSettings:
     inject_beta: float = DEFAULT_INJECT_BETA
     inject_budget: int = DEFAULT_INJECT_BUDGET
     inject_mix: float = DEFAULT_INJECT_MIX
+    # Byzantine-robust aggregation (aggregator.robust); fedavg streams in O(model) memory.
+    aggregation: str = "fedavg"
+    trim_fraction: float = DEFAULT_TRIM_FRACTION
+    krum_malicious: int = DEFAULT_KRUM_MALICIOUS
     # Flower simulation only: virtual devices' streams and speeds (read by the ClientApp).
     sim_dir: str = ""
     sim_rates: str = "400,400,200,100"
@@ -118,6 +125,12 @@ class RunSettings:
             raise ValueError(f"inject-mix must be in [0, 1), got {self.inject_mix}")
         if not (0 <= self.sim_labels <= self.num_classes and self.sim_dirichlet >= 0):
             raise ValueError("sim-labels must be in 0..num-classes and sim-dirichlet >= 0")
+        if self.aggregation not in AGGREGATIONS:
+            raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {self.aggregation!r}")
+        if not 0 <= self.trim_fraction < 0.5:
+            raise ValueError(f"trim-fraction must be in [0, 0.5), got {self.trim_fraction}")
+        if self.krum_malicious < 0:
+            raise ValueError(f"krum-malicious must be >= 0, got {self.krum_malicious}")
         if self.compress_broadcast not in BROADCAST_MODES:
             raise ValueError(f"compress-broadcast must be one of {BROADCAST_MODES}")
         parse_profile(self.sim_rates, "sim-rates", 1e-9)

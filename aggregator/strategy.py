@@ -36,6 +36,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 
 from aggregator.controller import BatchController, Plan
+from aggregator.robust import robust_aggregate
 from aggregator.settings import RunSettings
 from edge_client.codec import CodecError, choose_mode, decode, raw_size_limit
 from edge_client.protocol import ARRAYS, CONFIG, DEVICE, FRAME, METRICS, UPDATE, plan_to_config
@@ -58,7 +59,8 @@ class DeviceReport:
 
 @dataclass
 class StreamStrategy(Strategy):
-    """Per-device batch plans (OmniLearn/ScaDLES) and sample-weighted aggregation.
+    """Per-device batch plans (OmniLearn/ScaDLES) and sample-weighted aggregation (or a
+    Byzantine-robust rule, ``aggregation`` in the run config: :mod:`aggregator.robust`).
 
     Parameters
     ----------
@@ -82,6 +84,7 @@ class StreamStrategy(Strategy):
     injectors: list[str] = field(default_factory=list)  # devices asked to share this round
     broadcast_bytes: int = 0  # one copy of the model as sent down
     reports: list[DeviceReport] = field(default_factory=list)
+    aggregated: list[str] = field(default_factory=list)  # devices whose update went in
     round_s: float = 0.0
     _shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     _global: dict[str, np.ndarray] = field(default_factory=dict)
@@ -178,6 +181,8 @@ class StreamStrategy(Strategy):
         """
         self.reports = []
         acc = {k: np.zeros(v.shape, np.float64) for k, v in self._global.items()}
+        robust = self.settings.aggregation != "fedavg"
+        kept: list[tuple[dict[str, np.ndarray], int, str]] = []  # robust rules need them all
         total = 0
         loss = 0.0
         cap = raw_size_limit(self._shapes)
@@ -206,8 +211,11 @@ class StreamStrategy(Strategy):
             self.reports.append(DeviceReport(device, node, metrics, self.planned.get(node, 0)))
             used = int(metrics["num-examples"])
             if used > 0:
-                for k, d in delta.items():
-                    acc[k] += used * d.astype(np.float64)
+                if robust:
+                    kept.append((delta, used, device))
+                else:
+                    for k, d in delta.items():
+                        acc[k] += used * d.astype(np.float64)
                 total += used
                 loss += metrics["train-loss"] * used
                 self.controller.observe(device, int(metrics["batch-size"]), metrics["step-s"])
@@ -216,7 +224,19 @@ class StreamStrategy(Strategy):
                 self.failed[self.node_devices.get(node, f"node-{node}")] += 1
         if total == 0:
             return None, None
-        new = {k: (g + acc[k] / total).astype(np.float32) for k, g in self._global.items()}
+        if robust:
+            step, picked = robust_aggregate(
+                self.settings.aggregation,
+                [d for d, _, _ in kept],
+                [n for _, n, _ in kept],
+                self.settings.trim_fraction,
+                self.settings.krum_malicious,
+            )
+            self.aggregated = [kept[i][2] for i in picked]
+        else:
+            step = {k: a / total for k, a in acc.items()}
+            self.aggregated = [r.device_id for r in self.reports if r.metrics["num-examples"] > 0]
+        new = {k: (g + step[k]).astype(np.float32) for k, g in self._global.items()}
         summary = MetricRecord({"train-loss": loss / total, "num-examples": total})
         return ArrayRecord({k: Array(v) for k, v in new.items()}), summary
 

@@ -76,6 +76,10 @@ CODEC_VERSION: Final = 1
 CODEC_MODES: Final = ("none", "fp16", "int8", "topk")  # how one frame codes its values
 COMPRESS_MODES: Final = (*CODEC_MODES, "adaptive")  # run-config choice; adaptive picks per round
 BROADCAST_MODES: Final = ("none", "fp16")  # server -> device model
+# Aggregation rules (aggregator.robust): fedavg streams; the others are Byzantine-robust.
+AGGREGATIONS: Final = ("fedavg", "trimmed-mean", "median", "krum", "multi-krum")
+DEFAULT_TRIM_FRACTION: Final = 0.2
+DEFAULT_KRUM_MALICIOUS: Final = 1
 CODEC_MAX_RAW_BYTES: Final = 1 << 30  # hard cap on any frame's decompressed size
 CODEC_ZSTD_LEVEL: Final = 1
 DEFAULT_TOPK_RATIO: Final = 0.1

@@ -1,0 +1,92 @@
+"""The disk under the buffer fills up mid-stream, then space comes back: real broker and
+``fedstream ingest`` process, the buffer on a small tmpfs filled by a ballast file."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from deploy.brokers import EmbeddedBroker, MosquittoBroker
+from deploy.local import ProcessGroup, fedstream_command
+from edge_client.mqtt import status_topic
+from tests.conftest import RawClient, start_ingest, stats, wait_until
+from tests.test_ingest import report_of
+
+FULL_S = 3.0
+DISK_MB = 160  # the WAL grows to ~64 MB (1000 pages of 64 KB) before it is checkpointed
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={DISK_MB}m", "tmpfs", str(mount)],
+        capture_output=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"needs root to mount a small tmpfs: {done.stderr.decode().strip()}")
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def fill(disk: Path) -> Path:
+    """Write a ballast file until the disk is full (ENOSPC)."""
+    ballast = disk / "ballast"
+    chunk = b"\0" * (1 << 20)
+    with ballast.open("wb") as fh, contextlib.suppress(OSError):
+        while True:
+            fh.write(chunk)
+            fh.flush()
+    with contextlib.suppress(OSError):  # the last partial chunk
+        ballast.open("ab").write(chunk)
+    st = os.statvfs(disk)
+    assert st.f_bavail * st.f_frsize < (1 << 20), "the disk did not fill"
+    return ballast
+
+
+def test_a_full_disk_holds_messages_with_a_clear_error_and_recovers(
+    broker: EmbeddedBroker | MosquittoBroker, procs: ProcessGroup, small_disk: Path
+) -> None:
+    # Prepare: a daemon writing to the small disk; its status watched as an operator would.
+    buf = small_disk / "dev-a.sqlite"
+    start_ingest(procs, broker.url, buf)
+    watcher = RawClient(broker.url, "watcher")
+    watcher.subscribe(status_topic("dev-a"))
+    pub = procs.start(
+        "pub",
+        fedstream_command(
+            "publish", "--broker", broker.url, "--device-id", "dev-a", "--json",
+            "--rate", "400", "--batch", "4", "--duration", "10",
+        ),
+        stdout_pipe=True,
+    )  # fmt: skip
+    assert wait_until(lambda: stats(buf)["accepted"] >= 400, 20)
+    # Execute: the disk fills up; 3 s after the daemon reports it, the ballast is deleted.
+    ballast = fill(small_disk)
+    assert wait_until(lambda: "error" in watcher.last_json(), 15)
+    full_status = watcher.last_json()
+    time.sleep(FULL_S)
+    ballast.unlink()
+    report = report_of(pub)
+    # Assert: while full, the daemon stayed up, held the messages unacknowledged, and said
+    # why in its log and its retained status; once space came back every sample arrived once.
+    assert procs.procs["ingest"].poll() is None
+    assert "cannot write the buffer" in full_status["error"]
+    assert "full" in full_status["error"] or "I/O" in full_status["error"]
+    log = buf.with_suffix(".log").read_text()
+    assert "cannot write the buffer" in log and "retrying" in log
+    assert report["acknowledged"] == report["messages"]
+    assert wait_until(lambda: stats(buf)["accepted"] == report["samples"], 30)
+    assert stats(buf)["received"] == report["samples"] and stats(buf)["rejected"] == 0
+    assert wait_until(lambda: "error" not in watcher.last_json(), 15)
+    assert json.loads(watcher.messages[-1].payload)["online"] is True
+    watcher.close()
