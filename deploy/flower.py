@@ -307,15 +307,17 @@ class FlowerDeployment:
         """SIGKILL a SuperNode and its app processes (a device that dies)."""
         self.group.kill(f"supernode-{name}")
 
+    def list_nodes(self) -> list[dict[str, Any]]:
+        """``flwr supernode list``: the federation's SuperNodes (id, status, times)."""
+        nodes = self._cli_json("supernode", "list", CONNECTION).get("nodes") or []
+        return [dict(n) for n in nodes]
+
     def wait_nodes(self, count: int, timeout: float = 120.0) -> None:
         """Block until ``count`` SuperNodes are online."""
         deadline = time.monotonic() + timeout
         online = 0
         while time.monotonic() < deadline:
-            data = self._cli_json("supernode", "list", CONNECTION)
-            online = sum(
-                1 for n in data.get("nodes", []) if str(n.get("status", "")).lower() == "online"
-            )
+            online = sum(1 for n in self.list_nodes() if str(n.get("status")).lower() == "online")
             if online >= count:
                 return
             time.sleep(0.5)

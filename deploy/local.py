@@ -10,13 +10,23 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO
 
-__all__ = ["ProcessGroup", "fedstream_command", "free_port", "wait_for_port"]
+__all__ = ["ProcessGroup", "fedstream_command", "free_port", "wait_for_port", "wait_until"]
 
 log = logging.getLogger(__name__)
+
+
+def wait_until(pred: Callable[[], bool], timeout: float, interval: float = 0.05) -> bool:
+    """Poll ``pred`` until true or ``timeout`` seconds (bounded loop)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(interval)
+    return pred()
 
 
 def free_port(host: str = "127.0.0.1") -> int:

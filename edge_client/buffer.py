@@ -44,6 +44,7 @@ from edge_client.constants import (
     SQLITE_BUSY_TIMEOUT_S,
     SQLITE_PAGE_SIZE,
 )
+from edge_client.dedup import SeqWindow
 from edge_client.frames import Arrivals, SampleBatch
 
 __all__ = ["AppendResult", "BufferStore", "BufferStoreError", "inject_pool_path"]
@@ -62,6 +63,7 @@ CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS outbox (id INTEGER PRIMARY KEY, payload BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS publishers (publisher TEXT PRIMARY KEY, last_seq INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS seen_ahead (publisher TEXT PRIMARY KEY, bits BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS chunks (
     id INTEGER PRIMARY KEY,
     n INTEGER NOT NULL,
@@ -232,8 +234,9 @@ class BufferStore:
         Parameters
         ----------
         arrivals : Arrivals or sequence of SampleBatch
-            Decoded messages in arrival order. One whose ``(publisher, seq)`` is not newer
-            than the last stored for that publisher is a redelivery and is skipped.
+            Decoded messages in arrival order. One whose ``(publisher, seq)`` was stored
+            before is a redelivery and is skipped (:class:`~edge_client.dedup.SeqWindow`,
+            kept in the file: ``publishers.last_seq`` is its floor, ``seen_ahead`` its bitmap).
         rejected : mapping of str to int, optional
             Messages refused by the decoder, by reason, to count in the same transaction.
         messages : int, optional
@@ -253,24 +256,19 @@ class BufferStore:
         keep: list[list[int]] = []  # [start, stop) ranges of the concatenated samples
         with self._write() as db:
             fill = self._counter(db, "fill")
-            last_seq: dict[str, int] = {}
+            windows: dict[str, SeqWindow] = {}
             start = 0
             for n, publisher, seq in zip(
                 arrivals.counts, arrivals.publishers, arrivals.seqs, strict=True
             ):
                 at, start = start, start + n
                 if publisher is not None:
-                    last = last_seq.get(publisher)
-                    if last is None:
-                        row = db.execute(
-                            "SELECT last_seq FROM publishers WHERE publisher = ?", (publisher,)
-                        ).fetchone()
-                        last = -1 if row is None else int(row[0])
-                    if seq <= last:
+                    window = windows.get(publisher) or self._window(db, publisher, seq)
+                    windows[publisher] = window
+                    if window.seen(seq):
                         duplicates += 1
-                        last_seq[publisher] = last
                         continue
-                    last_seq[publisher] = seq
+                    window.add(seq)
                 received += n
                 lo, hi = 0, n
                 if self.policy == POLICY_PERSISTENCE:
@@ -294,11 +292,7 @@ class BufferStore:
                 evicted = self._evict_oldest(db, fill - self.capacity)
                 fill -= evicted
                 dropped += evicted
-            db.executemany(
-                "INSERT INTO publishers VALUES (?, ?) "
-                "ON CONFLICT(publisher) DO UPDATE SET last_seq = excluded.last_seq",
-                last_seq.items(),
-            )
+            self._save_windows(db, windows)
             deltas = {
                 "messages": len(arrivals) + n_rejected if messages is None else messages,
                 "received": received,
@@ -316,6 +310,34 @@ class BufferStore:
                     [("rate", repr(float(rate))), ("rate-updated", repr(time.time()))],
                 )
         return AppendResult(received, accepted, dropped, duplicates)
+
+    @staticmethod
+    def _window(db: sqlite3.Connection, publisher: str, seq: int) -> SeqWindow:
+        """The publisher's de-duplication window as stored (new: starting at ``seq``)."""
+        row = db.execute(
+            "SELECT last_seq FROM publishers WHERE publisher = ?", (publisher,)
+        ).fetchone()
+        if row is None:
+            return SeqWindow.starting_at(seq)
+        bits = db.execute(
+            "SELECT bits FROM seen_ahead WHERE publisher = ?", (publisher,)
+        ).fetchone()
+        return SeqWindow.from_stored(int(row[0]), bits[0] if bits else None)
+
+    @staticmethod
+    def _save_windows(db: sqlite3.Connection, windows: Mapping[str, SeqWindow]) -> None:
+        db.executemany(
+            "INSERT INTO publishers VALUES (?, ?) "
+            "ON CONFLICT(publisher) DO UPDATE SET last_seq = excluded.last_seq",
+            [(p, w.floor) for p, w in windows.items()],
+        )
+        ahead = [(p, w.to_bytes()) for p, w in windows.items()]
+        db.executemany(  # an in-order stream has nothing ahead: usually no row at all
+            "DELETE FROM seen_ahead WHERE publisher = ?", [(p,) for p, b in ahead if not b]
+        )
+        db.executemany(
+            "INSERT OR REPLACE INTO seen_ahead VALUES (?, ?)", [a for a in ahead if a[1]]
+        )
 
     def _evict_oldest(self, db: sqlite3.Connection, excess: int) -> int:
         evicted = 0

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import struct
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,6 +53,7 @@ __all__ = [
     "decode",
     "encode",
     "raw_size_limit",
+    "reseal",
     "seal",
     "topk_gap",
 ]
@@ -146,6 +147,16 @@ def seal(mode: str, count: int, raw: bytes, level: int = CODEC_ZSTD_LEVEL) -> by
     head = _PREFIX.pack(CODEC_MAGIC, CODEC_VERSION, CODEC_MODES.index(mode), count, len(raw), 0)
     crc = zlib.crc32(body, zlib.crc32(head[:_CRC_AT]))
     return head[:_CRC_AT] + struct.pack("<I", crc) + body
+
+
+def reseal(frame: bytes, edit: Callable[[bytes], bytes]) -> bytes:
+    """Re-frame an update frame after editing its raw body (valid prefix and CRC).
+
+    A tool for building hostile frames that pass the checksum (tests, the reliability
+    report); decoding the result is what checks the body.
+    """
+    raw = zstd.ZstdDecompressor().decompress(frame[_PREFIX.size :])
+    return seal(CODEC_MODES[frame[5]], int.from_bytes(frame[6:8], "little"), edit(raw))
 
 
 def _entry(name: str, shape: tuple[int, ...], k: int, width: int) -> bytes:

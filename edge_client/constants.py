@@ -53,6 +53,9 @@ KEEPALIVE_S: Final = 30
 # --- Publisher -------------------------------------------------------------------------
 PUBLISH_MAX_INFLIGHT: Final = 1000
 PUBLISH_MAX_OUTSTANDING: Final = 60_000  # paho message ids are 16 bit
+# De-duplication remembers out-of-order sequence numbers this far behind the newest:
+# more than any publisher can have outstanding.
+DEDUP_WINDOW: Final = 65_536
 DISTRIBUTIONS: Final = ("constant", "poisson", "bursty")
 BURST_FACTOR: Final = 4.0  # bursty: on-phases send at 4x the mean rate, a quarter of the time
 

@@ -50,8 +50,10 @@ __all__ = ["IngestConfig", "IngestDaemon"]
 
 log = logging.getLogger(__name__)
 
-# (message id, qos, payload, arrival time, from the injection topic)
+# (ack tag, qos, payload, arrival time, from the injection topic). The ack tag is the MQTT
+# message id (16 bits) plus the connection it arrived on (above bit 16): see _send_acks.
 _Item = tuple[int, int, bytes | bytearray, float, bool]
+_MID_BITS = 16
 
 
 @dataclass
@@ -132,7 +134,8 @@ class IngestDaemon:
         self._topic = samples_topic(config.device_id)
         self._status_topic = status_topic(config.device_id)
         self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
-        self._acks: collections.deque[tuple[int, int]] = collections.deque()
+        self._acks: collections.deque[tuple[int, int]] = collections.deque()  # (tag, qos)
+        self._connection = 0  # counts successful connects; tags acks (see _send_acks)
         self._ack_lock = threading.Lock()
         self._stopping = threading.Event()
         self._connected = threading.Event()
@@ -217,6 +220,8 @@ class IngestDaemon:
         if self.pool is not None:
             client.subscribe(INJECT_TOPIC, qos=1)
         log.info("connected to %s (session present: %s)", self.config.broker, flags.session_present)
+        with self._ack_lock:
+            self._connection += 1  # acks still due for the previous connection are void
         self._connected.set()
 
     def _on_disconnect(self, _c: mqtt.Client, _u: Any, _f: Any, rc: Any, _p: Any) -> None:
@@ -225,7 +230,8 @@ class IngestDaemon:
             log.warning("disconnected from %s (%s); reconnecting", self.config.broker, rc)
 
     def _on_message(self, _c: mqtt.Client, _u: Any, msg: mqtt.MQTTMessage) -> None:
-        self._queue.put((msg.mid, msg.qos, msg.payload, time.time(), msg.topic == INJECT_TOPIC))
+        tag = (self._connection << _MID_BITS) | msg.mid
+        self._queue.put((tag, msg.qos, msg.payload, time.time(), msg.topic == INJECT_TOPIC))
         if self._acks:
             self._send_acks()
 
@@ -288,12 +294,20 @@ class IngestDaemon:
 
     def _send_acks(self) -> None:
         """Acknowledge committed messages; the lock keeps them in arrival order, as MQTT
-        requires, whichever thread sends them."""
+        requires, whichever thread sends them.
+
+        Only messages of the current connection are acknowledged. Message ids are per
+        connection: after a reconnect (above all to a broker restored from its persistence
+        file, whose id counter went back) an old id can name a *new* message, and acking it
+        would tell the broker a message was stored that this daemon never saw. The broker
+        redelivers the old ones instead; they are committed already and count as duplicates.
+        """
         with self._ack_lock:
             acks = self._acks
             while acks:
-                mid, qos = acks.popleft()
-                self._client.ack(mid, qos)
+                tag, qos = acks.popleft()
+                if tag >> _MID_BITS == self._connection:
+                    self._client.ack(tag & ((1 << _MID_BITS) - 1), qos)
 
     def _drain(self) -> list[_Item]:
         """Gather messages for one transaction: up to a batch, or a short window."""

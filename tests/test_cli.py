@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from deploy.local import ProcessGroup, fedstream_command, free_port, wait_for_port
-from tests.conftest import RawClient, wait_until
+from bench.probes import MqttProbe
+from deploy.local import ProcessGroup, fedstream_command, free_port, wait_for_port, wait_until
 
 
 def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -119,9 +119,9 @@ def test_broker_command_serves_mqtt_and_reports_a_taken_port(procs: ProcessGroup
     procs.start("broker", fedstream_command("broker", "--port", str(port)))
     assert wait_for_port(port)
     url = f"mqtt://127.0.0.1:{port}"
-    sub = RawClient(url, "sub")
+    sub = MqttProbe(url, "sub")
     sub.subscribe("fedstream/v1/x/samples")
-    pub = RawClient(url, "pub")
+    pub = MqttProbe(url, "pub")
     assert pub.wait_connected()
     time.sleep(0.3)
     # Execute

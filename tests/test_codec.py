@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import zstandard
 
+from bench.probes import nan_frame
 from edge_client.codec import (
     REASONS,
     CodecError,
@@ -19,10 +20,10 @@ from edge_client.codec import (
     decode,
     encode,
     raw_size_limit,
+    reseal,
     seal,
     topk_gap,
 )
-from tests.conftest import nan_frame, reseal
 
 SHAPES = {"conv.weight": (8, 3, 5), "conv.bias": (8,), "head.weight": (4, 8)}
 

@@ -13,10 +13,10 @@ import torch
 from aggregator.server_app import run_rounds
 from aggregator.settings import RunSettings
 from deploy.inprocess import InProcessGrid, VirtualDevice
-from deploy.local import ProcessGroup, fedstream_command
+from deploy.local import ProcessGroup, fedstream_command, wait_until
 from edge_client.buffer import BufferStore
 from edge_client.datasets import load_dataset
-from tests.conftest import start_ingest, stats, wait_until
+from tests.conftest import start_ingest, stats
 
 
 def test_digits_are_real_frames_with_a_fixed_held_out_split() -> None:

@@ -12,12 +12,13 @@ from typing import Any
 
 import numpy as np
 
+from bench.probes import MqttProbe
 from deploy.brokers import EmbeddedBroker, MosquittoBroker
-from deploy.local import ProcessGroup, fedstream_command
+from deploy.local import ProcessGroup, fedstream_command, wait_until
 from edge_client.buffer import BufferStore
 from edge_client.frames import encode_frame, encode_json
 from edge_client.mqtt import samples_topic, status_topic
-from tests.conftest import RawClient, start_ingest, stats, wait_until
+from tests.conftest import start_ingest, stats
 
 Broker = EmbeddedBroker | MosquittoBroker
 
@@ -110,7 +111,7 @@ def test_hostile_input_is_counted_and_the_daemon_survives(
     # Prepare
     buf = tmp_path / "dev-a.sqlite"
     start_ingest(procs, broker.url, buf)
-    client = RawClient(broker.url, "hostile")
+    client = MqttProbe(broker.url, "hostile")
     assert client.wait_connected()
     topic = samples_topic("dev-a")
     rng = np.random.default_rng(3)
@@ -160,7 +161,7 @@ def test_sigterm_flushes_and_exits_zero_and_status_is_retained(
             stdout_pipe=True,
         )
     )
-    watcher = RawClient(broker.url, "watcher")
+    watcher = MqttProbe(broker.url, "watcher")
     watcher.subscribe(status_topic("dev-a"))
     assert wait_until(lambda: watcher.last_json().get("accepted", 0) >= 1000, 20)
     online = watcher.last_json()

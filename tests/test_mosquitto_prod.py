@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from bench.probes import MqttProbe
 from deploy.brokers import BROKER_CONFIG_DIR, MosquittoBroker
-from deploy.local import ProcessGroup, fedstream_command
+from deploy.local import ProcessGroup, fedstream_command, wait_until
 from edge_client.mqtt import samples_topic
-from tests.conftest import RawClient, needs_mosquitto, start_ingest, stats, wait_until
+from tests.conftest import needs_mosquitto, start_ingest, stats
 
 pytestmark = needs_mosquitto
 
@@ -46,8 +47,8 @@ def creds(files: Path, user: str) -> dict[str, str]:
 def test_unauthenticated_and_wrong_password_are_refused(secured) -> None:
     broker, _ = secured
     plain = f"mqtt://127.0.0.1:{broker.ports[1]}"
-    anonymous = RawClient(plain, "anon")
-    wrong = RawClient(plain, "wrong", username="dev-a", password="nope")
+    anonymous = MqttProbe(plain, "anon")
+    wrong = MqttProbe(plain, "wrong", username="dev-a", password="nope")
 
     refused = wait_until(lambda: anonymous.refused is not None and wrong.refused is not None, 10)
 
@@ -61,8 +62,8 @@ def test_device_cannot_write_or_read_another_devices_topic(secured) -> None:
     # Prepare: dev-a listens on its own topic; a spy (dev-b) tries to read dev-a's topic.
     broker, files = secured
     url = tls_url(broker)
-    a = RawClient(url, "a", **creds(files, "dev-a"))
-    b = RawClient(url, "b", **creds(files, "dev-b"))
+    a = MqttProbe(url, "a", **creds(files, "dev-a"))
+    b = MqttProbe(url, "b", **creds(files, "dev-b"))
     a.subscribe(samples_topic("dev-a"))
     b.subscribe(samples_topic("dev-a"))
     time.sleep(0.5)

@@ -17,8 +17,9 @@ from aggregator.controller import BatchController
 from aggregator.server_app import run_rounds
 from aggregator.settings import RunSettings
 from aggregator.strategy import StreamStrategy
+from bench.probes import MqttProbe
 from deploy.inprocess import InProcessGrid, VirtualDevice
-from deploy.local import ProcessGroup
+from deploy.local import ProcessGroup, wait_until
 from edge_client.buffer import BufferStore, inject_pool_path
 from edge_client.client_app import _share
 from edge_client.constants import INJECT_MAX_PAYLOAD_BYTES, INJECT_TOPIC
@@ -30,7 +31,7 @@ from edge_client.schedule import device_rng
 from edge_client.sources import SyntheticSource, label_distribution, pick_classes
 from edge_client.synthetic import SensorTask
 from edge_client.trainer import LocalPlan, train_local
-from tests.conftest import RawClient, start_ingest, stats, wait_until
+from tests.conftest import start_ingest, stats
 
 FAST: dict[str, Any] = {
     "local_steps": 5,
@@ -243,11 +244,11 @@ def test_ingest_inject_keeps_others_samples_apart_and_publishes_the_outbox(
         store.queue_outbox([frames(n=5, publisher="dev-a", seq=1)])
     with BufferStore(c, shape=(6, 32)) as store:
         store.queue_outbox([frames(n=5, publisher="dev-c", seq=1)])  # must never leave
-    watcher = RawClient(broker.url, "watcher")
+    watcher = MqttProbe(broker.url, "watcher")
     watcher.subscribe(INJECT_TOPIC)
     start_ingest(procs, broker.url, a, "dev-a", "--inject", name="ingest-a")
     start_ingest(procs, broker.url, c, "dev-c", name="ingest-c")
-    sender = RawClient(broker.url, "dev-b")
+    sender = MqttProbe(broker.url, "dev-b")
     assert sender.wait_connected()
     # Execute: dev-a's outbox goes out; dev-b shares samples and sends garbage.
     assert wait_until(lambda: len(watcher.messages) >= 1, 20)

@@ -37,7 +37,7 @@ def test_only_registered_supernodes_join_a_secured_superlink(tmp_path: Path) -> 
         deadline = time.monotonic() + REFUSED_WAIT_S
         while intruder.poll() is None and time.monotonic() < deadline:
             time.sleep(0.5)
-        nodes = flower._cli_json("supernode", "list", "fedstream-local")["nodes"]
+        nodes = flower.list_nodes()
         # Assert: the registered node is online under its registered id; the other one was
         # refused by the SuperLink and gave up, and is not in the federation.
         assert [(int(n["node-id"]), n["status"]) for n in nodes] == [(node_id, "online")]

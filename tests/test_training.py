@@ -16,10 +16,10 @@ from aggregator.controller import BatchController
 from aggregator.server_app import run_rounds
 from aggregator.settings import RunSettings
 from aggregator.strategy import StreamStrategy
+from bench.probes import nan_frame
 from deploy.inprocess import InProcessGrid, VirtualDevice
 from edge_client.codec import encode
 from edge_client.protocol import DEVICE, FRAME, METRICS, UPDATE
-from tests.conftest import nan_frame
 
 FAST: dict[str, Any] = {
     "num_rounds": 3,

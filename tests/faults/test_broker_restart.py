@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from deploy.brokers import BROKER_CONFIG_DIR, MosquittoBroker
-from deploy.local import ProcessGroup, fedstream_command
+from deploy.local import ProcessGroup, fedstream_command, wait_until
 from deploy.secure import RunSecrets, make_run_secrets
-from tests.conftest import needs_mosquitto, start_ingest, stats, wait_until
+from tests.conftest import needs_mosquitto, start_ingest, stats
 from tests.test_ingest import report_of
 
 pytestmark = needs_mosquitto

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from deploy.local import ProcessGroup
+from deploy.local import ProcessGroup, wait_until
 from edge_client.buffer import BufferStore
-from tests.conftest import start_ingest, stats, wait_until
+from tests.conftest import start_ingest, stats
 from tests.test_ingest import publish_cmd, report_of
 
 CAPACITY = 500

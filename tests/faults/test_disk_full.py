@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from bench.probes import MqttProbe
 from deploy.brokers import EmbeddedBroker, MosquittoBroker
-from deploy.local import ProcessGroup, fedstream_command
+from deploy.local import ProcessGroup, fedstream_command, wait_until
 from edge_client.mqtt import status_topic
-from tests.conftest import RawClient, start_ingest, stats, wait_until
+from tests.conftest import start_ingest, stats
 from tests.test_ingest import report_of
 
 FULL_S = 3.0
@@ -59,7 +60,7 @@ def test_a_full_disk_holds_messages_with_a_clear_error_and_recovers(
     # Prepare: a daemon writing to the small disk; its status watched as an operator would.
     buf = small_disk / "dev-a.sqlite"
     start_ingest(procs, broker.url, buf)
-    watcher = RawClient(broker.url, "watcher")
+    watcher = MqttProbe(broker.url, "watcher")
     watcher.subscribe(status_topic("dev-a"))
     pub = procs.start(
         "pub",
