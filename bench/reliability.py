@@ -1,5 +1,6 @@
-"""Reliability report (issue: reliability and security), part one: a soak with a fault
-injected, every sample accounted for, memory over time, and hostile input refused.
+"""Reliability report: a soak with a fault injected, every sample accounted for, memory over
+time, hostile input refused, then broker, disk and aggregator faults (:mod:`bench.faults`)
+and security checks (:mod:`bench.security`).
 
 8 publishers stream 1-sample QoS 1 messages (625 msg/s each, 5k msg/s together) into 8
 ``fedstream ingest`` daemons (truncation) through Mosquitto (the embedded broker when it is
@@ -21,6 +22,8 @@ from typing import Any
 import numpy as np
 
 from bench.common import Result, markdown_table
+from bench.faults import aggregator_kill, broker_crash, disk_full, resume_equivalence
+from bench.security import security_checks
 from deploy.brokers import EmbeddedBroker, MosquittoBroker, mosquitto_available
 from deploy.local import ProcessGroup, fedstream_command
 from edge_client.buffer import BufferStore
@@ -173,10 +176,16 @@ def hostile(n: int, seed: int = 0) -> dict[str, int]:
 
 
 def run(quick: bool = False, seed: int = 0) -> Result:
-    """Soak with a fault, then hostile input."""
+    """Soak with a fault, hostile input, broker/disk/aggregator faults, security checks.
+
+    ``quick`` shortens the soak and the broker fault and leaves out the real-process
+    aggregator kill (``fedstream demo --kill-aggregator``, about 1.5 minutes).
+    """
     seconds = 20.0 if quick else 120.0
     s = soak(seconds)
     h = hostile(2_000 if quick else 20_000, seed)
+    faults = _faults(quick)
+    security = security_checks()
     devs = s["devices"]
     rows = [
         [
@@ -205,13 +214,21 @@ def run(quick: bool = False, seed: int = 0) -> Result:
         rows,
     )
     lost = sum(v["lost"] for v in devs.values())
+    injected, survived, fault_rows = _fault_summary(lost, faults)
+    table += "\n\n" + markdown_table(["fault", "survived", "figures"], fault_rows)
+    table += "\n\n" + markdown_table(
+        ["security check", "passed", "outcome"],
+        [[c["check"], "yes" if c["passed"] else "NO", c["detail"]] for c in security["checks"]],
+    )
     table += (
         f"\n\nSoak: {DEVICES} publishers x {RATE:.0f} msg/s (1 sample each) for {seconds:.0f} s "
         f"into {DEVICES} ingest daemons (truncation, capacity {CAPACITY:,}); {s['killed']}'s "
         f"daemon SIGKILLed at {seconds / 3:.0f} s and restarted 2 s later. Lost accepted "
         f"samples in total: {lost} (goal 0). Hostile input: {h['tried']:,} payloads, "
         f"{h['refused']:,} refused with a reason, {h['valid-after-mutation']:,} still valid "
-        f"after mutation, {h['crashed']} crashes (goal 0). Wall clock, real processes."
+        f"after mutation, {h['crashed']} crashes (goal 0). Faults survived: {survived} of "
+        f"{injected}. Security checks passed: {security['passed']} of {security['tried']}. "
+        "Wall clock, real processes (the resume comparison: in-process runner)."
     )
     return Result(
         "reliability",
@@ -219,12 +236,83 @@ def run(quick: bool = False, seed: int = 0) -> Result:
         table,
         meta={
             "quick": quick,
-            "faults": {"injected": 1, "survived": int(lost == 0), "kind": "ingest kill -9"},
-            "samples": {
-                "acknowledged": sum(v["acknowledged"] for v in devs.values()),
-                "accepted": sum(v["accepted"] for v in devs.values()),
-                "lost": lost,
-            },
+            "faults": {"injected": injected, "survived": survived, **faults},
+            "samples": _samples(devs, faults),
             "hostile": h,
+            "security": security,
         },
     )
+
+
+def _faults(quick: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "broker": broker_crash(10.0 if quick else 30.0),
+        "disk_full": disk_full(),
+        "resume_equivalence": resume_equivalence(),
+    }
+    out["aggregator"] = {"skipped": "--quick"} if quick else aggregator_kill()
+    return out
+
+
+def _samples(devs: dict[str, dict[str, Any]], faults: dict[str, Any]) -> dict[str, int]:
+    """Acknowledged, accepted and lost samples over the soak and the broker and disk faults."""
+    parts = [{k: v[k] for k in ("acknowledged", "accepted", "lost")} for v in devs.values()]
+    broker = faults["broker"]
+    if "crash" in broker:
+        parts.append(broker["crash"])
+        q = broker["clean_restart_with_queue"]
+        parts.append({"acknowledged": q["queued"], "accepted": q["accepted"], "lost": q["lost"]})
+    if "lost" in faults["disk_full"]:
+        parts.append(faults["disk_full"])
+    return {k: sum(int(p[k]) for p in parts) for k in ("acknowledged", "accepted", "lost")}
+
+
+def _fault_summary(soak_lost: int, faults: dict[str, Any]) -> tuple[int, int, list[list[str]]]:
+    """(injected, survived, table rows) over every fault that ran (skipped ones say why)."""
+    rows: list[list[str]] = [
+        ["ingest daemon kill -9 (soak)", "yes" if soak_lost == 0 else "NO", f"lost {soak_lost}"]
+    ]
+    results = [soak_lost == 0]
+    broker = faults["broker"]
+    if "crash" in broker:
+        c, q = broker["crash"], broker["clean_restart_with_queue"]
+        results += [c["lost"] == 0, q["lost"] == 0]
+        rows.append(
+            [f"broker SIGKILL, {c['outage_s']:.0f} s down", "yes" if c["lost"] == 0 else "NO",
+             f"acked {c['acknowledged']:,}, accepted {c['accepted']:,}, lost {c['lost']}"]
+        )  # fmt: skip
+        rows.append(
+            ["broker clean restart, daemon down", "yes" if q["lost"] == 0 else "NO",
+             f"queued {q['queued']}, accepted {q['accepted']}, lost {q['lost']}"]
+        )  # fmt: skip
+    else:
+        rows.append(["broker faults", "skipped", broker["skipped"]])
+    disk = faults["disk_full"]
+    if "lost" in disk:
+        ok = disk["lost"] == 0 and disk["daemon_stayed_up"] and disk["error_reported"]
+        results.append(ok)
+        rows.append(
+            [f"disk full for {disk['full_s']:.0f} s", "yes" if ok else "NO",
+             f"status error {disk['error']!r}; acked {disk['acknowledged']:,}, "
+             f"accepted {disk['accepted']:,}, lost {disk['lost']}"]
+        )  # fmt: skip
+    else:
+        rows.append(["disk full", "skipped", disk["skipped"]])
+    agg = faults["aggregator"]
+    if "status" in agg:
+        ok = agg["status"] == "finished:completed" and agg["rounds"] == [1, 2, 3, 4]
+        results.append(ok)
+        rows.append(
+            ["aggregator SIGKILL after round 2, resumed", "yes" if ok else "NO",
+             f"rounds {agg['rounds']} in {agg['flower_runs']} Flower runs, accuracy "
+             f"{agg['accuracy']}, round-3 plan {agg['planned_round_3']}"]
+        )  # fmt: skip
+    else:
+        rows.append(["aggregator kill", "skipped", agg["skipped"]])
+    eq = faults["resume_equivalence"]
+    results.append(eq["identical"])
+    rows.append(
+        ["resumed vs uninterrupted model (in-process)", "yes" if eq["identical"] else "NO",
+         f"max |weight difference| {eq['max_abs_weight_diff']}"]
+    )  # fmt: skip
+    return len(results), sum(results), rows

@@ -1,8 +1,10 @@
-"""Security end to end: Flower TLS and SuperNode authentication, and ``fedstream demo --secure``.
+"""Security: Flower TLS and SuperNode authentication with real processes.
 
-The broker side (no credentials refused, no cross-device topics, TLS with a password per
-device) is in ``test_mosquitto_prod.py``; refusing updates with wrong shapes or non-finite
-values is in ``test_training.py`` and ``test_codec.py``.
+``fedstream demo --secure`` end to end is in ``tests/faults/test_aggregator_and_broker.py``
+(with a broker crash and an aggregator kill). The broker side (no credentials refused, no
+cross-device topics, TLS with a password per device) is in ``test_mosquitto_prod.py``;
+refusing updates with wrong shapes or non-finite values is in ``test_training.py`` and
+``test_codec.py``.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ from deploy.flower import FlowerDeployment
 from deploy.local import ProcessGroup
 from deploy.secure import make_node_key, make_run_secrets
 from tests.conftest import needs_mosquitto
-from tests.test_deployment import demo
 
 REFUSED_WAIT_S = 60.0
 
@@ -45,23 +46,3 @@ def test_only_registered_supernodes_join_a_secured_superlink(tmp_path: Path) -> 
         log = (tmp_path / "flwr" / "logs" / "superlink.log").read_text()
         assert "No SuperNode found with the given public key" in log
         assert group.procs["supernode-dev-a"].poll() is None
-
-
-@needs_mosquitto
-def test_secure_demo_runs_over_tls_with_credentials_and_registered_nodes(tmp_path: Path) -> None:
-    # Execute
-    rc, out, summary = demo(
-        tmp_path, "--secure", "--devices", "2", "--rounds", "2", "--local-steps", "10"
-    )
-    # Assert: the run completed over mqtts:// and a TLS SuperLink with node authentication.
-    assert rc == 0, out[-3000:]
-    assert summary["status"] == "finished:completed" and summary["secure"] is True
-    assert "mqtts://127.0.0.1" in out and "registered SuperNodes only" in out
-    run_dir = next(tmp_path.glob("run-*"))
-    flwr_config = (run_dir / "flwr" / "config.toml").read_text()
-    assert "root-certificates" in flwr_config and "insecure" not in flwr_config
-    for dev in ("dev-0", "dev-1"):  # each trained on samples its daemon took in over TLS
-        assert summary["devices"][dev]["batch_size"][-1] > 0
-        assert "not authori" not in (run_dir / "logs" / f"ingest-{dev}.log").read_text()
-    superlink_log = (run_dir / "flwr" / "logs" / "superlink.log").read_text()
-    assert superlink_log.count("Activated node_id") >= 2

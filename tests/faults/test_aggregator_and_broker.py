@@ -1,7 +1,10 @@
-"""Training through a broker crash and an aggregator kill: real processes (about 1.5 minutes).
+"""A secured deployment through a broker crash and an aggregator kill: real processes
+(about 1.5 minutes).
 
-``fedstream demo --mosquitto --kill-broker 1`` SIGKILLs Mosquitto (persistence on) after
-round 1 and starts it again 5 s later, while round 2 trains from the buffers.
+``fedstream demo --secure`` runs Mosquitto's production config (TLS, a password and an ACL per
+device, persistence on) and a TLS SuperLink that admits only registered SuperNodes.
+``--kill-broker 1`` SIGKILLs Mosquitto after round 1 and starts it again 5 s later, while
+round 2 trains from the buffers.
 ``--kill-aggregator N`` SIGKILLs the SuperLink's process group (the ServerApp
 runs under it) after round N, starts the SuperLink again on the same port and state database
 (what systemd's ``Restart=on-failure`` does), and submits the checkpointed run again exactly
@@ -16,7 +19,7 @@ from pathlib import Path
 from tests.test_deployment import demo
 
 
-def test_training_goes_on_through_a_broker_crash_and_resumes_after_an_aggregator_kill(
+def test_a_secure_run_survives_a_broker_crash_and_resumes_after_an_aggregator_kill(
     tmp_path: Path,
 ) -> None:
     # Prepare / Execute: dev-1 is 3x slower, so the controller has moved off an equal split
@@ -24,14 +27,22 @@ def test_training_goes_on_through_a_broker_crash_and_resumes_after_an_aggregator
     rc, out, summary = demo(
         tmp_path,
         "--devices", "2", "--rounds", "4", "--local-steps", "10", "--slowdowns", "1,3",
-        "--mosquitto", "--kill-broker", "1", "--kill-aggregator", "2",
+        "--secure", "--kill-broker", "1", "--kill-aggregator", "2",
     )  # fmt: skip
 
     # Assert: two Flower runs, four rounds, each once, and the run finished.
     assert rc == 0, out[-3000:]
     assert "killed the aggregator" in out and "resumed from the checkpoint of round" in out
     assert summary["status"] == "finished:completed" and len(summary["runs"]) == 2
+    # Over TLS with credentials, and a SuperLink with node authentication throughout (the
+    # SuperNodes signed in again to the restarted SuperLink with their registered keys).
+    assert summary["secure"] is True and "mqtts://127.0.0.1" in out
+    assert "registered SuperNodes only" in out
     run_dir = next(tmp_path.glob("run-*"))
+    flwr_config = (run_dir / "flwr" / "config.toml").read_text()
+    assert "root-certificates" in flwr_config and "insecure" not in flwr_config
+    superlink_log = (run_dir / "flwr" / "logs" / "superlink.log").read_text()
+    assert superlink_log.count("Activated node_id") >= 2  # registered keys, signed requests
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["round"] for r in records] == [1, 2, 3, 4]
     # The controller state came back: round 3 is planned from the timings of rounds 1-2.
