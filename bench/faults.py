@@ -13,7 +13,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import subprocess
 import tempfile
@@ -24,7 +23,7 @@ from typing import Any
 from aggregator.checkpoint import load_checkpoint
 from aggregator.server_app import run_rounds
 from aggregator.settings import RunSettings
-from bench.probes import MqttProbe
+from bench.probes import MqttProbe, fill_disk, small_disk
 from deploy.brokers import BROKER_CONFIG_DIR, EmbeddedBroker, MosquittoBroker, mosquitto_available
 from deploy.inprocess import InProcessGrid, VirtualDevice
 from deploy.local import ProcessGroup, fedstream_command, wait_until
@@ -37,7 +36,7 @@ __all__ = ["aggregator_kill", "broker_crash", "disk_full", "resume_equivalence"]
 
 OUTAGE_S = 3.0
 FULL_S = 3.0
-DISK_MB = 160
+DISK_MB = 160  # the WAL grows to ~64 MB (1000 pages of 64 KB) before it is checkpointed
 RATE = 400.0  # samples per second per publisher, 4 per message
 DEVICES = ("dev-0", "dev-1")
 
@@ -141,19 +140,11 @@ def broker_crash(seconds: float) -> dict[str, Any]:
 def disk_full() -> dict[str, Any]:
     """A daemon's disk fills up for ``FULL_S`` seconds mid-stream, then space returns."""
     with tempfile.TemporaryDirectory(prefix="fedstream-disk-fault-") as name:
-        mount = Path(name) / "disk"
-        mount.mkdir()
-        mounted = subprocess.run(
-            ["mount", "-t", "tmpfs", "-o", f"size={DISK_MB}m", "tmpfs", str(mount)],
-            capture_output=True,
-            check=False,
-        )
-        if mounted.returncode != 0:
-            return {"skipped": f"cannot mount a tmpfs: {mounted.stderr.decode().strip()}"}
         try:
-            return _disk_full(mount)
-        finally:
-            subprocess.run(["umount", "-l", str(mount)], check=False)
+            with small_disk(Path(name), DISK_MB) as mount:
+                return _disk_full(mount)
+        except OSError as err:
+            return {"skipped": str(err)}
 
 
 def _disk_full(mount: Path) -> dict[str, Any]:
@@ -165,12 +156,7 @@ def _disk_full(mount: Path) -> dict[str, Any]:
         watcher.subscribe(status_topic("dev-0"))
         pub = _publish(group, args, "dev-0", "--rate", str(RATE), "--duration", "10")
         _wait_accepted(buffer, 400, 20)
-        ballast = mount / "ballast"
-        chunk = b"\0" * (1 << 20)
-        with ballast.open("wb") as fh, contextlib.suppress(OSError):
-            while True:
-                fh.write(chunk)
-                fh.flush()
+        ballast = fill_disk(mount)
         reported = wait_until(lambda: "error" in watcher.last_json(), 15)
         error = watcher.last_json().get("error")
         time.sleep(FULL_S)

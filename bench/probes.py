@@ -1,11 +1,17 @@
 """Probes for fault and security checks, shared by the reliability report and the tests: a
-plain MQTT client that can be refused, and hostile update frames that pass the checksum."""
+plain MQTT client that can be refused, hostile update frames that pass the checksum, and a
+small disk that can be filled up."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import struct
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -15,7 +21,9 @@ from deploy.local import wait_until
 from edge_client.codec import encode, reseal
 from edge_client.mqtt import BrokerURL, connect_async, make_client
 
-__all__ = ["MqttProbe", "nan_frame"]
+__all__ = ["MqttProbe", "fill_disk", "nan_frame", "small_disk"]
+
+BALLAST_CHUNK = 1 << 20
 
 
 class MqttProbe:
@@ -71,3 +79,47 @@ def nan_frame(tensors: dict[str, np.ndarray]) -> bytes:
     frame = encode(tensors, "none")
     first = sum(len(n.encode()) + 1 + 2 + 4 * t.ndim + 5 for n, t in tensors.items())
     return reseal(frame, lambda raw: raw[:first] + struct.pack("<f", math.nan) + raw[first + 4 :])
+
+
+@contextlib.contextmanager
+def small_disk(where: Path, size_mb: int) -> Iterator[Path]:
+    """A tmpfs of ``size_mb`` MiB mounted at ``where/disk`` for the block (root only).
+
+    Raises
+    ------
+    OSError
+        If it cannot be mounted (not root, no mount permission); the message says why.
+    """
+    mount = where / "disk"
+    mount.mkdir(parents=True, exist_ok=True)
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tmpfs", str(mount)],
+        capture_output=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise OSError(f"cannot mount a tmpfs at {mount}: {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def fill_disk(disk: Path) -> Path:
+    """Write a ballast file until ``disk`` is full (ENOSPC); delete it to free the space.
+
+    Raises
+    ------
+    OSError
+        If more than a chunk is still free afterwards.
+    """
+    ballast = disk / "ballast"
+    chunk = b"\0" * BALLAST_CHUNK
+    with ballast.open("wb") as fh, contextlib.suppress(OSError):
+        while True:
+            fh.write(chunk)
+            fh.flush()
+    st = os.statvfs(disk)
+    if st.f_bavail * st.f_frsize >= BALLAST_CHUNK:
+        raise OSError(f"{disk} did not fill up")
+    return ballast

@@ -27,7 +27,7 @@ from deploy.secure import RunSecrets, make_node_key, make_run_secrets
 from edge_client.codec import CodecError, decode, encode, raw_size_limit
 from edge_client.mqtt import samples_topic
 
-__all__ = ["security_checks"]
+__all__ = ["security_checks", "supernode_admission"]
 
 SETTLE_S = 1.0  # how long a denied message gets to (not) arrive
 REFUSED_WAIT_S = 60.0
@@ -75,25 +75,48 @@ def _broker_checks(secrets: RunSecrets, broker: MosquittoBroker) -> list[dict[st
     return checks
 
 
-def _superlink_checks(secrets: RunSecrets, tmp: Path) -> list[dict[str, Any]]:
+def supernode_admission(secrets: RunSecrets, tmp: Path) -> dict[str, Any]:
+    """A TLS SuperLink with ``--enable-supernode-auth``; dev-a's key registered, and a
+    SuperNode with an unregistered key trying to join.
+
+    Returns
+    -------
+    dict
+        ``node-id`` (dev-a's registered id), ``nodes`` (``flwr supernode list``),
+        ``intruder-exit`` (None: still running after ``REFUSED_WAIT_S``), ``member-alive``,
+        ``superlink-log``.
+    """
     stranger = make_node_key(tmp / "stranger" / "dev-b")
     with ProcessGroup() as group:
         flower = FlowerDeployment(group, tmp / "flwr", secrets=secrets)
         flower.start_superlink()
         node_id = flower.register_supernode(secrets.node_public_key("dev-a"))
-        flower.start_supernode("dev-a", {"device-id": "dev-a"})
+        member = flower.start_supernode("dev-a", {"device-id": "dev-a"})
         intruder = flower.start_supernode(
             "dev-b", {"device-id": "dev-b"}, key=stranger.with_suffix("")
         )
         flower.wait_nodes(1, timeout=60)
         wait_until(lambda: intruder.poll() is not None, REFUSED_WAIT_S, interval=0.5)
         nodes = flower.list_nodes()
-    listed = [int(n["node-id"]) for n in nodes]
+        alive = member.poll() is None
+    return {
+        "node-id": node_id,
+        "nodes": nodes,
+        "intruder-exit": intruder.returncode,
+        "member-alive": alive,
+        "superlink-log": (tmp / "flwr" / "logs" / "superlink.log").read_text(),
+    }
+
+
+def _superlink_checks(secrets: RunSecrets, tmp: Path) -> list[dict[str, Any]]:
+    seen = supernode_admission(secrets, tmp)
+    node_id, exit_code = seen["node-id"], seen["intruder-exit"]
+    listed = [int(n["node-id"]) for n in seen["nodes"]]
     return [
         _check(
             "SuperLink: unregistered SuperNode",
-            intruder.returncode not in (None, 0) and listed == [node_id],
-            f"exit code {intruder.returncode}; nodes in the federation {listed}",
+            exit_code not in (None, 0) and listed == [node_id],
+            f"exit code {exit_code}; nodes in the federation {listed}",
         ),
         _check(
             "SuperLink: registered SuperNode gets in (must NOT be refused)",

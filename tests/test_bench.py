@@ -11,6 +11,7 @@ from flwr.app import Array, ArrayRecord
 
 from bench.common import Result, markdown_table, time_to_target, write_result
 from bench.hetero import ideal_speedup, slowdowns
+from bench.reliability import _fault_summary, _samples
 from bench.scale import MODEL_SHAPES, one_round
 from edge_client.codec import encode
 
@@ -62,3 +63,25 @@ def test_the_aggregators_memory_does_not_grow_with_the_fleet() -> None:
     # Execute / Assert: 10x the devices, about the same peak (replies are streamed)
     small, large = peak(20), peak(200)
     assert large < 1.5 * small
+
+
+def test_the_reliability_report_counts_a_fault_with_a_loss_as_not_survived() -> None:
+    # Prepare: figures as the fault runs return them; the broker crash lost 8 samples.
+    faults = {
+        "broker": {
+            "crash": {"outage_s": 3.0, "acknowledged": 800, "accepted": 792, "lost": 8},
+            "clean_restart_with_queue": {"queued": 800, "accepted": 800, "lost": 0},
+        },
+        "disk_full": {"skipped": "not root"},
+        "aggregator": {"skipped": "--quick"},
+        "resume_equivalence": {"identical": True, "max_abs_weight_diff": 0.0},
+    }
+    soak = {"dev-0": {"acknowledged": 100, "accepted": 100, "lost": 0}}
+    # Execute
+    injected, survived, rows = _fault_summary(0, faults)
+    samples = _samples(soak, faults)
+    # Assert
+    assert (injected, survived) == (4, 3)
+    assert rows[1][:2] == ["broker SIGKILL, 3 s down", "NO"]
+    assert [r[1] for r in rows if r[0] in ("disk full", "aggregator kill")] == ["skipped"] * 2
+    assert samples == {"acknowledged": 1700, "accepted": 1692, "lost": 8}

@@ -6,6 +6,7 @@ import logging
 import sqlite3
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -95,4 +96,35 @@ def test_a_full_disk_holds_the_messages_for_a_retry(
     done = daemon._commit_each([(1, 1, frames(n=2, publisher="p", seq=1), 0.0, False)])
 
     assert not done and not daemon._acks  # kept unacknowledged: retried when space returns
+    daemon.store.close()
+
+
+def test_acks_due_on_a_lost_connection_are_not_sent_on_the_next(
+    tmp_path: Path, frames: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prepare: message id 7 arrives, the connection drops before its ack goes out, and on
+    # the new connection the broker uses id 7 for a different message.
+    config = IngestConfig(BrokerURL.parse("mqtt://127.0.0.1:1"), "d", tmp_path / "d.sqlite")
+    daemon = IngestDaemon(config)
+    sent: list[int] = []
+    monkeypatch.setattr(daemon._client, "ack", lambda mid, qos: sent.append(mid))
+    client = SimpleNamespace(subscribe=lambda *a, **k: None)
+    ok = SimpleNamespace(is_failure=False)
+
+    def arrive(seq: int) -> None:
+        msg = SimpleNamespace(mid=7, qos=1, payload=frames(n=1, publisher="p", seq=seq), topic="t")
+        daemon._on_message(client, None, msg)  # type: ignore[arg-type]
+
+    daemon._on_connect(client, None, SimpleNamespace(session_present=False), ok, None)  # type: ignore[arg-type]
+    arrive(0)
+    old = daemon._drain()
+    daemon._on_connect(client, None, SimpleNamespace(session_present=True), ok, None)  # type: ignore[arg-type]
+    arrive(1)
+    new = daemon._drain()
+    # Execute: both are committed, then the acks go out.
+    daemon._commit(old + new)
+    daemon._send_acks()
+    # Assert: one ack for id 7, the new connection's; the old message is redelivered by the
+    # broker and then counted as a duplicate.
+    assert sent == [7] and daemon.store.stats()["accepted"] == 2
     daemon.store.close()

@@ -18,15 +18,8 @@ from deploy.inprocess import InProcessGrid, VirtualDevice
 from edge_client.client_app import train as fedstream_train
 from edge_client.codec import encode
 from edge_client.protocol import ARRAYS, CONFIG, FRAME, UPDATE
+from tests.test_compressed_training import FAST
 
-FAST: dict[str, Any] = {
-    "local_steps": 5,
-    "global_batch": 64,
-    "b_min": 4,
-    "b_max": 64,
-    "eval_samples": 500,
-    "controller": "fixed",
-}
 ATTACK = 50.0  # the hostile device sends this times minus its honest update (finite: passes
 # every codec check; only the aggregation rule can stop it)
 

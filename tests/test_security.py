@@ -9,40 +9,23 @@ refusing updates with wrong shapes or non-finite values is in ``test_training.py
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
-from deploy.flower import FlowerDeployment
-from deploy.local import ProcessGroup
-from deploy.secure import make_node_key, make_run_secrets
+from bench.security import supernode_admission
+from deploy.secure import make_run_secrets
 from tests.conftest import needs_mosquitto
-
-REFUSED_WAIT_S = 60.0
 
 
 @needs_mosquitto  # make-dev-certs.sh writes the broker's password file with mosquitto_passwd
 def test_only_registered_supernodes_join_a_secured_superlink(tmp_path: Path) -> None:
-    # Prepare: TLS SuperLink with --enable-supernode-auth; dev-a's key registered, not dev-b's.
+    # Prepare: run secrets with dev-a's SuperNode key.
     secrets = make_run_secrets(tmp_path / "secrets", ["dev-a"])
-    stranger = make_node_key(tmp_path / "stranger" / "dev-b")
-    with ProcessGroup() as group:
-        flower = FlowerDeployment(group, tmp_path / "flwr", secrets=secrets)
-        flower.start_superlink()
-        node_id = flower.register_supernode(secrets.node_public_key("dev-a"))
-        # Execute
-        flower.start_supernode("dev-a", {"device-id": "dev-a"})
-        intruder = flower.start_supernode(
-            "dev-b", {"device-id": "dev-b"}, key=stranger.with_suffix("")
-        )
-        flower.wait_nodes(1, timeout=60)
-        deadline = time.monotonic() + REFUSED_WAIT_S
-        while intruder.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.5)
-        nodes = flower.list_nodes()
-        # Assert: the registered node is online under its registered id; the other one was
-        # refused by the SuperLink and gave up, and is not in the federation.
-        assert [(int(n["node-id"]), n["status"]) for n in nodes] == [(node_id, "online")]
-        assert intruder.poll() not in (None, 0)
-        log = (tmp_path / "flwr" / "logs" / "superlink.log").read_text()
-        assert "No SuperNode found with the given public key" in log
-        assert group.procs["supernode-dev-a"].poll() is None
+    # Execute: a TLS SuperLink with --enable-supernode-auth and dev-a's key registered;
+    # dev-a's SuperNode and one with an unregistered key try to join.
+    seen = supernode_admission(secrets, tmp_path)
+    # Assert: the registered node is online under its registered id; the other one was
+    # refused by the SuperLink and gave up, and is not in the federation.
+    nodes = [(int(n["node-id"]), n["status"]) for n in seen["nodes"]]
+    assert nodes == [(seen["node-id"], "online")] and seen["member-alive"]
+    assert seen["intruder-exit"] not in (None, 0)
+    assert "No SuperNode found with the given public key" in seen["superlink-log"]

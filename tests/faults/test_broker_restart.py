@@ -24,10 +24,14 @@ OUTAGE_S = 3.0
 
 
 @pytest.fixture
-def prod(tmp_path: Path) -> Iterator[tuple[MosquittoBroker, RunSecrets]]:
+def prod(tmp_path: Path, procs: ProcessGroup) -> Iterator[tuple[MosquittoBroker, list[str], Path]]:
+    """Production Mosquitto, the device's client options, and its daemon's buffer (running)."""
     secrets = make_run_secrets(tmp_path / "secrets", [DEVICE])
     with MosquittoBroker(BROKER_CONFIG_DIR / "mosquitto-prod.conf", secrets.root) as broker:
-        yield broker, secrets
+        args = client_args(broker, secrets)
+        buf = tmp_path / f"{DEVICE}.sqlite"
+        start_ingest(procs, args[1], buf, DEVICE, *args[2:])
+        yield broker, args, buf
 
 
 def client_args(broker: MosquittoBroker, secrets: RunSecrets) -> list[str]:
@@ -46,13 +50,10 @@ def publish(procs: ProcessGroup, args: list[str], *extra: str) -> subprocess.Pop
 
 
 def test_qos1_samples_published_around_a_broker_crash_all_arrive(
-    prod: tuple[MosquittoBroker, RunSecrets], procs: ProcessGroup, tmp_path: Path
+    prod: tuple[MosquittoBroker, list[str], Path], procs: ProcessGroup
 ) -> None:
     # Prepare: 400 samples/s (100 messages/s) streaming over TLS into the daemon.
-    broker, secrets = prod
-    args = client_args(broker, secrets)
-    buf = tmp_path / f"{DEVICE}.sqlite"
-    start_ingest(procs, args[1], buf, DEVICE, *args[2:])
+    broker, args, buf = prod
     pub = publish(procs, args, "--rate", "400", "--batch", "4", "--duration", "10")
     # 3 s in: the broker has autosaved (every 1-2 s) since the daemon's session began. A
     # session younger than the last autosave is lost in a crash, and with it what the
@@ -75,13 +76,10 @@ def test_qos1_samples_published_around_a_broker_crash_all_arrive(
 
 
 def test_messages_queued_for_an_offline_daemon_survive_a_broker_restart(
-    prod: tuple[MosquittoBroker, RunSecrets], procs: ProcessGroup, tmp_path: Path
+    prod: tuple[MosquittoBroker, list[str], Path], procs: ProcessGroup
 ) -> None:
     # Prepare: the daemon's persistent session exists, then the daemon goes down.
-    broker, secrets = prod
-    args = client_args(broker, secrets)
-    buf = tmp_path / f"{DEVICE}.sqlite"
-    start_ingest(procs, args[1], buf, DEVICE, *args[2:])
+    broker, args, buf = prod
     procs.stop("ingest")
     # Execute: 800 samples published while it is down (the broker queues them for its
     # session), then the broker restarts (SIGTERM: it saves its persistence database),

@@ -3,62 +3,36 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from bench.probes import MqttProbe
+from bench.faults import DISK_MB, FULL_S
+from bench.probes import MqttProbe, fill_disk, small_disk
 from deploy.brokers import EmbeddedBroker, MosquittoBroker
 from deploy.local import ProcessGroup, fedstream_command, wait_until
 from edge_client.mqtt import status_topic
 from tests.conftest import start_ingest, stats
 from tests.test_ingest import report_of
 
-FULL_S = 3.0
-DISK_MB = 160  # the WAL grows to ~64 MB (1000 pages of 64 KB) before it is checkpointed
-
 
 @pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", f"size={DISK_MB}m", "tmpfs", str(mount)],
-        capture_output=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"needs root to mount a small tmpfs: {done.stderr.decode().strip()}")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)], check=False)
-
-
-def fill(disk: Path) -> Path:
-    """Write a ballast file until the disk is full (ENOSPC)."""
-    ballast = disk / "ballast"
-    chunk = b"\0" * (1 << 20)
-    with ballast.open("wb") as fh, contextlib.suppress(OSError):
-        while True:
-            fh.write(chunk)
-            fh.flush()
-    with contextlib.suppress(OSError):  # the last partial chunk
-        ballast.open("ab").write(chunk)
-    st = os.statvfs(disk)
-    assert st.f_bavail * st.f_frsize < (1 << 20), "the disk did not fill"
-    return ballast
+def disk(tmp_path: Path) -> Iterator[Path]:
+    try:
+        with small_disk(tmp_path, DISK_MB) as mount:
+            yield mount
+    except OSError as err:
+        pytest.skip(f"needs root to mount a small tmpfs: {err}")
 
 
 def test_a_full_disk_holds_messages_with_a_clear_error_and_recovers(
-    broker: EmbeddedBroker | MosquittoBroker, procs: ProcessGroup, small_disk: Path
+    broker: EmbeddedBroker | MosquittoBroker, procs: ProcessGroup, disk: Path
 ) -> None:
     # Prepare: a daemon writing to the small disk; its status watched as an operator would.
-    buf = small_disk / "dev-a.sqlite"
+    buf = disk / "dev-a.sqlite"
     start_ingest(procs, broker.url, buf)
     watcher = MqttProbe(broker.url, "watcher")
     watcher.subscribe(status_topic("dev-a"))
@@ -72,7 +46,7 @@ def test_a_full_disk_holds_messages_with_a_clear_error_and_recovers(
     )  # fmt: skip
     assert wait_until(lambda: stats(buf)["accepted"] >= 400, 20)
     # Execute: the disk fills up; 3 s after the daemon reports it, the ballast is deleted.
-    ballast = fill(small_disk)
+    ballast = fill_disk(disk)
     assert wait_until(lambda: "error" in watcher.last_json(), 15)
     full_status = watcher.last_json()
     time.sleep(FULL_S)
