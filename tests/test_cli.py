@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from bench.probes import MqttProbe
 from deploy.local import ProcessGroup, fedstream_command, free_port, wait_for_port, wait_until
@@ -101,11 +102,14 @@ def test_publish_fails_clearly_without_a_broker() -> None:
         (["--labels", "9"], "--labels must be"),
         (["--labels", "1", "--dirichlet", "0.1"], "not both"),
         (["--inject-alpha", "1.5"], "--inject-alpha"),
+        (["--rounds", "3", "--kill-aggregator", "3"], "--kill-aggregator must be in 1..2"),
+        (["--kill-broker", "1"], "--kill-broker needs the demo's Mosquitto"),
+        (["--secure", "--broker", "mqtt://127.0.0.1:1883"], "drop --broker"),
     ],
 )
 def test_demo_refuses_bad_options(tmp_path: Path, args: list[str], message: str) -> None:
     proc = run("demo", *args, "--out", str(tmp_path))
-    assert proc.returncode == 2 and message in proc.stderr
+    assert proc.returncode == 2 and message in " ".join(proc.stderr.split())  # rich wraps
 
 
 def test_bench_refuses_an_unknown_scenario() -> None:
@@ -157,3 +161,21 @@ def test_publisher_stops_cleanly_on_sigterm(broker: Any, procs: ProcessGroup) ->
     report = json.loads(out.decode().splitlines()[-1])
     assert pub.returncode == 0 and 0 < report["samples"] < 6000
     assert report["acknowledged"] == report["messages"]
+
+
+def test_resume_explains_a_missing_or_old_checkpoint(tmp_path: Path) -> None:
+    # Prepare: no checkpoint at all, and one written before checkpoints kept the run config.
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "state.json").write_text(
+        json.dumps({"server-round": 2, "model": "m.pt", "controller": {}})
+    )
+    torch.save({"w": torch.zeros(1)}, old / "m.pt")
+    # Execute
+    missing = run("resume", str(tmp_path / "none"))
+    stale = run("resume", str(old))
+    # Assert
+    assert missing.returncode == 2 and "no checkpoint in" in missing.stderr
+    assert stale.returncode == 2 and "does not record its run config" in " ".join(
+        stale.stderr.split()
+    )
