@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from flwr.app import ArrayRecord
 
-__all__ = ["RUN_CONFIG", "Checkpoint", "load_checkpoint", "save_checkpoint"]
+__all__ = ["RUN_CONFIG", "Checkpoint", "load_checkpoint", "read_state", "save_checkpoint"]
 
 STATE_FILE = "state.json"
 #: Key of the run config a checkpoint was made with (``fedstream resume`` submits it again).
@@ -54,13 +54,22 @@ def save_checkpoint(directory: str | Path, ckpt: Checkpoint) -> None:
             old.unlink(missing_ok=True)
 
 
+def read_state(directory: str | Path) -> dict[str, Any] | None:
+    """The checkpoint's ``state.json`` (round, model file, controller, run config, ...)
+    without loading the model; None when there is no checkpoint."""
+    path = Path(directory) / STATE_FILE
+    if not path.exists():
+        return None
+    state: dict[str, Any] = json.loads(path.read_text())
+    return state
+
+
 def load_checkpoint(directory: str | Path) -> Checkpoint | None:
     """The checkpoint in ``directory``, or None when there is none."""
-    d = Path(directory)
-    if not (d / STATE_FILE).exists():
+    state = read_state(directory)
+    if state is None:
         return None
-    state = json.loads((d / STATE_FILE).read_text())
-    weights = torch.load(d / state.pop("model"), weights_only=True)
+    weights = torch.load(Path(directory) / state.pop("model"), weights_only=True)
     return Checkpoint(
         server_round=int(state.pop("server-round")),
         arrays=ArrayRecord(weights),

@@ -23,13 +23,19 @@ from typing import Any
 from aggregator.checkpoint import load_checkpoint
 from aggregator.server_app import run_rounds
 from aggregator.settings import RunSettings
-from bench.probes import MqttProbe, fill_disk, small_disk
+from bench.probes import (
+    MqttProbe,
+    buffer_stats,
+    fill_disk,
+    publish_report,
+    small_disk,
+    start_ingest,
+)
 from deploy.brokers import BROKER_CONFIG_DIR, EmbeddedBroker, MosquittoBroker, mosquitto_available
 from deploy.inprocess import InProcessGrid, VirtualDevice
 from deploy.local import ProcessGroup, fedstream_command, wait_until
 from deploy.report import read_metrics
 from deploy.secure import make_run_secrets
-from edge_client.buffer import BufferStore
 from edge_client.mqtt import status_topic
 
 __all__ = ["aggregator_kill", "broker_crash", "disk_full", "resume_equivalence"]
@@ -42,8 +48,7 @@ DEVICES = ("dev-0", "dev-1")
 
 
 def _accepted(buffer: Path) -> int:
-    with BufferStore(buffer) as store:
-        return int(store.stats()["accepted"])
+    return int(buffer_stats(buffer)["accepted"])
 
 
 def _wait_accepted(buffer: Path, n: int, timeout: float = 60.0) -> bool:
@@ -51,13 +56,8 @@ def _wait_accepted(buffer: Path, n: int, timeout: float = 60.0) -> bool:
 
 
 def _ingest(group: ProcessGroup, args: list[str], dev: str, buffer: Path) -> None:
-    group.start(
-        f"ingest-{dev}",
-        fedstream_command("ingest", *args, "--device-id", dev, "--buffer", str(buffer)),
-        log_path=buffer.with_suffix(".log"),
-    )
-    if not wait_until(buffer.exists, 30):
-        raise RuntimeError(f"ingest for {dev} did not start; see {buffer.with_suffix('.log')}")
+    """``args`` as for the publisher: ``--broker URL`` first, then credentials if any."""
+    start_ingest(group, args[1], buffer, dev, *args[2:], name=f"ingest-{dev}")
 
 
 def _publish(
@@ -68,12 +68,6 @@ def _publish(
         fedstream_command("publish", *args, "--device-id", dev, "--json", "--batch", "4", *extra),
         stdout_pipe=True,
     )
-
-
-def _report(proc: subprocess.Popen[bytes]) -> dict[str, Any]:
-    out, _ = proc.communicate(timeout=180)
-    report: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
-    return report
 
 
 def broker_crash(seconds: float) -> dict[str, Any]:
@@ -104,13 +98,13 @@ def broker_crash(seconds: float) -> dict[str, Any]:
             prod.kill()
             time.sleep(OUTAGE_S)
             prod.restart()
-            crash = {d: _report(p) for d, p in pubs.items()}
+            crash = {d: publish_report(p) for d, p in pubs.items()}
             for d in DEVICES:
                 _wait_accepted(buffers[d], int(crash[d]["samples"]))
             after_crash = {d: _accepted(buffers[d]) for d in DEVICES}
             # Clean restart while dev-1's daemon is down and the broker queues for it.
             group.stop("ingest-dev-1")
-            queued = _report(
+            queued = publish_report(
                 _publish(group, args("dev-1"), "dev-1", "--count", "800", "--rate", "2000")
             )
             prod.kill(graceful=True)
@@ -161,7 +155,7 @@ def _disk_full(mount: Path) -> dict[str, Any]:
         error = watcher.last_json().get("error")
         time.sleep(FULL_S)
         ballast.unlink()
-        report = _report(pub)
+        report = publish_report(pub)
         recovered = _wait_accepted(buffer, int(report["samples"]))
         alive = group.procs["ingest-dev-0"].poll() is None
         watcher.close()

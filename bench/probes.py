@@ -1,6 +1,7 @@
 """Probes for fault and security checks, shared by the reliability report and the tests: a
-plain MQTT client that can be refused, hostile update frames that pass the checksum, and a
-small disk that can be filled up."""
+plain MQTT client that can be refused, hostile update frames that pass the checksum, a
+small disk that can be filled up, and the real ``fedstream ingest`` / ``publish`` processes
+with their buffer's counters and report."""
 
 from __future__ import annotations
 
@@ -17,11 +18,20 @@ from typing import Any
 import numpy as np
 import paho.mqtt.client as mqtt
 
-from deploy.local import wait_until
+from deploy.local import ProcessGroup, fedstream_command, wait_until
+from edge_client.buffer import BufferStore
 from edge_client.codec import encode, reseal
 from edge_client.mqtt import BrokerURL, connect_async, make_client
 
-__all__ = ["MqttProbe", "fill_disk", "nan_frame", "small_disk"]
+__all__ = [
+    "MqttProbe",
+    "buffer_stats",
+    "fill_disk",
+    "nan_frame",
+    "publish_report",
+    "small_disk",
+    "start_ingest",
+]
 
 BALLAST_CHUNK = 1 << 20
 
@@ -123,3 +133,56 @@ def fill_disk(disk: Path) -> Path:
     if st.f_bavail * st.f_frsize >= BALLAST_CHUNK:
         raise OSError(f"{disk} did not fill up")
     return ballast
+
+
+def start_ingest(
+    procs: ProcessGroup,
+    url: str,
+    buffer: Path,
+    device_id: str = "dev-a",
+    *extra: str,
+    name: str = "ingest",
+    status_interval: float = 0.5,
+) -> subprocess.Popen[bytes]:
+    """Start ``fedstream ingest`` as a real child process; return once it made the buffer.
+
+    ``extra`` are more ``fedstream ingest`` options; the log goes next to the buffer.
+
+    Raises
+    ------
+    RuntimeError
+        If the buffer does not appear within 20 s (the message holds the daemon's log).
+    """
+    log = buffer.with_suffix(".log")
+    proc = procs.start(
+        name,
+        fedstream_command(
+            "ingest", "--broker", url, "--device-id", device_id, "--buffer", str(buffer),
+            "--status-interval", str(status_interval), *extra,
+        ),
+        log_path=log,
+    )  # fmt: skip
+    if not wait_until(buffer.exists, 20):
+        raise RuntimeError(f"ingest for {device_id} made no buffer:\n{log.read_text()}")
+    return proc
+
+
+def buffer_stats(buffer: Path) -> dict[str, Any]:
+    """The buffer's counters as ``fedstream status --json`` reports them."""
+    with BufferStore(buffer) as store:
+        return store.stats()
+
+
+def publish_report(proc: subprocess.Popen[bytes], timeout: float = 120) -> dict[str, Any]:
+    """Wait for a ``fedstream publish --json`` process; its final JSON report.
+
+    Raises
+    ------
+    RuntimeError
+        If the publisher failed (the message holds its output).
+    """
+    out, _ = proc.communicate(timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"publisher exited {proc.returncode}: {out!r}")
+    report: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
+    return report

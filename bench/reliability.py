@@ -23,10 +23,10 @@ import numpy as np
 
 from bench.common import Result, markdown_table
 from bench.faults import aggregator_kill, broker_crash, disk_full, resume_equivalence
+from bench.probes import buffer_stats, start_ingest
 from bench.security import security_checks
 from deploy.brokers import EmbeddedBroker, MosquittoBroker, mosquitto_available
 from deploy.local import ProcessGroup, fedstream_command
-from edge_client.buffer import BufferStore
 from edge_client.frames import FrameError, decode_payload, encode_frame
 from edge_client.synthetic import SensorTask
 
@@ -49,13 +49,9 @@ def _rss_kib(pid: int) -> int:
 
 
 def _ingest(group: ProcessGroup, url: str, dev: str, tmp: Path) -> int:
-    proc = group.start(
-        f"ingest-{dev}",
-        fedstream_command(
-            "ingest", "--broker", url, "--device-id", dev, "--buffer", str(tmp / f"{dev}.sqlite"),
-            "--policy", "truncation", "--capacity", str(CAPACITY), "--status-interval", "5",
-        ),
-        log_path=tmp / f"ingest-{dev}.log",
+    proc = start_ingest(
+        group, url, tmp / f"{dev}.sqlite", dev, "--policy", "truncation",
+        "--capacity", str(CAPACITY), name=f"ingest-{dev}", status_interval=5.0,
     )  # fmt: skip
     return proc.pid
 
@@ -69,12 +65,7 @@ def soak(seconds: float) -> dict[str, Any]:
         )
         with broker, ProcessGroup(grace=30.0) as group:
             devs = [f"dev-{i}" for i in range(DEVICES)]
-            pids = {d: _ingest(group, broker.url, d, tmp) for d in devs}
-            deadline = time.monotonic() + 30
-            while not all((tmp / f"{d}.sqlite").exists() for d in devs):
-                if time.monotonic() > deadline:
-                    raise RuntimeError("ingest daemons did not start")
-                time.sleep(0.2)
+            pids = {d: _ingest(group, broker.url, d, tmp) for d in devs}  # each made its buffer
             time.sleep(1.0)
             pubs = {
                 d: group.start(
@@ -141,8 +132,7 @@ def soak(seconds: float) -> dict[str, Any]:
 
 
 def _stats(tmp: Path, dev: str) -> dict[str, Any]:
-    with BufferStore(tmp / f"{dev}.sqlite") as store:
-        return store.stats()
+    return buffer_stats(tmp / f"{dev}.sqlite")
 
 
 def hostile(n: int, seed: int = 0) -> dict[str, int]:
@@ -269,50 +259,48 @@ def _samples(devs: dict[str, dict[str, Any]], faults: dict[str, Any]) -> dict[st
 
 def _fault_summary(soak_lost: int, faults: dict[str, Any]) -> tuple[int, int, list[list[str]]]:
     """(injected, survived, table rows) over every fault that ran (skipped ones say why)."""
-    rows: list[list[str]] = [
-        ["ingest daemon kill -9 (soak)", "yes" if soak_lost == 0 else "NO", f"lost {soak_lost}"]
+    outcomes: list[tuple[str, bool | None, str]] = [  # survived: None when skipped
+        ("ingest daemon kill -9 (soak)", soak_lost == 0, f"lost {soak_lost}")
     ]
-    results = [soak_lost == 0]
     broker = faults["broker"]
     if "crash" in broker:
         c, q = broker["crash"], broker["clean_restart_with_queue"]
-        results += [c["lost"] == 0, q["lost"] == 0]
-        rows.append(
-            [f"broker SIGKILL, {c['outage_s']:.0f} s down", "yes" if c["lost"] == 0 else "NO",
-             f"acked {c['acknowledged']:,}, accepted {c['accepted']:,}, lost {c['lost']}"]
+        outcomes.append(
+            (f"broker SIGKILL, {c['outage_s']:.0f} s down", c["lost"] == 0,
+             f"acked {c['acknowledged']:,}, accepted {c['accepted']:,}, lost {c['lost']}")
         )  # fmt: skip
-        rows.append(
-            ["broker clean restart, daemon down", "yes" if q["lost"] == 0 else "NO",
-             f"queued {q['queued']}, accepted {q['accepted']}, lost {q['lost']}"]
+        outcomes.append(
+            ("broker clean restart, daemon down", q["lost"] == 0,
+             f"queued {q['queued']}, accepted {q['accepted']}, lost {q['lost']}")
         )  # fmt: skip
     else:
-        rows.append(["broker faults", "skipped", broker["skipped"]])
+        outcomes.append(("broker faults", None, broker["skipped"]))
     disk = faults["disk_full"]
     if "lost" in disk:
-        ok = disk["lost"] == 0 and disk["daemon_stayed_up"] and disk["error_reported"]
-        results.append(ok)
-        rows.append(
-            [f"disk full for {disk['full_s']:.0f} s", "yes" if ok else "NO",
+        outcomes.append(
+            (f"disk full for {disk['full_s']:.0f} s",
+             disk["lost"] == 0 and disk["daemon_stayed_up"] and disk["error_reported"],
              f"status error {disk['error']!r}; acked {disk['acknowledged']:,}, "
-             f"accepted {disk['accepted']:,}, lost {disk['lost']}"]
+             f"accepted {disk['accepted']:,}, lost {disk['lost']}")
         )  # fmt: skip
     else:
-        rows.append(["disk full", "skipped", disk["skipped"]])
+        outcomes.append(("disk full", None, disk["skipped"]))
     agg = faults["aggregator"]
     if "status" in agg:
-        ok = agg["status"] == "finished:completed" and agg["rounds"] == [1, 2, 3, 4]
-        results.append(ok)
-        rows.append(
-            ["aggregator SIGKILL after round 2, resumed", "yes" if ok else "NO",
+        outcomes.append(
+            ("aggregator SIGKILL after round 2, resumed",
+             agg["status"] == "finished:completed" and agg["rounds"] == [1, 2, 3, 4],
              f"rounds {agg['rounds']} in {agg['flower_runs']} Flower runs, accuracy "
-             f"{agg['accuracy']}, round-3 plan {agg['planned_round_3']}"]
+             f"{agg['accuracy']}, round-3 plan {agg['planned_round_3']}")
         )  # fmt: skip
     else:
-        rows.append(["aggregator kill", "skipped", agg["skipped"]])
+        outcomes.append(("aggregator kill", None, agg["skipped"]))
     eq = faults["resume_equivalence"]
-    results.append(eq["identical"])
-    rows.append(
-        ["resumed vs uninterrupted model (in-process)", "yes" if eq["identical"] else "NO",
-         f"max |weight difference| {eq['max_abs_weight_diff']}"]
+    outcomes.append(
+        ("resumed vs uninterrupted model (in-process)", eq["identical"],
+         f"max |weight difference| {eq['max_abs_weight_diff']}")
     )  # fmt: skip
-    return len(results), sum(results), rows
+    ran = [ok for _, ok, _ in outcomes if ok is not None]
+    verdict = {True: "yes", False: "NO", None: "skipped"}
+    rows = [[name, verdict[ok], figures] for name, ok, figures in outcomes]
+    return len(ran), sum(ran), rows

@@ -82,9 +82,8 @@ class DemoConfig:
     proximal_mu: float = 0.0
     secure: bool = False  # Mosquitto TLS + passwords + ACL, Flower TLS + SuperNode auth
     kill_aggregator: int | None = None  # SIGKILL SuperLink + ServerApp after round N, resume
-    kill_broker: int | None = (
-        None  # SIGKILL Mosquitto after round N, start it BROKER_OUTAGE_S later
-    )
+    # SIGKILL Mosquitto after round N, start it again BROKER_OUTAGE_S later
+    kill_broker: int | None = None
 
     def __post_init__(self) -> None:
         if not 1 <= self.devices <= 64:
@@ -506,8 +505,8 @@ def run_demo(config: DemoConfig, console: Console) -> bool:
             },
         )
         console.print(f"flwr run {flwr_run} submitted; training {config.rounds} rounds")
-        status = _follow(flower, flwr_run, config, run_dir, console, node_configs, streams)
-        runs = [flwr_run, *status.pop("resumed-as", [])]
+        status, resumed = _follow(flower, flwr_run, config, run_dir, console, node_configs, streams)
+        runs = [flwr_run, *resumed]
     wall = time.monotonic() - start
     records = read_metrics(run_dir / "metrics.jsonl")
     summary = {
@@ -555,14 +554,14 @@ def _follow(
     console: Console,
     node_configs: dict[str, dict[str, Any]],
     streams: _Streams,
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], list[str]]:
     """Show progress until the run ends (or stalls past every round's timeout).
 
     Injects the faults asked for: SuperNodes killed and restarted, the broker killed and
     started again ``BROKER_OUTAGE_S`` later (training goes on from the buffers), and the aggregator
     (SuperLink with its ServerApp) killed, started again, and the run resumed from its last
-    checkpoint as ``fedstream resume`` would. The returned status carries ``resumed-as``,
-    the run ids submitted after the first.
+    checkpoint as ``fedstream resume`` would. Returns the last run's status and the run ids
+    submitted after the first.
     """
     deadline = time.monotonic() + 120.0 + config.rounds * (config.round_timeout + 30.0)
     status: dict[str, Any] = {}
@@ -614,7 +613,7 @@ def _follow(
                 break
             time.sleep(STATUS_POLL_S)
     (run_dir / "serverapp.log").write_text(flower.logs(run_id))
-    return {**status, "resumed-as": resumed}
+    return status, resumed
 
 
 def _kill_and_resume(

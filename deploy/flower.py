@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from aggregator.checkpoint import RUN_CONFIG, load_checkpoint
+from aggregator.checkpoint import RUN_CONFIG, read_state
 from deploy.local import ProcessGroup, free_port, wait_for_port
 from deploy.secure import RunSecrets
 
@@ -118,10 +118,10 @@ def resume_run(
     FlowerError
         If there is no checkpoint, it has no run config, or ``flwr run`` fails.
     """
-    ckpt = load_checkpoint(checkpoint_dir)
-    if ckpt is None:
+    state = read_state(checkpoint_dir)  # the model stays on disk: the ServerApp loads it
+    if state is None:
         raise FlowerError(f"no checkpoint in {checkpoint_dir} (no state.json)")
-    saved = ckpt.extra.get(RUN_CONFIG)
+    saved = state.get(RUN_CONFIG)
     if not isinstance(saved, dict):
         raise FlowerError(
             f"the checkpoint in {checkpoint_dir} does not record its run config: resume with "
@@ -129,7 +129,7 @@ def resume_run(
         )
     config = {**saved, "resume": True, "checkpoint-dir": str(Path(checkpoint_dir).resolve())}
     run_id = submit_run(app_dir, connection, config, env)
-    return run_id, ckpt.server_round, int(config["num-rounds"])
+    return run_id, int(state["server-round"]), int(config["num-rounds"])
 
 
 class FlowerDeployment:

@@ -315,14 +315,11 @@ class BufferStore:
     def _window(db: sqlite3.Connection, publisher: str, seq: int) -> SeqWindow:
         """The publisher's de-duplication window as stored (new: starting at ``seq``)."""
         row = db.execute(
-            "SELECT last_seq FROM publishers WHERE publisher = ?", (publisher,)
+            "SELECT last_seq, bits FROM publishers LEFT JOIN seen_ahead USING (publisher) "
+            "WHERE publisher = ?",
+            (publisher,),
         ).fetchone()
-        if row is None:
-            return SeqWindow.starting_at(seq)
-        bits = db.execute(
-            "SELECT bits FROM seen_ahead WHERE publisher = ?", (publisher,)
-        ).fetchone()
-        return SeqWindow.from_stored(int(row[0]), bits[0] if bits else None)
+        return SeqWindow.starting_at(seq) if row is None else SeqWindow.from_stored(*row)
 
     @staticmethod
     def _save_windows(db: sqlite3.Connection, windows: Mapping[str, SeqWindow]) -> None:

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
 from deploy.brokers import EmbeddedBroker, MosquittoBroker, mosquitto_available
-from deploy.local import ProcessGroup, fedstream_command, wait_until
-from edge_client.buffer import BufferStore
+from deploy.local import ProcessGroup
 from edge_client.frames import encode_frame
 from edge_client.synthetic import SensorTask
 
@@ -52,37 +50,3 @@ def frames() -> Callable[..., bytes]:
         return encode_frame(x, y, np.full(n, 1.7e9), publisher=publisher, seq=seq, **kw)
 
     return make
-
-
-def start_ingest(
-    procs: ProcessGroup,
-    url: str,
-    buffer: Path,
-    device_id: str = "dev-a",
-    *extra: str,
-    name: str = "ingest",
-) -> None:
-    """Start ``fedstream ingest`` as a real child process and wait until it made the buffer."""
-    procs.start(
-        name,
-        fedstream_command(
-            "ingest",
-            "--broker",
-            url,
-            "--device-id",
-            device_id,
-            "--buffer",
-            str(buffer),
-            "--status-interval",
-            "0.5",
-            *extra,
-        ),
-        log_path=buffer.with_suffix(".log"),
-    )
-    assert wait_until(buffer.exists, 20), (buffer.with_suffix(".log")).read_text()
-
-
-def stats(buffer: Path) -> dict[str, Any]:
-    """The buffer's counters as ``fedstream status --json`` reports them."""
-    with BufferStore(buffer) as store:
-        return store.stats()

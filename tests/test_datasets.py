@@ -12,11 +12,12 @@ import torch
 
 from aggregator.server_app import run_rounds
 from aggregator.settings import RunSettings
+from bench.probes import buffer_stats as stats
+from bench.probes import start_ingest
 from deploy.inprocess import InProcessGrid, VirtualDevice
 from deploy.local import ProcessGroup, fedstream_command, wait_until
 from edge_client.buffer import BufferStore
 from edge_client.datasets import load_dataset
-from tests.conftest import start_ingest, stats
 
 
 def test_digits_are_real_frames_with_a_fixed_held_out_split() -> None:

@@ -8,30 +8,22 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
-from bench.probes import MqttProbe
+from bench.probes import MqttProbe, publish_report, start_ingest
+from bench.probes import buffer_stats as stats
 from deploy.brokers import EmbeddedBroker, MosquittoBroker
 from deploy.local import ProcessGroup, fedstream_command, wait_until
 from edge_client.buffer import BufferStore
 from edge_client.frames import encode_frame, encode_json
 from edge_client.mqtt import samples_topic, status_topic
-from tests.conftest import start_ingest, stats
 
 Broker = EmbeddedBroker | MosquittoBroker
 
 
 def publish_cmd(url: str, *args: str) -> list[str]:
     return fedstream_command("publish", "--broker", url, "--device-id", "dev-a", "--json", *args)
-
-
-def report_of(proc: subprocess.Popen[bytes], timeout: float = 120) -> dict[str, Any]:
-    out, _ = proc.communicate(timeout=timeout)
-    assert proc.returncode == 0, out
-    report: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
-    return report
 
 
 def test_counts_match_exactly_at_qos1(broker: Broker, procs: ProcessGroup, tmp_path: Path) -> None:
@@ -44,7 +36,7 @@ def test_counts_match_exactly_at_qos1(broker: Broker, procs: ProcessGroup, tmp_p
         publish_cmd(broker.url, "--count", "3000", "--rate", "3000", "--batch", "5"),
         stdout_pipe=True,
     )
-    report = report_of(pub)
+    report = publish_report(pub)
     # Assert
     assert report["samples"] == 3000 and report["acknowledged"] == report["messages"] == 600
     assert wait_until(lambda: stats(buf)["received"] >= 3000, 30)
@@ -76,7 +68,7 @@ def test_kill9_restart_loses_and_duplicates_nothing(
     at_kill = stats(buf)["accepted"]
     time.sleep(1.5)
     start_ingest(procs, broker.url, buf)
-    report = report_of(pub)
+    report = publish_report(pub)
     # Assert: exactly the published samples, each once.
     assert wait_until(lambda: stats(buf)["received"] >= report["samples"], 60)
     time.sleep(1.0)  # would-be redeliveries have time to show up
@@ -101,7 +93,7 @@ def test_stream_rate_is_estimated_within_10_percent(
     )
     time.sleep(7.5)
     rate = stats(buf)["rate"]
-    report_of(pub)
+    publish_report(pub)
     assert abs(rate - 200) <= 20, rate
 
 
@@ -154,7 +146,7 @@ def test_sigterm_flushes_and_exits_zero_and_status_is_retained(
 ) -> None:
     buf = tmp_path / "dev-a.sqlite"
     start_ingest(procs, broker.url, buf)
-    report = report_of(
+    report = publish_report(
         procs.start(
             "pub",
             publish_cmd(broker.url, "--count", "1000", "--rate", "2000", "--batch", "10"),

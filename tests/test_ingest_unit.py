@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -13,6 +14,15 @@ import pytest
 
 from edge_client.ingest import IngestConfig, IngestDaemon, _RejectLog
 from edge_client.mqtt import BrokerURL
+
+
+@pytest.fixture
+def daemon(tmp_path: Path) -> Iterator[IngestDaemon]:
+    """A daemon on a fresh buffer, never connected (its pieces are called directly)."""
+    config = IngestConfig(BrokerURL.parse("mqtt://127.0.0.1:1"), "d", tmp_path / "d.sqlite")
+    daemon = IngestDaemon(config)
+    yield daemon
+    daemon.store.close()
 
 
 def test_rejects_are_logged_once_per_reason_per_interval(caplog: pytest.LogCaptureFixture) -> None:
@@ -55,11 +65,9 @@ def test_broker_urls() -> None:
 
 
 def test_a_message_the_buffer_cannot_take_is_isolated_not_retried_forever(
-    tmp_path: Path, frames: Any, monkeypatch: pytest.MonkeyPatch
+    daemon: IngestDaemon, frames: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Prepare: the store fails on one publisher's messages (a bug or a poison message).
-    config = IngestConfig(BrokerURL.parse("mqtt://127.0.0.1:1"), "d", tmp_path / "d.sqlite")
-    daemon = IngestDaemon(config)
     append = daemon.store.append
 
     def picky(arrivals: Any, **kw: Any) -> Any:
@@ -79,15 +87,11 @@ def test_a_message_the_buffer_cannot_take_is_isolated_not_retried_forever(
     s = daemon.store.stats()
     assert done and s["accepted"] == 8 and s["rejected-by-reason"] == {"decode-error": 1}
     assert sorted(daemon._acks) == [(1, 1), (2, 1), (3, 1)]
-    daemon.store.close()
 
 
 def test_a_full_disk_holds_the_messages_for_a_retry(
-    tmp_path: Path, frames: Any, monkeypatch: pytest.MonkeyPatch
+    daemon: IngestDaemon, frames: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    config = IngestConfig(BrokerURL.parse("mqtt://127.0.0.1:1"), "d", tmp_path / "d.sqlite")
-    daemon = IngestDaemon(config)
-
     def full(*_a: Any, **_k: Any) -> Any:
         raise sqlite3.OperationalError("database or disk is full")
 
@@ -96,16 +100,13 @@ def test_a_full_disk_holds_the_messages_for_a_retry(
     done = daemon._commit_each([(1, 1, frames(n=2, publisher="p", seq=1), 0.0, False)])
 
     assert not done and not daemon._acks  # kept unacknowledged: retried when space returns
-    daemon.store.close()
 
 
 def test_acks_due_on_a_lost_connection_are_not_sent_on_the_next(
-    tmp_path: Path, frames: Any, monkeypatch: pytest.MonkeyPatch
+    daemon: IngestDaemon, frames: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Prepare: message id 7 arrives, the connection drops before its ack goes out, and on
     # the new connection the broker uses id 7 for a different message.
-    config = IngestConfig(BrokerURL.parse("mqtt://127.0.0.1:1"), "d", tmp_path / "d.sqlite")
-    daemon = IngestDaemon(config)
     sent: list[int] = []
     monkeypatch.setattr(daemon._client, "ack", lambda mid, qos: sent.append(mid))
     client = SimpleNamespace(subscribe=lambda *a, **k: None)
@@ -127,4 +128,3 @@ def test_acks_due_on_a_lost_connection_are_not_sent_on_the_next(
     # Assert: one ack for id 7, the new connection's; the old message is redelivered by the
     # broker and then counted as a duplicate.
     assert sent == [7] and daemon.store.stats()["accepted"] == 2
-    daemon.store.close()

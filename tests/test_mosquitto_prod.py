@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from bench.probes import MqttProbe
+from bench.probes import MqttProbe, start_ingest
+from bench.probes import buffer_stats as stats
 from deploy.brokers import BROKER_CONFIG_DIR, MosquittoBroker
 from deploy.local import ProcessGroup, fedstream_command, wait_until
 from edge_client.mqtt import samples_topic
-from tests.conftest import needs_mosquitto, start_ingest, stats
+from tests.conftest import needs_mosquitto
 
 pytestmark = needs_mosquitto
 

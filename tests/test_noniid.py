@@ -17,7 +17,8 @@ from aggregator.controller import BatchController
 from aggregator.server_app import run_rounds
 from aggregator.settings import RunSettings
 from aggregator.strategy import StreamStrategy
-from bench.probes import MqttProbe
+from bench.probes import MqttProbe, start_ingest
+from bench.probes import buffer_stats as stats
 from deploy.inprocess import InProcessGrid, VirtualDevice
 from deploy.local import ProcessGroup, wait_until
 from edge_client.buffer import BufferStore, inject_pool_path
@@ -31,7 +32,6 @@ from edge_client.schedule import device_rng
 from edge_client.sources import SyntheticSource, label_distribution, pick_classes
 from edge_client.synthetic import SensorTask
 from edge_client.trainer import LocalPlan, train_local
-from tests.conftest import start_ingest, stats
 
 FAST: dict[str, Any] = {
     "local_steps": 5,

@@ -11,11 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from bench.probes import buffer_stats as stats
+from bench.probes import publish_report, start_ingest
 from deploy.brokers import BROKER_CONFIG_DIR, MosquittoBroker
 from deploy.local import ProcessGroup, fedstream_command, wait_until
 from deploy.secure import RunSecrets, make_run_secrets
-from tests.conftest import needs_mosquitto, start_ingest, stats
-from tests.test_ingest import report_of
+from tests.conftest import needs_mosquitto
 
 pytestmark = needs_mosquitto
 
@@ -64,7 +65,7 @@ def test_qos1_samples_published_around_a_broker_crash_all_arrive(
     during = stats(buf)["accepted"]
     time.sleep(OUTAGE_S)
     broker.restart()
-    report = report_of(pub)
+    report = publish_report(pub)
     # Assert: the publisher queued through the outage and every message was acknowledged;
     # every one of its samples is in the buffer exactly once; the daemon never stopped.
     assert report["acknowledged"] == report["messages"] == report["samples"] // 4
@@ -84,7 +85,9 @@ def test_messages_queued_for_an_offline_daemon_survive_a_broker_restart(
     # Execute: 800 samples published while it is down (the broker queues them for its
     # session), then the broker restarts (SIGTERM: it saves its persistence database),
     # then the daemon comes back.
-    report = report_of(publish(procs, args, "--count", "800", "--batch", "4", "--rate", "2000"))
+    report = publish_report(
+        publish(procs, args, "--count", "800", "--batch", "4", "--rate", "2000")
+    )
     broker.kill(graceful=True)
     broker.restart()
     start_ingest(procs, args[1], buf, DEVICE, *args[2:])

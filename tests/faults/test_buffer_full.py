@@ -9,10 +9,11 @@ from typing import Any
 
 import pytest
 
+from bench.probes import buffer_stats as stats
+from bench.probes import publish_report, start_ingest
 from deploy.local import ProcessGroup, wait_until
 from edge_client.buffer import BufferStore
-from tests.conftest import start_ingest, stats
-from tests.test_ingest import publish_cmd, report_of
+from tests.test_ingest import publish_cmd
 
 CAPACITY = 500
 
@@ -30,7 +31,7 @@ def test_a_full_buffer_drops_by_its_policy_and_counts_every_sample(
         publish_cmd(broker.url, "--count", "2000", "--rate", "4000", "--batch", "10"),
         stdout_pipe=True,
     )
-    report = report_of(pub)
+    report = publish_report(pub)
     assert wait_until(lambda: stats(buf)["received"] == 2000, 30)
     # Assert: the buffer is at capacity; every sample over it is dropped and counted
     # (truncation accepts and then evicts the oldest, persistence refuses the newest).
@@ -47,7 +48,7 @@ def test_a_full_buffer_drops_by_its_policy_and_counts_every_sample(
         publish_cmd(broker.url, "--count", "100", "--rate", "1000", "--batch", "10", "--seed", "1"),
         stdout_pipe=True,
     )
-    report_of(pub2)
+    publish_report(pub2)
     # the daemon is up and, now that the buffer was emptied, takes new samples again
     assert wait_until(lambda: stats(buf)["fill"] == 100, 30)
     assert procs.procs["ingest"].poll() is None

@@ -11,12 +11,11 @@ from pathlib import Path
 import pytest
 
 from bench.faults import DISK_MB, FULL_S
-from bench.probes import MqttProbe, fill_disk, small_disk
+from bench.probes import MqttProbe, fill_disk, publish_report, small_disk, start_ingest
+from bench.probes import buffer_stats as stats
 from deploy.brokers import EmbeddedBroker, MosquittoBroker
 from deploy.local import ProcessGroup, fedstream_command, wait_until
 from edge_client.mqtt import status_topic
-from tests.conftest import start_ingest, stats
-from tests.test_ingest import report_of
 
 
 @pytest.fixture
@@ -51,7 +50,7 @@ def test_a_full_disk_holds_messages_with_a_clear_error_and_recovers(
     full_status = watcher.last_json()
     time.sleep(FULL_S)
     ballast.unlink()
-    report = report_of(pub)
+    report = publish_report(pub)
     # Assert: while full, the daemon stayed up, held the messages unacknowledged, and said
     # why in its log and its retained status; once space came back every sample arrived once.
     assert procs.procs["ingest"].poll() is None
