@@ -11,11 +11,20 @@ from typing import Any
 import torch
 from flwr.app import ArrayRecord
 
-__all__ = ["RUN_CONFIG", "Checkpoint", "load_checkpoint", "read_state", "save_checkpoint"]
+__all__ = [
+    "RUN_CONFIG",
+    "SERVER_ROUND",
+    "Checkpoint",
+    "load_checkpoint",
+    "read_state",
+    "save_checkpoint",
+]
 
 STATE_FILE = "state.json"
 #: Key of the run config a checkpoint was made with (``fedstream resume`` submits it again).
 RUN_CONFIG = "run-config"
+#: Key of the last round the checkpoint holds.
+SERVER_ROUND = "server-round"
 
 
 @dataclass
@@ -41,7 +50,7 @@ def save_checkpoint(directory: str | Path, ckpt: Checkpoint) -> None:
     torch.save(ckpt.arrays.to_torch_state_dict(), tmp_model)
     os.replace(tmp_model, d / model_name)
     state = {
-        "server-round": ckpt.server_round,
+        SERVER_ROUND: ckpt.server_round,
         "model": model_name,
         "controller": ckpt.controller,
         **ckpt.extra,
@@ -71,7 +80,7 @@ def load_checkpoint(directory: str | Path) -> Checkpoint | None:
         return None
     weights = torch.load(Path(directory) / state.pop("model"), weights_only=True)
     return Checkpoint(
-        server_round=int(state.pop("server-round")),
+        server_round=int(state.pop(SERVER_ROUND)),
         arrays=ArrayRecord(weights),
         controller=state.pop("controller"),
         extra=state,

@@ -21,6 +21,10 @@ Around the law:
 
 Modes: ``fixed`` (equal batches: the FedAvg baseline), ``static`` (proportional to the first
 measured throughput, then frozen) and ``dynamic`` (the closed loop above).
+
+The controller is configured by the run settings' controller knobs
+(:class:`~edge_client.wire.run_config.ControllerSettings`: ``global-batch``, ``b-min``,
+``b-max``, ``deadband``, ``controller-period``, ``controller``, ``controller-smoothing``).
 """
 
 from __future__ import annotations
@@ -32,67 +36,15 @@ from typing import Any
 
 import numpy as np
 
-from edge_client.constants import CONTROLLER_MODES
+from edge_client.wire.run_config import ControllerSettings
 
-__all__ = [
-    "CONTROLLER_MODES",
-    "BatchController",
-    "ControllerConfig",
-    "DeviceState",
-    "Plan",
-]
+__all__ = ["BatchController", "DeviceState", "Plan"]
 
 HISTORY = 8  # step-time measurements kept per device
 SLOPE_REL_SE = 0.3  # a fitted per-sample cost this uncertain is not trusted
 # A step time this far (relative) from the device's fitted cost means its speed changed
 # (throttling, another job, a new level): forget its older timings and re-fit from the new.
 SPEED_CHANGE = 0.3
-
-
-@dataclass(frozen=True)
-class ControllerConfig:
-    """Settings of the batch controller (run-config keys in brackets).
-
-    Parameters
-    ----------
-    global_batch : int
-        ``B``, the global batch per step summed over devices [global-batch].
-    b_min, b_max : int
-        Bounds of a device's batch [b-min, b-max].
-    deadband : float
-        Relative change below which a device keeps its batch [deadband].
-    period : int
-        Rounds between controller updates [controller-period].
-    mode : {"fixed", "static", "dynamic"}
-        Controller mode [controller].
-    smoothing : float
-        Weight of the newest step-time measurement against older ones, in (0, 1]: older
-        ones count ``(1 - smoothing) ** age`` (1 keeps only the newest).
-    """
-
-    global_batch: int
-    b_min: int = 8
-    b_max: int = 512
-    deadband: float = 0.1
-    period: int = 1
-    mode: str = "dynamic"
-    smoothing: float = 0.5
-
-    def __post_init__(self) -> None:
-        if self.mode not in CONTROLLER_MODES:
-            raise ValueError(f"controller must be one of {CONTROLLER_MODES}, got {self.mode!r}")
-        if self.b_min < 1:
-            raise ValueError(f"b-min must be >= 1, got {self.b_min}")
-        if self.b_min > self.b_max:
-            raise ValueError(f"b-min ({self.b_min}) must not exceed b-max ({self.b_max})")
-        if self.global_batch < self.b_min:
-            raise ValueError(f"global-batch ({self.global_batch}) must be >= b-min ({self.b_min})")
-        if not 0 <= self.deadband < 1:
-            raise ValueError(f"deadband must be in [0, 1), got {self.deadband}")
-        if self.period < 1:
-            raise ValueError(f"controller-period must be >= 1 round, got {self.period}")
-        if not 0 < self.smoothing <= 1:
-            raise ValueError(f"smoothing must be in (0, 1], got {self.smoothing}")
 
 
 @dataclass
@@ -156,11 +108,11 @@ class BatchController:
 
     Parameters
     ----------
-    config : ControllerConfig
-        The settings.
+    config : ControllerSettings
+        The controller's knobs (the run settings themselves will do).
     """
 
-    config: ControllerConfig
+    config: ControllerSettings
     devices: dict[str, DeviceState] = field(default_factory=dict)
     updates: int = 0  # controller periods applied so far
 
@@ -174,7 +126,7 @@ class BatchController:
         state = self.devices.setdefault(device_id, DeviceState(batch=batch))
         if state.first_throughput is None:
             state.first_throughput = batch / step_seconds
-        model = state.cost_model(self.config.smoothing)
+        model = state.cost_model(self.config.controller_smoothing)
         if model is not None and len(state.history) >= 2:
             predicted = model[0] + model[1] * batch
             if abs(step_seconds - predicted) > SPEED_CHANGE * predicted:
@@ -223,9 +175,9 @@ class BatchController:
         equal = {d: 1.0 for d in ids}
         for d in ids:
             self.devices.setdefault(d, DeviceState(batch=cfg.global_batch // len(ids)))
-        if cfg.mode == "fixed":
+        if cfg.controller == "fixed":
             targets = _water_fill(cfg.global_batch, equal, {}, cfg.b_min, upper)
-        elif cfg.mode == "static":
+        elif cfg.controller == "static":
             speeds = {d: self.devices[d].first_throughput for d in ids}
             weights = equal if any(v is None for v in speeds.values()) else speeds
             targets = _water_fill(cfg.global_batch, weights, {}, cfg.b_min, upper)  # type: ignore[arg-type]
@@ -243,8 +195,8 @@ class BatchController:
         cfg = self.config
         states = {d: self.devices[d] for d in ids}
         current = {d: float(s.batch) for d, s in states.items()}
-        models = {d: s.cost_model(cfg.smoothing) for d, s in states.items()}
-        due = (server_round - 1) % cfg.period == 0
+        models = {d: s.cost_model(cfg.controller_smoothing) for d, s in states.items()}
+        due = (server_round - 1) % cfg.controller_period == 0
         unknown = [d for d, m in models.items() if m is None]
         if len(unknown) == len(ids):  # no timing yet: share B equally
             return _water_fill(cfg.global_batch, {d: 1.0 for d in ids}, {}, cfg.b_min, upper)
@@ -275,21 +227,26 @@ class BatchController:
             result = _water_fill(cfg.global_batch, speed, {}, cfg.b_min, upper, offset)
         return result
 
+    def forget(self, device_id: str) -> None:
+        """Drop what is known of a device (a placeholder name once its real id is known)."""
+        self.devices.pop(device_id, None)
+
     # -- checkpointing --------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """JSON-ready state (for the aggregator's checkpoint)."""
+        """JSON-ready state (for the aggregator's checkpoint); the config is the run's."""
         return {
-            "config": asdict(self.config),
             "devices": {d: asdict(s) for d, s in self.devices.items()},
             "updates": self.updates,
         }
 
     @classmethod
-    def from_state_dict(cls, state: Mapping[str, Any]) -> BatchController:
-        """Rebuild a controller saved with :meth:`state_dict`."""
+    def from_state_dict(
+        cls, state: Mapping[str, Any], config: ControllerSettings
+    ) -> BatchController:
+        """Rebuild a controller saved with :meth:`state_dict`, configured by ``config``."""
         return cls(
-            config=ControllerConfig(**state["config"]),
+            config=config,
             devices={d: DeviceState(**s) for d, s in state["devices"].items()},
             updates=int(state.get("updates", 0)),
         )

@@ -1,9 +1,10 @@
 """Byzantine-robust aggregation of decoded updates, with Flower's own rules.
 
 ``aggregation`` in the run config picks the rule. ``fedavg`` (the default) is the streaming
-sample-weighted mean in :class:`aggregator.strategy.StreamStrategy` (aggregator memory
+sample-weighted mean (:class:`aggregator.aggregation.WeightedMean`, aggregator memory
 O(model)). The rules here need every update of the round at once (memory O(devices x
-model)) and weigh devices equally or by selection, not by samples used:
+model), :class:`aggregator.aggregation.RobustRule`) and weigh devices equally or by
+selection, not by samples used:
 
 - ``trimmed-mean``: per coordinate, drop the ``trim-fraction`` largest and smallest values
   and average the rest (Flower's ``FedTrimmedAvg``);
@@ -23,7 +24,7 @@ from flwr.app import Array, ArrayRecord, RecordDict
 from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
 from flwr.serverapp.strategy.multikrum import select_multikrum
 
-from edge_client.constants import AGGREGATIONS
+from edge_client.wire.constants import AGGREGATIONS
 
 __all__ = ["robust_aggregate"]
 

@@ -1,165 +1,204 @@
-"""The fedstream strategy: per-device plans out, validated and weighted updates in.
+"""The fedstream strategy: a plan per device out, validated and weighted updates in.
 
-Built on Flower's ``flwr.serverapp.strategy.Strategy``. Unlike ``FedAvg`` it
+It follows Flower's ``Strategy`` (``configure_train`` builds the round's messages,
+``aggregate_train`` turns the replies into the next global model) with what fedstream adds:
 
-* gives each device its own plan (a fresh ``ConfigRecord`` per message: Flower would
-  otherwise share one object between all messages),
-* keys everything by ``device-id`` (Flower's node ids change when a SuperNode restarts),
-* weights the average by the samples each device actually used (``num-examples``),
-* receives each update as a codec frame (a delta against the round's global model),
-  picks the round's compression (ScaDLES' adaptive rule when asked), and sends the
-  model down as float32 or float16,
-* leaves out replies that are errors, malformed, corrupt, of the wrong shapes or
-  non-finite, and counts them per device and per reason,
-* aggregates as it reads (one running sum): memory is O(model), not O(devices x model).
+* each device gets its own plan (:class:`~edge_client.wire.records.RoundPlan`, a fresh
+  record per message): its batch from the controller (OmniLearn, capped by what its stream
+  can deliver: ScaDLES), the round's codec mode, whether it shares samples for injection;
+* everything is keyed by ``device-id`` (:class:`~aggregator.fleet.FleetRegistry`);
+* each update arrives as a codec frame (a delta against the round's global model) and is
+  decoded, checked and fed to the run's accumulator (:mod:`aggregator.aggregation`) before
+  the next is read: error replies, malformed replies and refused frames are left out and
+  counted per device and per reason;
+* ``aggregate_train`` returns the new model and a :class:`RoundReport` of the round.
+
+It does not derive from Flower's ``Strategy``: that fixes ``aggregate_train``'s second
+result to a MetricRecord of averaged numbers, and the round report holds per-device records.
+fedstream's ServerApp (:mod:`aggregator.server_app`) runs the rounds itself.
 """
 
 from __future__ import annotations
 
 import math
-from collections import Counter
-from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
 
 import numpy as np
-from flwr.app import (
-    Array,
-    ArrayRecord,
-    ConfigRecord,
-    Message,
-    MessageType,
-    MetricRecord,
-    RecordDict,
-)
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
-from flwr.serverapp.strategy import Strategy
 
+from aggregator.aggregation import make_accumulator
+from aggregator.compression import round_mode
 from aggregator.controller import BatchController, Plan
-from aggregator.robust import robust_aggregate
-from aggregator.settings import RunSettings
-from edge_client.codec import CodecError, choose_mode, decode, raw_size_limit
-from edge_client.protocol import ARRAYS, CONFIG, DEVICE, FRAME, METRICS, UPDATE, plan_to_config
-from edge_client.trainer import LocalPlan
+from aggregator.fleet import FleetRegistry
+from aggregator.injection import pick_injectors
+from edge_client.wire.codec import CodecError, decode, raw_size_limit
+from edge_client.wire.records import (
+    ARRAYS,
+    CONFIG,
+    DeviceReply,
+    RecordError,
+    ReplyMetrics,
+    RoundPlan,
+)
+from edge_client.wire.run_config import RunSettings
 
-__all__ = ["DeviceReport", "StreamStrategy"]
-
-INJECT_STREAM = 77  # seed stream of the injector draw
-
-
-@dataclass
-class DeviceReport:
-    """One device's reply in one round (the per-device part of the metrics JSONL)."""
-
-    device_id: str
-    node_id: int
-    metrics: dict[str, float]
-    planned_batch: int
+__all__ = ["RoundReport", "StreamStrategy"]
 
 
 @dataclass
-class StreamStrategy(Strategy):
+class RoundReport:
+    """What one round of training did.
+
+    Attributes
+    ----------
+    server_round : int
+        The round.
+    planned : dict of str to int
+        Planned batch per device (a node that never named its device is left out).
+    sum_b : int
+        Sum of the planned batches (B, or less when streams cap them).
+    lr_scale : float
+        The learning-rate scale of the plan (sum(b) / B when capped, else 1).
+    compress : str
+        The round's codec mode.
+    injectors : list of str
+        Devices asked to share samples this round.
+    broadcast_bytes : int
+        One copy of the model as sent down.
+    replies : dict of str to ReplyMetrics
+        Accepted replies by device, in arrival order (``bytes-up`` as received).
+    aggregated : list of str
+        Devices whose update went into the new model.
+    failed : list of str
+        Devices that sent an error or no reply in time.
+    refused : dict of str to str
+        Devices whose reply or update was refused, and why.
+    num_examples : int
+        Samples behind the new model.
+    train_loss : float
+        Their sample-weighted training loss (NaN without any).
+    """
+
+    server_round: int
+    planned: dict[str, int]
+    sum_b: int
+    lr_scale: float
+    compress: str
+    injectors: list[str]
+    broadcast_bytes: int
+    replies: dict[str, ReplyMetrics] = field(default_factory=dict)
+    aggregated: list[str] = field(default_factory=list)
+    failed: list[str] = field(default_factory=list)
+    refused: dict[str, str] = field(default_factory=dict)
+    num_examples: int = 0
+    train_loss: float = math.nan
+
+
+@dataclass
+class _Round:
+    """What configure_train planned, for aggregate_train."""
+
+    server_round: int
+    model: dict[str, np.ndarray]  # the global model the deltas are against
+    shapes: dict[str, tuple[int, ...]]
+    plan: Plan
+    mode: str
+    injectors: list[str]
+    broadcast_bytes: int
+    planned: dict[int, int]  # node -> planned batch
+
+
+class StreamStrategy:
     """Per-device batch plans (OmniLearn/ScaDLES) and sample-weighted aggregation (or a
-    Byzantine-robust rule, ``aggregation`` in the run config: :mod:`aggregator.robust`).
+    Byzantine-robust rule: ``aggregation`` in the run config).
 
     Parameters
     ----------
     settings : RunSettings
         The run's tunables.
-    controller : BatchController
-        Batch sizes per device id (restored from a checkpoint on resume).
+    controller : BatchController, optional
+        Batch sizes per device id (restored from a checkpoint on resume); a fresh one
+        configured by ``settings`` by default.
+    fleet : FleetRegistry, optional
+        Nodes, devices and counters (restored from a checkpoint on resume).
     """
 
-    settings: RunSettings
-    controller: BatchController
-    node_devices: dict[int, str] = field(default_factory=dict)
-    retired: set[int] = field(default_factory=set)  # nodes whose device came back elsewhere
-    last_metrics: dict[str, dict[str, float]] = field(default_factory=dict)
-    rejected: Counter[str] = field(default_factory=Counter)
-    rejected_reasons: Counter[str] = field(default_factory=Counter)
-    failed: Counter[str] = field(default_factory=Counter)
-    # Set by configure_train / aggregate_train for the round just run.
-    plan: Plan = field(default_factory=lambda: Plan({}))
-    mode: str = "none"  # the round's update compression
-    injectors: list[str] = field(default_factory=list)  # devices asked to share this round
-    broadcast_bytes: int = 0  # one copy of the model as sent down
-    reports: list[DeviceReport] = field(default_factory=list)
-    aggregated: list[str] = field(default_factory=list)  # devices whose update went in
-    round_s: float = 0.0
-    _shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    _global: dict[str, np.ndarray] = field(default_factory=dict)
-    sent: dict[str, int] = field(default_factory=dict)  # message id -> node, this round
-    planned: dict[int, int] = field(default_factory=dict)  # node -> planned batch, this round
+    def __init__(
+        self,
+        settings: RunSettings,
+        controller: BatchController | None = None,
+        fleet: FleetRegistry | None = None,
+    ) -> None:
+        self.settings = settings
+        self.controller = controller or BatchController(settings)
+        self.fleet = fleet or FleetRegistry()
+        self._round_s = 0.0  # the last round's duration: the availability cap's horizon
+        self._round: _Round | None = None
 
     # -- training ---------------------------------------------------------------------------
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """One message per node with this device's plan (batch, steps, scaled lr, codec)."""
-        self._global = {k: a.numpy().astype(np.float32) for k, a in arrays.items()}
-        self._shapes = {k: v.shape for k, v in self._global.items()}
-        # A node whose device reappeared on another node is dead (its SuperLink entry lingers
-        # for about a minute): planning for it would cost every round a timeout.
-        nodes = sorted(n for n in grid.get_node_ids() if n not in self.retired)
-        ids = {n: self.node_devices.get(n, f"node-{n}") for n in nodes}
-        self.plan = self.controller.plan(list(ids.values()), server_round, self._available())
-        self.mode = self._round_mode(list(ids.values()))
-        self.injectors = self._pick_injectors(server_round, list(ids.values()))
-        down = self._broadcast(arrays)
-        injecting = self.settings.inject_alpha > 0
-        self.planned = {node: self.plan.batches[device] for node, device in ids.items()}
+        """One message per live node: the global model and this device's plan.
+
+        ``config`` entries are added to every device's plan record.
+        """
+        s = self.settings
+        model = {k: a.numpy().astype(np.float32) for k, a in arrays.items()}
+        devices = {n: self.fleet.device_of(n) for n in self.fleet.live_nodes(grid.get_node_ids())}
+        plan = self.controller.plan(list(devices.values()), server_round, self._available())
+        gaps = [
+            m.compress_gap
+            for d in devices.values()
+            if (m := self.fleet.last_replies.get(d)) is not None and m.compress_gap is not None
+        ]
+        mode = round_mode(s.compress, gaps, s.compress_delta)
+        injectors = pick_injectors(
+            self.fleet.opted_in(devices.values()), s.inject_alpha, s.seed, server_round
+        )
+        down = self._broadcast(arrays, model)
+        self._round = _Round(
+            server_round=server_round,
+            model=model,
+            shapes={k: v.shape for k, v in model.items()},
+            plan=plan,
+            mode=mode,
+            injectors=injectors,
+            broadcast_bytes=sum(len(a.data) for a in down.values()),
+            planned={node: plan.batches[device] for node, device in devices.items()},
+        )
         messages = []
-        for node, device in ids.items():
-            local = LocalPlan(
-                batch_size=self.plan.batches[device],
-                local_steps=self.settings.local_steps,
-                lr=self.settings.lr * self.plan.lr_scale,
-                wait_policy=self.settings.wait_policy,
-                b_min=self.settings.b_min,
-                deadline_s=self.settings.round_timeout / 2,
-                compress=self.mode,
-                compress_ratio=self.settings.compress_ratio,
-                proximal_mu=self.settings.proximal_mu,
-                inject_mix=self.settings.inject_mix if injecting else 0.0,
-                inject_publish=device in self.injectors,
-                inject_beta=self.settings.inject_beta,
-                inject_budget=self.settings.inject_budget // max(1, len(self.injectors)),
+        for node, device in devices.items():
+            local = RoundPlan(
+                server_round=server_round,
+                batch_size=plan.batches[device],
+                local_steps=s.local_steps,
+                lr=s.lr * plan.lr_scale,
+                wait_policy=s.wait_policy,
+                b_min=s.b_min,
+                deadline_s=s.round_timeout / 2,
+                compress=mode,
+                compress_ratio=s.compress_ratio,
+                proximal_mu=s.proximal_mu,
+                inject_mix=s.inject_mix if s.inject_alpha > 0 else 0.0,
+                inject_publish=device in injectors,
+                inject_beta=s.inject_beta,
+                inject_budget=s.inject_budget // max(1, len(injectors)),
             )
-            cfg = plan_to_config(local, server_round)  # a fresh record per message
+            record = local.to_record()  # a fresh record per message
             for key, value in config.items():
-                cfg[key] = value
-            content = RecordDict({ARRAYS: down, CONFIG: cfg})
+                record[key] = value
+            content = RecordDict({ARRAYS: down, CONFIG: record})
             messages.append(Message(content, node, MessageType.TRAIN, group_id=str(server_round)))
         return messages
 
-    def _round_mode(self, devices: list[str]) -> str:
-        """The run's mode, or for ``adaptive`` ScaDLES' rule over the devices' gap EWMAs."""
-        if self.settings.compress != "adaptive":
-            return self.settings.compress
-        gaps = [
-            self.last_metrics[d]["compress-gap"]
-            for d in devices
-            if "compress-gap" in self.last_metrics.get(d, {})
-        ]
-        return choose_mode(gaps, self.settings.compress_delta)
-
-    def _pick_injectors(self, server_round: int, devices: list[str]) -> list[str]:
-        """ScaDLES: a random fraction alpha of the devices that reported opting in."""
-        opted = sorted(
-            d for d in devices if self.last_metrics.get(d, {}).get("inject-opt-in", 0) >= 1
-        )
-        if self.settings.inject_alpha <= 0 or not opted:
-            return []
-        n = max(1, round(self.settings.inject_alpha * len(opted)))
-        rng = np.random.default_rng([self.settings.seed, server_round, INJECT_STREAM])
-        return sorted(str(d) for d in rng.choice(opted, size=n, replace=False))
-
-    def _broadcast(self, arrays: ArrayRecord) -> ArrayRecord:
+    def _broadcast(self, arrays: ArrayRecord, model: Mapping[str, np.ndarray]) -> ArrayRecord:
         """The model as sent down: float32, or float16 when the broadcast is compressed."""
         if self.settings.compress_broadcast == "fp16":
-            arrays = ArrayRecord({k: Array(a.astype(np.float16)) for k, a in self._global.items()})
-        self.broadcast_bytes = sum(len(a.data) for a in arrays.values())
+            return ArrayRecord({k: Array(a.astype(np.float16)) for k, a in model.items()})
         return arrays
 
     def _available(self) -> dict[str, float]:
@@ -167,139 +206,103 @@ class StreamStrategy(Strategy):
         run asks for conventional, stream-blind batches)."""
         if not self.settings.availability_cap:
             return {}
-        horizon = self.round_s or self.settings.round_timeout / 2
+        horizon = self._round_s or self.settings.round_timeout / 2
         return {
-            d: m["buffer-fill"] + m["stream-rate"] * horizon for d, m in self.last_metrics.items()
+            d: m.buffer_fill + m.stream_rate * horizon for d, m in self.fleet.last_replies.items()
         }
 
+    def record_round_time(self, seconds: float) -> None:
+        """How long the round just run took: the horizon of the next round's availability
+        cap (each device's fill plus its stream rate times this)."""
+        self._round_s = seconds
+
     def aggregate_train(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        self,
+        server_round: int,
+        replies: Iterable[Message],
+        sent: Mapping[str, int] | None = None,
+    ) -> tuple[ArrayRecord | None, RoundReport]:
         """Add the valid deltas to the global model, weighted by samples used.
 
-        Each frame is decoded and added to one running sum before the next is read.
+        Parameters
+        ----------
+        server_round : int
+            The round :meth:`configure_train` planned.
+        replies : iterable of Message
+            The replies, possibly a generator: each frame is decoded and added to the
+            accumulator before the next reply is read.
+        sent : mapping of str to int, optional
+            Message id -> node of every message sent this round. An error reply names the
+            SuperLink as its source, so this is how its device is found; a message without
+            a reply counts as a failure of its device.
+
+        Returns
+        -------
+        tuple
+            The new global model (None when no update had any weight) and the round's
+            report.
         """
-        self.reports = []
-        acc = {k: np.zeros(v.shape, np.float64) for k, v in self._global.items()}
-        robust = self.settings.aggregation != "fedavg"
-        kept: list[tuple[dict[str, np.ndarray], int, str]] = []  # robust rules need them all
-        total = 0
-        loss = 0.0
-        cap = raw_size_limit(self._shapes)
-        # Error replies come from the SuperLink (src node 1): find the node by message id.
-        sent = self.sent
+        current = self._round
+        if current is None or current.server_round != server_round:
+            raise RuntimeError(f"round {server_round} was not configured (configure_train)")
+        sent = sent or {}
+        accumulator = make_accumulator(self.settings, current.shapes)
+        cap = raw_size_limit(current.shapes)
+        report = RoundReport(
+            server_round=server_round,
+            planned={d: b for d, b in current.plan.batches.items() if not d.startswith("node-")},
+            sum_b=current.plan.total,
+            lr_scale=current.plan.lr_scale,
+            compress=current.mode,
+            injectors=current.injectors,
+            broadcast_bytes=current.broadcast_bytes,
+        )
         answered: set[str] = set()
+        loss = 0.0
         for msg in replies:  # may be a generator: each reply is dropped once added in
             answered.add(msg.metadata.reply_to_message_id)
             node = sent.get(msg.metadata.reply_to_message_id, msg.metadata.src_node_id)
             if msg.has_error():
-                self.failed[self.node_devices.get(node, f"node-{node}")] += 1
+                self._fail(report, self.fleet.device_of(node))
                 continue
             try:
-                device, metrics, frame = _unpack(msg)
-            except ValueError:
-                self._reject(self.node_devices.get(node, f"node-{node}"), "malformed")
+                reply = DeviceReply.from_content(msg.content)
+            except RecordError as err:
+                self._refuse(report, self.fleet.device_of(node), err.reason)
                 continue
-            self._learn_device(node, device)
+            device = reply.device_id
+            placeholder = self.fleet.learn(node, device)
+            if placeholder is not None:
+                self.controller.forget(placeholder)
             try:
-                delta = decode(frame, self._shapes, cap)
+                delta = decode(reply.frame, current.shapes, cap)
             except CodecError as err:
-                self._reject(device, err.reason)
+                self._refuse(report, device, err.reason)
                 continue
-            metrics["bytes-up"] = float(len(frame))  # as received, not as claimed
-            self.last_metrics[device] = metrics
-            self.reports.append(DeviceReport(device, node, metrics, self.planned.get(node, 0)))
-            used = int(metrics["num-examples"])
-            if used > 0:
-                if robust:
-                    kept.append((delta, used, device))
-                else:
-                    for k, d in delta.items():
-                        acc[k] += used * d.astype(np.float64)
-                total += used
-                loss += metrics["train-loss"] * used
-                self.controller.observe(device, int(metrics["batch-size"]), metrics["step-s"])
-        for mid, node in sent.items():  # no reply before the round timeout
-            if mid not in answered:
-                self.failed[self.node_devices.get(node, f"node-{node}")] += 1
-        if total == 0:
-            return None, None
-        if robust:
-            step, picked = robust_aggregate(
-                self.settings.aggregation,
-                [d for d, _, _ in kept],
-                [n for _, n, _ in kept],
-                self.settings.trim_fraction,
-                self.settings.krum_malicious,
-            )
-            self.aggregated = [kept[i][2] for i in picked]
-        else:
-            step = {k: a / total for k, a in acc.items()}
-            self.aggregated = [r.device_id for r in self.reports if r.metrics["num-examples"] > 0]
-        new = {k: (g + step[k]).astype(np.float32) for k, g in self._global.items()}
-        summary = MetricRecord({"train-loss": loss / total, "num-examples": total})
-        return ArrayRecord({k: Array(v) for k, v in new.items()}), summary
+            metrics = replace(reply.metrics, bytes_up=len(reply.frame))  # as received
+            self.fleet.record_reply(device, metrics)
+            report.replies[device] = metrics
+            report.planned[device] = current.planned.get(node, 0)
+            if metrics.num_examples > 0:
+                accumulator.update(delta, metrics.num_examples, device)
+                report.num_examples += metrics.num_examples
+                loss += metrics.train_loss * metrics.num_examples
+                self.controller.observe(device, metrics.batch_size, metrics.step_s)
+        for message_id, node in sent.items():  # no reply before the round's timeout
+            if message_id not in answered:
+                self._fail(report, self.fleet.device_of(node))
+        result = accumulator.result()
+        if result is None:
+            return None, report
+        step, report.aggregated = result
+        report.train_loss = loss / report.num_examples
+        new = {k: (g + step[k]).astype(np.float32) for k, g in current.model.items()}
+        return ArrayRecord({k: Array(v) for k, v in new.items()}), report
 
-    def _reject(self, device: str, reason: str) -> None:
-        self.rejected[device] += 1
-        self.rejected_reasons[reason] += 1
+    def _fail(self, report: RoundReport, device: str) -> None:
+        self.fleet.record_failure(device)
+        report.failed.append(device)
 
-    def _learn_device(self, node: int, device: str) -> None:
-        """Map node -> device id; a device on a new node (restart) keeps its state."""
-        if self.node_devices.get(node) == device:
-            return  # the usual case: known (and no scan over the fleet per reply)
-        for old, dev in list(self.node_devices.items()):
-            if dev == device and old != node:
-                del self.node_devices[old]
-                self.retired.add(old)
-        if self.node_devices.get(node) != device:
-            placeholder = f"node-{node}"
-            self.controller.devices.pop(placeholder, None)
-            self.node_devices[node] = device
-
-    # -- evaluation is server-side (held-out stream) ----------------------------------------
-
-    def configure_evaluate(
-        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
-    ) -> Iterable[Message]:
-        """No client-side evaluation: the aggregator evaluates on a held-out stream."""
-        return []
-
-    def aggregate_evaluate(
-        self, server_round: int, replies: Iterable[Message]
-    ) -> MetricRecord | None:
-        """Nothing to aggregate (see :meth:`configure_evaluate`)."""
-        return None
-
-    def summary(self) -> None:
-        """Flower's start-of-run log hook."""
-
-    def state_dict(self) -> dict[str, Any]:
-        """Device bookkeeping for the checkpoint."""
-        return {
-            "node-devices": {str(n): d for n, d in self.node_devices.items()},
-            "retired-nodes": sorted(self.retired),
-            "last-metrics": self.last_metrics,
-            "rejected": dict(self.rejected),
-            "rejected-reasons": dict(self.rejected_reasons),
-            "failed": dict(self.failed),
-        }
-
-
-def _unpack(msg: Message) -> tuple[str, dict[str, float], bytes]:
-    """(device id, metrics, update frame) of a reply; the frame is checked by the codec."""
-    content = msg.content
-    try:
-        device = str(content.config_records[DEVICE]["device-id"])
-        metrics = {k: float(v) for k, v in content.metric_records[METRICS].items()}  # type: ignore[arg-type]
-        frame = content.config_records[UPDATE][FRAME]
-    except (KeyError, TypeError, ValueError) as err:
-        raise ValueError(f"malformed reply: {err}") from err
-    if not isinstance(frame, bytes):
-        raise ValueError("the update frame is not bytes")
-    for key in ("num-examples", "batch-size", "step-s", "train-loss"):
-        if key not in metrics:
-            raise ValueError(f"reply lacks metric {key}")
-    if not all(math.isfinite(metrics[k]) for k in ("num-examples", "batch-size")):
-        raise ValueError("non-finite counts")
-    return device, metrics, frame
+    def _refuse(self, report: RoundReport, device: str, reason: str) -> None:
+        self.fleet.record_refusal(device, reason)
+        report.refused[device] = reason

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from iotcore import Broker, IotCoreBroker
 
+from deploy.constants import EMBEDDED_MAX_INFLIGHT, EMBEDDED_MAX_PAYLOAD
 from deploy.local import ProcessGroup, free_port, wait_for_port
-from edge_client.constants import EMBEDDED_MAX_INFLIGHT, EMBEDDED_MAX_PAYLOAD
 
 __all__ = [
     "BROKER_CONFIG_DIR",

@@ -15,17 +15,16 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from bench import SCENARIOS
-from edge_client.constants import (
+from deploy.bench import SCENARIOS
+from deploy.constants import DEFAULT_MQTT_PORT, DEMO_CAPACITY, DEMO_DEVICES, DEMO_DURATION_S
+from edge_client.emulation.constants import DISTRIBUTIONS, RATE_SETS
+from edge_client.runtime.constants import (
     DEFAULT_CAPACITY,
-    DEFAULT_INJECT_BETA,
-    DEFAULT_MQTT_PORT,
-    DEFAULT_NUM_CLASSES,
     DEFAULT_POLICY,
-    DEFAULT_TOPK_RATIO,
-    RATE_SETS,
+    POLICIES,
     STATUS_INTERVAL_S,
 )
+from edge_client.task.constants import DEFAULT_NUM_CLASSES
 
 __all__ = ["app", "main"]
 
@@ -39,20 +38,12 @@ app = typer.Typer(
 console = Console(stderr=True)
 
 
-class Policy(StrEnum):
-    truncation = "truncation"
-    persistence = "persistence"
-
-
-class Distribution(StrEnum):
-    constant = "constant"
-    poisson = "poisson"
-    bursty = "bursty"
-
-
-_DEFAULT_POLICY = Policy(DEFAULT_POLICY)
-
+# Choices of options, from the vocabularies declared in the constants modules.
+Policy = StrEnum("Policy", [(p, p) for p in POLICIES])  # type: ignore[misc]
+Distribution = StrEnum("Distribution", [(d, d) for d in DISTRIBUTIONS])  # type: ignore[misc]
 RateSet = Enum("RateSet", {name: name for name in RATE_SETS}, type=str)  # type: ignore[misc]
+_DEFAULT_POLICY = Policy(DEFAULT_POLICY)
+_DEFAULT_DISTRIBUTION = Distribution(DISTRIBUTIONS[0])
 
 
 def _setup_logging(verbose: bool) -> None:
@@ -107,7 +98,7 @@ def publish(
     ] = None,
     distribution: Annotated[
         Distribution, typer.Option(help="Arrival process.")
-    ] = Distribution.constant,
+    ] = _DEFAULT_DISTRIBUTION,
     batch: Annotated[int, typer.Option(help="Samples per message.")] = 1,
     count: Annotated[int | None, typer.Option(help="Stop after this many samples.")] = None,
     duration: Annotated[float | None, typer.Option(help="Stop after this many seconds.")] = None,
@@ -145,19 +136,21 @@ def publish(
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Publish a sensor stream at a rate; prints the achieved rate at the end."""
-    from edge_client.datasets import load_dataset
-    from edge_client.mqtt import BrokerURL, validate_device_id
-    from edge_client.publisher import PublisherConfig, run_publisher
-    from edge_client.schedule import device_rng, draw_rate
-    from edge_client.sources import (
+    from edge_client.emulation import (
         ArraySource,
+        PublisherConfig,
         SampleSource,
         SyntheticSource,
+        dataset_source,
+        draw_rate,
         label_distribution,
         load_file,
         pick_classes,
+        run_publisher,
     )
-    from edge_client.synthetic import SensorTask
+    from edge_client.runtime import BrokerURL, device_rng
+    from edge_client.task import SensorTask, load_dataset
+    from edge_client.wire import validate_device_id
 
     _setup_logging(verbose)
     try:
@@ -180,7 +173,7 @@ def publish(
             task = SensorTask(_parse_shape(shape), num_classes)
             src = SyntheticSource(task, rng, probs, feature_shift)
         elif source == "digits":  # 8x8 camera frames (ingest with --shape 8,8 --num-classes 10)
-            src = load_dataset("digits", num_classes).source(rng, probs, feature_shift)
+            src = dataset_source(load_dataset("digits", num_classes), rng, probs, feature_shift)
         else:
             x, y = load_file(source, _parse_shape(shape))
             skewed = label_list is not None or dirichlet is not None
@@ -252,9 +245,9 @@ def ingest(
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Run the ingest daemon: MQTT samples into the device's durable buffer."""
-    from edge_client.buffer import BufferStoreError
-    from edge_client.ingest import IngestConfig, IngestDaemon
-    from edge_client.mqtt import BrokerURL
+    from edge_client.runtime.buffer import BufferStoreError
+    from edge_client.runtime.ingest import IngestConfig, IngestDaemon
+    from edge_client.runtime.mqtt import BrokerURL
 
     _setup_logging(verbose)
     try:
@@ -287,7 +280,7 @@ def status(
     """Show a buffer's counters, fill and stream rate."""
     from rich.table import Table
 
-    from edge_client.buffer import BufferStore, BufferStoreError
+    from edge_client.runtime.buffer import BufferStore, BufferStoreError
 
     try:
         with BufferStore(buffer) as store:
@@ -303,34 +296,66 @@ def status(
     Console().print(table)
 
 
+@app.command("run-config")
+def run_config_keys(
+    toml: Annotated[
+        bool, typer.Option("--toml", help="Print a [tool.flwr.app.config] block instead.")
+    ] = False,
+) -> None:
+    """List every run-config key: default, allowed values, what it does."""
+    from rich.table import Table
+
+    from edge_client.wire.run_config import knobs
+
+    declared = knobs()
+    if toml:
+        print("[tool.flwr.app.config]")
+        for key, knob in declared.items():
+            value = json.dumps(knob["default"])  # TOML and JSON agree on these scalars
+            print(f"{key} = {value}  # {knob['help']}")
+        return
+    table = Table(title="run config (flwr run --run-config 'key=value ...')")
+    table.add_column("key", no_wrap=True)
+    table.add_column("default", no_wrap=True)
+    table.add_column("allowed")
+    table.add_column("what it does")
+    for key, knob in declared.items():
+        table.add_row(key, json.dumps(knob["default"]), knob["allowed"], knob["help"])
+    Console().print(table)
+
+
 @app.command()
 def demo(
-    devices: Annotated[int, typer.Option(help="Number of simulated devices.")] = 4,
-    rounds: Annotated[int, typer.Option(help="Federated rounds.")] = 6,
+    devices: Annotated[int, typer.Option(help="Number of simulated devices.")] = DEMO_DEVICES,
+    rounds: Annotated[int | None, typer.Option(help="Federated rounds (num-rounds).")] = None,
     controller: Annotated[
-        str, typer.Option(help="Batch controller: fixed | static | dynamic.")
-    ] = "dynamic",
+        str | None, typer.Option(help="Batch controller: fixed | static | dynamic.")
+    ] = None,
     slowdowns: Annotated[
         str | None, typer.Option(help="Comma-separated slowdown per device (default 1,1,2,4).")
     ] = None,
     rates: Annotated[
         str | None, typer.Option(help="Comma-separated stream rate per device, samples/s.")
     ] = None,
-    local_steps: Annotated[int, typer.Option("--local-steps", help="Steps per round.")] = 40,
+    local_steps: Annotated[
+        int | None, typer.Option("--local-steps", help="Steps per round (local-steps).")
+    ] = None,
     broker: Annotated[
         str | None, typer.Option(help="Use this broker instead of starting one.")
     ] = None,
     mosquitto: Annotated[
         bool, typer.Option("--mosquitto", help="Start Mosquitto instead of the embedded broker.")
     ] = False,
-    capacity: Annotated[int, typer.Option(help="Buffer capacity per device.")] = 5000,
-    policy: Annotated[Policy, typer.Option(help="Buffer policy.")] = Policy.truncation,
+    capacity: Annotated[int, typer.Option(help="Buffer capacity per device.")] = DEMO_CAPACITY,
+    policy: Annotated[Policy, typer.Option(help="Buffer policy.")] = _DEFAULT_POLICY,
     out: Annotated[Path, typer.Option(help="Where runs/<id>/ goes.")] = Path("runs"),
     live: Annotated[bool, typer.Option(help="Live table (off: one table per round).")] = True,
     stream_only: Annotated[
         bool, typer.Option("--stream-only", help="Only the streaming half (no training).")
     ] = False,
-    duration: Annotated[float, typer.Option(help="Seconds of streaming (--stream-only).")] = 20.0,
+    duration: Annotated[
+        float, typer.Option(help="Seconds of streaming (--stream-only).")
+    ] = DEMO_DURATION_S,
     kill: Annotated[
         list[str] | None, typer.Option(help="Fault injection: DEVICE@ROUND kills its SuperNode.")
     ] = None,
@@ -339,17 +364,19 @@ def demo(
         typer.Option(help="DEVICE@ROUND starts a killed device's SuperNode again."),
     ] = None,
     round_timeout: Annotated[
-        float, typer.Option("--round-timeout", help="Seconds a round waits for devices.")
-    ] = 120.0,
+        float | None,
+        typer.Option("--round-timeout", help="Seconds a round waits for devices."),
+    ] = None,
     compress: Annotated[
-        str, typer.Option(help="Update codec: none | fp16 | int8 | topk | adaptive (ScaDLES).")
-    ] = "none",
+        str | None,
+        typer.Option(help="Update codec: none | fp16 | int8 | topk | adaptive (ScaDLES)."),
+    ] = None,
     compress_ratio: Annotated[
-        float, typer.Option("--compress-ratio", help="Top-k: fraction of values sent.")
-    ] = DEFAULT_TOPK_RATIO,
+        float | None, typer.Option("--compress-ratio", help="Top-k: fraction of values sent.")
+    ] = None,
     compress_broadcast: Annotated[
-        str, typer.Option("--compress-broadcast", help="Model sent down: none | fp16.")
-    ] = "none",
+        str | None, typer.Option("--compress-broadcast", help="Model sent down: none | fp16.")
+    ] = None,
     labels: Annotated[
         int | None, typer.Option(help="Non-IID: K classes per device (round-robin).")
     ] = None,
@@ -357,15 +384,24 @@ def demo(
         float | None, typer.Option(help="Non-IID: Dirichlet(ALPHA) label mix per device.")
     ] = None,
     inject_alpha: Annotated[
-        float,
+        float | None,
         typer.Option("--inject-alpha", help="ScaDLES injection: fraction of devices sharing."),
-    ] = 0.0,
+    ] = None,
     inject_beta: Annotated[
-        float, typer.Option("--inject-beta", help="... each shares this fraction of samples.")
-    ] = DEFAULT_INJECT_BETA,
+        float | None,
+        typer.Option("--inject-beta", help="... each shares this fraction of samples."),
+    ] = None,
     proximal_mu: Annotated[
-        float, typer.Option("--proximal-mu", help="FedProx term (0: FedAvg).")
-    ] = 0.0,
+        float | None, typer.Option("--proximal-mu", help="FedProx term (0: FedAvg).")
+    ] = None,
+    run_config: Annotated[
+        str | None,
+        typer.Option(
+            "--run-config",
+            help="Any other training setting, as for flwr run: 'key=value ...' "
+            "(fedstream run-config lists the keys).",
+        ),
+    ] = None,
     kill_aggregator: Annotated[
         int | None,
         typer.Option(
@@ -394,10 +430,26 @@ def demo(
     """Everything on one machine: streams, ingest, Flower SuperLink + SuperNodes, training."""
     from deploy.demo import DemoConfig, run_demo
     from deploy.flower import FlowerError
+    from edge_client.wire.mapping import kebab
 
     _setup_logging(False)
     logging.getLogger("iotcore").setLevel(logging.WARNING)  # the live table says it all
+    # Training options are run-config keys: the demo's flags name the common ones.
+    flags = {
+        "num_rounds": rounds,
+        "local_steps": local_steps,
+        "controller": controller,
+        "round_timeout": round_timeout,
+        "compress": compress,
+        "compress_ratio": compress_ratio,
+        "compress_broadcast": compress_broadcast,
+        "inject_alpha": inject_alpha,
+        "inject_beta": inject_beta,
+        "proximal_mu": proximal_mu,
+    }
     try:
+        overrides = _parse_run_config(run_config)
+        overrides.update({kebab(k): v for k, v in flags.items() if v is not None})
         config = DemoConfig(
             devices=devices,
             duration=duration,
@@ -408,22 +460,13 @@ def demo(
             policy=policy.value,
             out=out,
             live=live,
-            rounds=rounds,
-            controller=controller,
             slowdowns=[float(s) for s in slowdowns.split(",")] if slowdowns else None,
-            local_steps=local_steps,
             stream_only=stream_only,
+            run_config=overrides,
             kill=_parse_kills(kill or []),
             restart=_parse_kills(restart or [], "--restart"),
-            round_timeout=round_timeout,
-            compress=compress,
-            compress_ratio=compress_ratio,
-            compress_broadcast=compress_broadcast,
             labels=labels,
             dirichlet=dirichlet,
-            inject_alpha=inject_alpha,
-            inject_beta=inject_beta,
-            proximal_mu=proximal_mu,
             secure=secure,
             kill_aggregator=kill_aggregator,
             kill_broker=kill_broker,
@@ -435,6 +478,25 @@ def demo(
     except FlowerError as err:
         raise _fail(str(err)) from err
     raise typer.Exit(0 if ok else 1)
+
+
+def _parse_run_config(text: str | None) -> dict[str, object]:
+    """``'key=value ...'`` as ``flwr run --run-config`` reads it (TOML values).
+
+    Raises
+    ------
+    ValueError
+        If it is not in that form.
+    """
+    if not text:
+        return {}
+    import click
+    from flwr.common.config import parse_config_args
+
+    try:
+        return dict(parse_config_args([text]))
+    except click.ClickException as err:
+        raise ValueError(f"--run-config {text!r}: {err.message}") from err
 
 
 @app.command()
@@ -485,7 +547,7 @@ def bench(
     ),
 ) -> None:
     """Benchmarks on the in-process runner (virtual clock): tables, plots and JSON."""
-    from bench import run_scenario
+    from deploy.bench import run_scenario
 
     _setup_logging(False)
     names = list(SCENARIOS) if scenario.value == "all" else [scenario.value]

@@ -12,7 +12,7 @@ import json
 import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -21,69 +21,71 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from aggregator.records import RoundRecord, read_metrics
 from deploy.brokers import (
     BROKER_CONFIG_DIR,
     EmbeddedBroker,
     MosquittoBroker,
     mosquitto_available,
 )
+from deploy.constants import (
+    DEMO_BATCH,
+    DEMO_CAPACITY,
+    DEMO_DEVICES,
+    DEMO_DURATION_S,
+    DEMO_SETTINGS,
+)
 from deploy.flower import FlowerDeployment, FlowerError
 from deploy.local import ProcessGroup, fedstream_command
-from deploy.report import read_metrics, summarize, write_report
+from deploy.report import summarize, write_report
 from deploy.secure import RunSecrets, make_run_secrets
-from edge_client.buffer import BufferStore, BufferStoreError
-from edge_client.constants import (
-    BROADCAST_MODES,
-    COMPRESS_MODES,
-    CONTROLLER_MODES,
-    DEFAULT_INJECT_BETA,
-    DEFAULT_NUM_CLASSES,
-    DEFAULT_TOPK_RATIO,
-    POLICIES,
-)
-from edge_client.mqtt import BrokerURL
-from edge_client.sources import pick_classes
+from edge_client.emulation.sources import pick_classes
+from edge_client.runtime.buffer import BufferStore, BufferStoreError
+from edge_client.runtime.constants import DEFAULT_POLICY, POLICIES
+from edge_client.runtime.mqtt import BrokerURL
+from edge_client.runtime.node_config import NodeConfig
+from edge_client.task.constants import DEFAULT_NUM_CLASSES
+from edge_client.wire.mapping import kebab
+from edge_client.wire.run_config import RunSettings
 
 __all__ = ["DemoConfig", "run_demo", "run_stream_demo"]
 
-DEMO_BATCH = 4  # samples per message
 DRAIN_TIMEOUT_S = 30.0
 PUBLISH_FOREVER_S = 86_400.0  # training mode: publishers run until the demo stops them
 
 
 @dataclass
 class DemoConfig:
-    """Options of ``fedstream demo``."""
+    """Options of ``fedstream demo``.
 
-    devices: int = 4
-    duration: float = 20.0
+    The training itself is configured like any run, by run-config keys: ``run_config``
+    holds the overrides (``--rounds``, ``--controller``, ... and ``--run-config``), checked
+    by :class:`~edge_client.wire.run_config.RunSettings` over the demo's own defaults
+    (:data:`~deploy.constants.DEMO_SETTINGS`, ``b-min`` and ``min-nodes`` for the fleet).
+    The checked result is :attr:`settings`.
+    """
+
+    devices: int = DEMO_DEVICES
+    duration: float = DEMO_DURATION_S
     rates: list[float] | None = None
     broker: str | None = None
     mosquitto: bool = False
-    capacity: int = 2000
-    policy: str = "truncation"
+    capacity: int = DEMO_CAPACITY
+    policy: str = DEFAULT_POLICY
     out: Path = field(default_factory=lambda: Path("runs"))
     live: bool = True
-    rounds: int = 6
-    controller: str = "dynamic"
     slowdowns: list[float] | None = None
-    local_steps: int = 40
     stream_only: bool = False
-    round_timeout: float = 120.0
+    run_config: dict[str, Any] = field(default_factory=dict)  # kebab-case overrides
     kill: dict[str, int] = field(default_factory=dict)  # device -> after which round
     restart: dict[str, int] = field(default_factory=dict)  # killed device -> back after round
-    compress: str = "none"
-    compress_ratio: float = DEFAULT_TOPK_RATIO
-    compress_broadcast: str = "none"
     labels: int | None = None  # non-IID: classes per device (round-robin over the fleet)
     dirichlet: float | None = None  # non-IID: Dirichlet(alpha) label mix per device
-    inject_alpha: float = 0.0  # ScaDLES data injection (every demo device opts in)
-    inject_beta: float = DEFAULT_INJECT_BETA
-    proximal_mu: float = 0.0
     secure: bool = False  # Mosquitto TLS + passwords + ACL, Flower TLS + SuperNode auth
     kill_aggregator: int | None = None  # SIGKILL SuperLink + ServerApp after round N, resume
     # SIGKILL Mosquitto after round N, start it again BROKER_OUTAGE_S later
     kill_broker: int | None = None
+    settings: RunSettings = field(init=False)
 
     def __post_init__(self) -> None:
         if not 1 <= self.devices <= 64:
@@ -101,10 +103,11 @@ class DemoConfig:
             self.slowdowns = [[1.0, 1.0, 2.0, 4.0][i % 4] for i in range(self.devices)]
         if len(self.slowdowns) != self.devices or min(self.slowdowns) < 1:
             raise ValueError(f"--slowdowns needs {self.devices} values >= 1, got {self.slowdowns}")
-        if self.controller not in CONTROLLER_MODES:
-            raise ValueError(f"--controller must be one of {CONTROLLER_MODES}")
-        if self.rounds < 1 or self.local_steps < 1:
-            raise ValueError("--rounds and --local-steps must be >= 1")
+        defaults = {kebab(k): v for k, v in DEMO_SETTINGS.items()}
+        defaults[kebab("b_min")] = min(8, RunSettings().global_batch // self.devices)
+        defaults[kebab("min_nodes")] = self.devices
+        self.settings = RunSettings.from_run_config({**defaults, **self.run_config})
+        rounds = self.settings.num_rounds
         unknown = set(self.kill) - set(_device_ids(self.devices))
         if unknown:
             raise ValueError(f"--kill names unknown devices {sorted(unknown)}")
@@ -115,37 +118,32 @@ class DemoConfig:
             raise ValueError(f"--policy must be one of {POLICIES}")
         if self.capacity < 1:
             raise ValueError("--capacity must be >= 1")
-        if self.compress not in COMPRESS_MODES:
-            raise ValueError(f"--compress must be one of {COMPRESS_MODES}")
-        if not 0 < self.compress_ratio <= 1:
-            raise ValueError(f"--compress-ratio must be in (0, 1], got {self.compress_ratio}")
         if self.labels is not None and not 1 <= self.labels <= DEFAULT_NUM_CLASSES:
             raise ValueError(f"--labels must be in 1..{DEFAULT_NUM_CLASSES}")
         if self.labels is not None and self.dirichlet is not None:
             raise ValueError("give --labels or --dirichlet, not both")
         if self.dirichlet is not None and not self.dirichlet > 0:
             raise ValueError("--dirichlet must be > 0")
-        if not (0 <= self.inject_alpha <= 1 and 0 <= self.inject_beta <= 1):
-            raise ValueError("--inject-alpha and --inject-beta must be in [0, 1]")
-        if self.proximal_mu < 0:
-            raise ValueError("--proximal-mu must be >= 0")
-        if self.compress_broadcast not in BROADCAST_MODES:
-            raise ValueError(f"--compress-broadcast must be one of {BROADCAST_MODES}")
         if self.broker is not None:
             BrokerURL.parse(self.broker)
         if self.secure and self.broker is not None:
             raise ValueError(
                 "--secure starts its own Mosquitto with the run's credentials: drop --broker"
             )
-        if self.kill_aggregator is not None and not 1 <= self.kill_aggregator < self.rounds:
-            raise ValueError(f"--kill-aggregator must be in 1..{self.rounds - 1} (--rounds - 1)")
+        if self.kill_aggregator is not None and not 1 <= self.kill_aggregator < rounds:
+            raise ValueError(f"--kill-aggregator must be in 1..{rounds - 1} (--rounds - 1)")
         if self.kill_broker is not None:
-            if not 1 <= self.kill_broker < self.rounds:
-                raise ValueError(f"--kill-broker must be in 1..{self.rounds - 1} (--rounds - 1)")
+            if not 1 <= self.kill_broker < rounds:
+                raise ValueError(f"--kill-broker must be in 1..{rounds - 1} (--rounds - 1)")
             if not (self.mosquitto or self.secure):
                 raise ValueError("--kill-broker needs the demo's Mosquitto: add --mosquitto")
         if self.secure and not mosquitto_available():
             raise ValueError("--secure needs Mosquitto (apt-get install -y mosquitto)")
+
+    @property
+    def inject(self) -> bool:
+        """Whether the devices take part in data injection (the run asks for it)."""
+        return self.settings.inject_alpha > 0
 
 
 @dataclass
@@ -381,7 +379,7 @@ def _start_ingest(
                 str(config.capacity),
                 "--status-interval",
                 "2",
-                *(["--inject"] if config.inject_alpha > 0 else []),
+                *(["--inject"] if config.inject else []),
             ),
             log_path=run_dir / "logs" / f"ingest-{dev}.log",
             env=env,
@@ -468,43 +466,24 @@ def run_demo(config: DemoConfig, console: Console) -> bool:
             for dev in devices:
                 flower.register_supernode(secrets.node_public_key(dev))
         node_configs = {
-            dev: {
-                "device-id": dev,
-                "buffer": str(paths[dev]),
-                "slowdown": config.slowdowns[i],
-                "threads": 1,
-                "inject": config.inject_alpha > 0,
-            }
+            dev: NodeConfig(
+                dev, str(paths[dev]), slowdown=config.slowdowns[i], threads=1, inject=config.inject
+            )
             for i, dev in enumerate(devices)
         }
         for dev, node_config in node_configs.items():
-            flower.start_supernode(dev, node_config)
+            flower.start_supernode(dev, node_config.to_node_config())
         console.print(
             f"[bold]{config.devices} devices[/bold] (slowdowns {config.slowdowns}, "
             f"streams {config.rates} samples/s): SuperLink on 127.0.0.1:{flower.port}"
             + (" (TLS, registered SuperNodes only)" if secrets else "")
         )
         flower.wait_nodes(config.devices)
-        flwr_run = flower.submit(
-            APP_DIR,
-            {
-                "num-rounds": config.rounds,
-                "local-steps": config.local_steps,
-                "controller": config.controller,
-                "out-dir": str(run_dir),
-                "checkpoint-dir": str(run_dir / "checkpoint"),
-                "round-timeout": config.round_timeout,
-                "b-min": min(8, 128 // config.devices),
-                "min-nodes": config.devices,
-                "compress": config.compress,
-                "compress-ratio": config.compress_ratio,
-                "compress-broadcast": config.compress_broadcast,
-                "inject-alpha": config.inject_alpha,
-                "inject-beta": config.inject_beta,
-                "proximal-mu": config.proximal_mu,
-            },
+        settings = replace(
+            config.settings, out_dir=str(run_dir), checkpoint_dir=str(run_dir / "checkpoint")
         )
-        console.print(f"flwr run {flwr_run} submitted; training {config.rounds} rounds")
+        flwr_run = flower.submit(APP_DIR, settings.to_run_config())
+        console.print(f"flwr run {flwr_run} submitted; training {settings.num_rounds} rounds")
         status, resumed = _follow(flower, flwr_run, config, run_dir, console, node_configs, streams)
         runs = [flwr_run, *resumed]
     wall = time.monotonic() - start
@@ -514,33 +493,34 @@ def run_demo(config: DemoConfig, console: Console) -> bool:
         "run_id": runs[-1],
         "runs": runs,  # more than one when the aggregator was killed and the run resumed
         "status": status.get("status"),
-        "controller": config.controller,
+        "controller": settings.controller,
         "slowdowns": config.slowdowns,
         "rates": config.rates,
-        "compress": config.compress,
+        "compress": settings.compress,
         "labels": config.labels,
         "dirichlet": config.dirichlet,
-        "inject_alpha": config.inject_alpha,
-        "inject_beta": config.inject_beta,
-        "proximal_mu": config.proximal_mu,
+        "inject_alpha": settings.inject_alpha,
+        "inject_beta": settings.inject_beta,
+        "proximal_mu": settings.proximal_mu,
         "secure": config.secure,
+        "run_config": settings.to_run_config(),
         "note": "virtual_s: sum over rounds of the slowest device's compute + wait + transfer",
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     if records:
-        write_report(records, run_dir / "report.png", f"fedstream demo: {config.controller}")
-        console.print(_progress_table(records, config.rounds, "final"))
-    ok = status.get("status") == "finished:completed" and len(records) == config.rounds
+        write_report(records, run_dir / "report.png", f"fedstream demo: {settings.controller}")
+        console.print(_progress_table(records, settings.num_rounds, "final"))
+    ok = status.get("status") == "finished:completed" and len(records) == settings.num_rounds
     if ok:
         console.print(
             f"[green]finished[/green]: {len(records)} rounds, accuracy "
-            f"{records[-1]['accuracy']:.3f}, {wall:.0f} s wall. Report: {run_dir}/report.png, "
+            f"{records[-1].accuracy:.3f}, {wall:.0f} s wall. Report: {run_dir}/report.png, "
             f"{run_dir}/summary.json, {run_dir}/metrics.jsonl"
         )
     else:
         why = status.get("status-details") or status.get("status") or "no status"
         console.print(
-            f"[red]the run did not finish[/red] ({len(records)} of {config.rounds} rounds): "
+            f"[red]the run did not finish[/red] ({len(records)} of {settings.num_rounds} rounds): "
             f"{why}. Logs: {run_dir}/logs, {run_dir}/flwr/logs, {run_dir}/serverapp.log"
         )
     return ok
@@ -552,7 +532,7 @@ def _follow(
     config: DemoConfig,
     run_dir: Path,
     console: Console,
-    node_configs: dict[str, dict[str, Any]],
+    node_configs: dict[str, NodeConfig],
     streams: _Streams,
 ) -> tuple[dict[str, Any], list[str]]:
     """Show progress until the run ends (or stalls past every round's timeout).
@@ -563,7 +543,8 @@ def _follow(
     checkpoint as ``fedstream resume`` would. Returns the last run's status and the run ids
     submitted after the first.
     """
-    deadline = time.monotonic() + 120.0 + config.rounds * (config.round_timeout + 30.0)
+    rounds = config.settings.num_rounds
+    deadline = time.monotonic() + 120.0 + rounds * (config.settings.round_timeout + 30.0)
     status: dict[str, Any] = {}
     resumed: list[str] = []
     with Live(console=console, refresh_per_second=2, transient=not config.live) as live:
@@ -599,12 +580,12 @@ def _follow(
                     del doomed[dev]
             for dev, after in list(revived.items()):
                 if dev not in doomed and len(records) >= after:  # the device comes back
-                    flower.start_supernode(dev, node_configs[dev])
+                    flower.start_supernode(dev, node_configs[dev].to_node_config())
                     console.print(f"[yellow]restarted {dev}'s SuperNode after round {after}[/]")
                     del revived[dev]
             if len(records) != shown:
                 shown = len(records)
-                table = _progress_table(records, config.rounds, str(status.get("status", "")))
+                table = _progress_table(records, rounds, str(status.get("status", "")))
                 if config.live:
                     live.update(table)
                 elif records:
@@ -634,23 +615,23 @@ def _kill_and_resume(
     return run_id
 
 
-def _progress_table(records: list[dict[str, Any]], rounds: int, state: str) -> Table:
+def _progress_table(records: list[RoundRecord], rounds: int, state: str) -> Table:
     last = records[-1] if records else None
     title = f"round {len(records)}/{rounds}"
     if last is not None:
-        title += f", accuracy {last['accuracy']:.3f}, sum b {last['sum-b']}"
+        title += f", accuracy {last.accuracy:.3f}, sum b {last.sum_b}"
     table = Table(title=f"{title} ({state})")
     for col in ("device", "planned b", "batch", "compute s", "wait s", "rate/s", "fill"):
         table.add_column(col, justify="right")
     if last is not None:
-        for dev, m in sorted(last["devices"].items()):
+        for dev, m in sorted(last.devices.items()):
             table.add_row(
                 dev,
-                str(m["planned-batch"]),
-                str(m["batch"]),
-                f"{m['compute-s']:.2f}",
-                f"{m['wait-s']:.2f}",
-                f"{m['rate']:.0f}",
-                str(m["fill"]),
+                str(last.planned.get(dev, "-")),
+                str(m.batch_size),
+                f"{m.compute_s:.2f}",
+                f"{m.wait_s:.2f}",
+                f"{m.stream_rate:.0f}",
+                str(m.buffer_fill),
             )
     return table

@@ -15,12 +15,14 @@ import shutil
 import subprocess
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from aggregator.checkpoint import RUN_CONFIG, read_state
+from aggregator.checkpoint import RUN_CONFIG, SERVER_ROUND, read_state
 from deploy.local import ProcessGroup, free_port, wait_for_port
 from deploy.secure import RunSecrets
+from edge_client.wire.run_config import RunSettings
 
 __all__ = ["FlowerDeployment", "FlowerError", "resume_run", "submit_run"]
 
@@ -127,9 +129,15 @@ def resume_run(
             f"the checkpoint in {checkpoint_dir} does not record its run config: resume with "
             f"flwr run . <connection> --run-config \"resume=true checkpoint-dir='...' ...\""
         )
-    config = {**saved, "resume": True, "checkpoint-dir": str(Path(checkpoint_dir).resolve())}
-    run_id = submit_run(app_dir, connection, config, env)
-    return run_id, int(state["server-round"]), int(config["num-rounds"])
+    try:
+        settings = RunSettings.from_run_config(saved)
+    except ValueError as err:
+        raise FlowerError(
+            f"the checkpoint in {checkpoint_dir} has a bad run config: {err}"
+        ) from err
+    settings = replace(settings, resume=True, checkpoint_dir=str(Path(checkpoint_dir).resolve()))
+    run_id = submit_run(app_dir, connection, settings.to_run_config(), env)
+    return run_id, int(state[SERVER_ROUND]), settings.num_rounds
 
 
 class FlowerDeployment:

@@ -5,8 +5,9 @@ message straight to the ClientApp of a *virtual device*: a buffer store of its o
 replayed synthetic stream at the device's rate on the virtual clock, and a slowdown charged
 on that clock instead of slept. It also plays the broker for data injection: after each
 round it delivers every opted-in device's outbox to the other opted-in devices' pools
-(:func:`edge_client.inject.receive`, as their ingest daemons would). A round costs the
-slowest device's ``compute * slowdown + wait + bytes / bandwidth`` (synchronous rounds).
+(:func:`edge_client.runtime.inject.receive`, as their ingest daemons would). A round costs
+the slowest device's ``compute * slowdown + wait + bytes / bandwidth`` (synchronous rounds).
+The virtual streams are :class:`~edge_client.emulation.virtual_stream.VirtualStream` s.
 Every time it reports is virtual-clock time; say so wherever it is printed.
 """
 
@@ -15,32 +16,31 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 from uuid import uuid4
 
-from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
+from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
-from edge_client.buffer import BufferStore
-from edge_client.client_app import app as default_client_app
-from edge_client.constants import (
-    DEFAULT_NUM_CLASSES,
-    POLICY_TRUNCATION,
-    SUPERLINK_NODE_ID,
-)
-from edge_client.datasets import load_dataset
-from edge_client.frames import SampleBatch
-from edge_client.inject import open_pool, receive
-from edge_client.protocol import CONFIG, METRICS, plan_from_config
-from edge_client.schedule import device_rng
-from edge_client.sources import SampleSource, label_distribution
+from edge_client.emulation.sources import dataset_source, label_distribution
+from edge_client.emulation.virtual_stream import VirtualStream
+from edge_client.runtime.buffer import BufferStore
+from edge_client.runtime.client_app import app as default_client_app
+from edge_client.runtime.constants import POLICY_TRUNCATION
+from edge_client.runtime.inject import open_pool, receive
+from edge_client.runtime.node_config import NodeConfig
+from edge_client.runtime.outbox import Outbox
+from edge_client.runtime.seeding import device_rng
+from edge_client.task.datasets import load_dataset
+from edge_client.wire.records import CONFIG, METRICS, DeviceReply, ReplyMetrics, RoundPlan
+from edge_client.wire.run_config import RunSettings
 
-__all__ = ["InProcessGrid", "LocalGrid", "VirtualDevice"]
+__all__ = ["InProcessGrid", "LocalGrid", "StaticGrid", "VirtualDevice"]
 
 FIRST_NODE_ID = 100
 
@@ -121,6 +121,24 @@ class LocalGrid(Grid):
         return self.pull_messages(self.push_messages(messages))
 
 
+class StaticGrid(LocalGrid):
+    """A Grid that only lists its nodes: enough to plan a round without running one (strategy
+    tests, the aggregator-at-scale benchmark)."""
+
+    def __init__(self, node_ids: Iterable[int]) -> None:
+        super().__init__()
+        self.node_ids = list(node_ids)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self.node_ids)
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        raise NotImplementedError("a StaticGrid runs no ClientApp")
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        raise NotImplementedError("a StaticGrid runs no ClientApp")
+
+
 class InProcessGrid(LocalGrid):
     """A Grid whose nodes are :class:`VirtualDevice` s served by a ClientApp in-process.
 
@@ -130,8 +148,9 @@ class InProcessGrid(LocalGrid):
         The fleet.
     workdir : Path
         Where the buffer files go.
-    run_config : dict
-        Flower run config handed to the ClientApp.
+    settings : RunSettings, optional
+        The run's settings: what the streams carry (``dataset``, ``num-classes``) and the
+        run config the ClientApp sees (pass the ServerApp's; defaults otherwise).
     client_app : ClientApp
         Defaults to fedstream's.
     uplink_mbps : float
@@ -144,26 +163,22 @@ class InProcessGrid(LocalGrid):
         of its measured time, which makes results independent of the host's load.
     on_round : callable, optional
         Called with ``(round, grid)`` before each round (e.g. to change slowdowns).
-    dataset : str
-        What the streams carry (:mod:`edge_client.datasets`); ``num-classes`` comes from
-        ``run_config``.
     """
 
     def __init__(
         self,
         devices: Sequence[VirtualDevice],
         workdir: Path,
-        run_config: dict[str, Any] | None = None,
+        settings: RunSettings | None = None,
         client_app: ClientApp | None = None,
         uplink_mbps: float = 10.0,
         seed: int = 0,
         step_time: Callable[[int], float] | None = None,
         on_round: Callable[[int, InProcessGrid], None] | None = None,
-        dataset: str = "synthetic",
     ) -> None:
         super().__init__()
         self.devices = {FIRST_NODE_ID + i: d for i, d in enumerate(devices)}
-        self.run_config = dict(run_config or {})
+        self.settings = settings or RunSettings()
         self.client_app = client_app or default_client_app
         self.uplink_mbps = uplink_mbps
         self.step_time = step_time
@@ -173,28 +188,29 @@ class InProcessGrid(LocalGrid):
         self.round = 0
         self.round_times: list[float] = []
         self._last_round_s = 0.0
-        data = load_dataset(dataset, int(self.run_config.get("num-classes", DEFAULT_NUM_CLASSES)))
+        data = load_dataset(self.settings.dataset, self.settings.num_classes)
         self._classes = data.num_classes
         self.stores: dict[int, BufferStore] = {}
+        self.outboxes: dict[int, Outbox] = {}
         self.pools: dict[int, BufferStore] = {}
+        self.streams: dict[int, VirtualStream] = {}
         self.inject_rejected: Counter[str] = Counter()
         self.inject_delivered = 0  # messages delivered (each to every other opted-in device)
-        self.sources: dict[int, SampleSource] = {}
-        self._owed: dict[int, float] = {}
         self._replies: dict[str, Message] = {}
         workdir.mkdir(parents=True, exist_ok=True)
         for node, dev in self.devices.items():
             rng = device_rng(seed, dev.device_id)
             probs = label_distribution(data.num_classes, rng, dev.labels, dev.dirichlet)
-            self.sources[node] = data.source(rng, probs, dev.feature_shift)
             path = workdir / f"{dev.device_id}.sqlite"
             self.stores[node] = BufferStore(
                 path, shape=data.shape, policy=dev.policy, capacity=dev.capacity
             )
+            self.outboxes[node] = Outbox(path)
             if dev.inject:
                 self.pools[node] = open_pool(path, data.shape)
-            self._feed(node, dev.initial)
-            self._owed[node] = 0.0
+            source = dataset_source(data, rng, probs, dev.feature_shift)
+            self.streams[node] = VirtualStream(self.stores[node], source, dev.rate)
+            self.streams[node].feed(dev.initial, self.clock)
 
     # -- Grid API ---------------------------------------------------------------------------
 
@@ -220,8 +236,9 @@ class InProcessGrid(LocalGrid):
         if self.on_round is not None:
             self.on_round(self.round, self)
         for node, dev in self.devices.items():  # what streamed in during the last round
+            self.streams[node].rate = dev.rate
             if math.isfinite(dev.rate):
-                self._feed(node, dev.rate * self._last_round_s)
+                self.streams[node].feed(dev.rate * self._last_round_s, self.clock)
         replies: list[Message] = []
         fills: dict[str, int] = {}
         round_s = 0.0
@@ -231,32 +248,25 @@ class InProcessGrid(LocalGrid):
             if self.round in dev.fail_rounds:
                 replies.append(Message(Error(code=0, reason="device offline"), reply_to=msg))
                 continue
-            virtual_wait = self._emulate_wait(node, msg.content.config_records[CONFIG])
+            plan = RoundPlan.from_record(msg.content.config_records[CONFIG])
+            virtual_wait = self.streams[node].wait_for(plan, self.clock)
             # The wait was charged on the virtual clock; the ClientApp must not sleep it again.
-            msg.content.config_records[CONFIG]["deadline-s"] = 0.0
+            msg.content.config_records[CONFIG] = replace(plan, deadline_s=0.0).to_record()
             fills[dev.device_id] = self.stores[node].fill
+            node_config = NodeConfig(dev.device_id, str(self.stores[node].path), inject=dev.inject)
             context = Context(
                 run_id=1,
                 node_id=node,
-                node_config={
-                    "device-id": dev.device_id,
-                    "buffer": str(self.stores[node].path),
-                    "inject": dev.inject,
-                },
+                node_config=node_config.to_node_config(),
                 state=RecordDict(),
-                run_config=self.run_config,
+                run_config=self.settings.to_run_config(),
             )
             reply = self.client_app(msg, context)
             if reply.has_content():
-                m = reply.content.metric_records[METRICS]
-                if self.step_time is not None and int(m["batch-size"]) > 0:  # type: ignore[arg-type]
-                    m["step-s"] = self.step_time(int(m["batch-size"]))  # type: ignore[arg-type]
-                    m["compute-s"] = float(m["step-s"]) * int(m["local-steps"])  # type: ignore[arg-type]
-                m["compute-s"] = float(m["compute-s"]) * dev.slowdown  # type: ignore[arg-type]
-                m["step-s"] = float(m["step-s"]) * dev.slowdown  # type: ignore[arg-type]
-                m["wait-s"] = virtual_wait
-                transfer = float(m["bytes-up"]) * 8 / (self.uplink_mbps * 1e6)  # type: ignore[arg-type]
-                round_s = max(round_s, float(m["compute-s"]) + virtual_wait + transfer)  # type: ignore[arg-type]
+                charged = self._charge(DeviceReply.from_content(reply.content), dev, virtual_wait)
+                reply.content.metric_records[METRICS] = charged.to_record()
+                transfer = charged.bytes_up * 8 / (self.uplink_mbps * 1e6)
+                round_s = max(round_s, charged.compute_s + virtual_wait + transfer)
             replies.append(reply)
         self._deliver_injections()
         self.fill_log.append(fills)
@@ -265,13 +275,25 @@ class InProcessGrid(LocalGrid):
         self.clock += round_s
         return replies
 
+    def _charge(self, reply: DeviceReply, dev: VirtualDevice, wait_s: float) -> ReplyMetrics:
+        """The reply's timings on the virtual clock: compute (the step-time model's, when
+        given) times the device's slowdown, and the virtual wait."""
+        m = reply.metrics
+        step_s, compute_s = m.step_s, m.compute_s
+        if self.step_time is not None and m.batch_size > 0:
+            step_s = self.step_time(m.batch_size)
+            compute_s = step_s * m.local_steps
+        return replace(
+            m, step_s=step_s * dev.slowdown, compute_s=compute_s * dev.slowdown, wait_s=wait_s
+        )
+
     def _deliver_injections(self) -> None:
         """Play the broker: each opted-in device's outbox to every other opted-in pool."""
-        for node, store in self.stores.items():
-            queued = store.outbox(limit=10**6)
+        for node, outbox in self.outboxes.items():
+            queued = outbox.pending(limit=10**6)
             if not queued:
                 continue
-            store.ack_outbox([i for i, _ in queued])
+            outbox.ack([i for i, _ in queued])
             if node not in self.pools:
                 continue  # not opted in: its daemon would not publish (and it never queues)
             for other, pool in self.pools.items():
@@ -282,36 +304,9 @@ class InProcessGrid(LocalGrid):
                     )
                     self.inject_delivered += len(payloads)
 
-    # -- virtual streams --------------------------------------------------------------------
-
-    def _feed(self, node: int, amount: float) -> None:
-        """Append ``amount`` samples (carrying fractions over) from the device's stream."""
-        owed = self._owed.get(node, 0.0) + amount
-        n = int(owed)
-        self._owed[node] = owed - n
-        if n > 0:
-            x, y = self.sources[node].next(n)
-            ts = [self.clock] * n
-            batch = SampleBatch(x=x, y=y, ts=ts)  # type: ignore[arg-type]
-            rate = self.devices[node].rate
-            self.stores[node].append([batch], rate=rate if math.isfinite(rate) else None)
-
-    def _emulate_wait(self, node: int, config: ConfigRecord) -> float:
-        """Stream in the samples the device would wait for, and charge that wait."""
-        dev = self.devices[node]
-        plan = plan_from_config(config)
-        if math.isinf(dev.rate):  # a stream always ahead: exactly what the round takes
-            self._feed(node, plan.batch_size * plan.local_steps - self.stores[node].fill)
-            return 0.0
-        per_step = plan.batch_size if plan.wait_policy == "wait" else plan.b_min
-        deficit = per_step * plan.local_steps - self.stores[node].fill
-        if deficit <= 0 or dev.rate <= 0:
-            return 0.0
-        wait = min(deficit / dev.rate, plan.deadline_s)
-        self._feed(node, dev.rate * wait)
-        return wait
-
     def close(self) -> None:
         """Close the buffer files."""
         for store in [*self.stores.values(), *self.pools.values()]:
             store.close()
+        for outbox in self.outboxes.values():
+            outbox.close()

@@ -1,0 +1,14 @@
+"""fedstream's device side, in layers (each a package):
+
+- :mod:`edge_client.wire`: what device and aggregator exchange and agree on (frames, the
+  update codec, the round records, the run config);
+- :mod:`edge_client.task`: the models and datasets (where a user's own plug in);
+- :mod:`edge_client.runtime`: what runs on a device (ingest, buffer, ClientApp);
+- :mod:`edge_client.emulation`: what stands in for sensors (publishers, replayed streams).
+
+The aggregator (:mod:`aggregator`) imports only ``wire`` and ``task``; ``edge_client`` never
+imports the aggregator. :mod:`edge_client.lazy` lets each package export its names without
+loading what a caller does not use.
+"""
+
+__all__ = ["emulation", "runtime", "task", "wire"]

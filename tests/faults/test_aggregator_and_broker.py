@@ -16,7 +16,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.test_deployment import demo
+from aggregator.records import read_metrics
+from tests.helpers import demo
 
 
 def test_a_secure_run_survives_a_broker_crash_and_resumes_after_an_aggregator_kill(
@@ -43,22 +44,22 @@ def test_a_secure_run_survives_a_broker_crash_and_resumes_after_an_aggregator_ki
     assert "root-certificates" in flwr_config and "insecure" not in flwr_config
     superlink_log = (run_dir / "flwr" / "logs" / "superlink.log").read_text()
     assert superlink_log.count("Activated node_id") >= 2  # registered keys, signed requests
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["round"] for r in records] == [1, 2, 3, 4]
+    records = read_metrics(run_dir / "metrics.jsonl")
+    assert [r.round for r in records] == [1, 2, 3, 4]
     # The controller state came back: round 3 is planned from the timings of rounds 1-2.
-    assert records[0]["planned"] == {"dev-0": 64, "dev-1": 64}
-    assert records[2]["planned"]["dev-1"] < records[2]["planned"]["dev-0"]
-    assert sum(records[2]["planned"].values()) == 128
+    assert records[0].planned == {"dev-0": 64, "dev-1": 64}
+    assert records[2].planned["dev-1"] < records[2].planned["dev-0"]
+    assert sum(records[2].planned.values()) == 128
     # So did the model: training goes on from where it was, not from scratch.
-    assert records[3]["accuracy"] > records[0]["accuracy"]
+    assert records[3].accuracy > records[0].accuracy
     state = json.loads((run_dir / "checkpoint" / "state.json").read_text())
     assert state["server-round"] == 4 and state["run-config"]["num-rounds"] == 4
-    assert not [d for r in records for d in r["devices"] if d.startswith("node-")]
+    assert not [d for r in records for d in r.devices if d.startswith("node-")]
     # Every round trained every device, the one during the broker outage too; the ingest
     # daemons reconnected to their persisted sessions and kept streaming in.
     assert "killed the broker" in out and "restarted the broker" in out
-    assert all(set(r["devices"]) == {"dev-0", "dev-1"} and not r["failed"] for r in records)
+    assert all(set(r.devices) == {"dev-0", "dev-1"} and not r.failed for r in records)
     for dev in ("dev-0", "dev-1"):
         log = (run_dir / "logs" / f"ingest-{dev}.log").read_text()
         assert "(session present: True)" in log, log[-2000:]
-    assert all(m["rate"] > 50 for m in records[-1]["devices"].values())
+    assert all(m.stream_rate > 50 for m in records[-1].devices.values())

@@ -11,14 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from bench.probes import buffer_stats as stats
-from bench.probes import publish_report, start_ingest
 from deploy.brokers import BROKER_CONFIG_DIR, MosquittoBroker
 from deploy.local import ProcessGroup, fedstream_command, wait_until
+from deploy.probes import buffer_stats as stats
+from deploy.probes import publish_report, start_ingest
 from deploy.secure import RunSecrets, make_run_secrets
-from tests.conftest import needs_mosquitto
 
-pytestmark = needs_mosquitto
+pytestmark = pytest.mark.mosquitto
 
 DEVICE = "dev-a"
 OUTAGE_S = 3.0

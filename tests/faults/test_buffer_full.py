@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from bench.probes import buffer_stats as stats
-from bench.probes import publish_report, start_ingest
 from deploy.local import ProcessGroup, wait_until
-from edge_client.buffer import BufferStore
-from tests.test_ingest import publish_cmd
+from deploy.probes import buffer_stats as stats
+from deploy.probes import publish_report, start_ingest
+from edge_client.runtime.buffer import BufferStore
+from tests.helpers import publish_cmd
 
 CAPACITY = 500
 

@@ -10,18 +10,25 @@ from pathlib import Path
 
 import pytest
 
-from bench.faults import DISK_MB, FULL_S
-from bench.probes import MqttProbe, fill_disk, publish_report, small_disk, start_ingest
-from bench.probes import buffer_stats as stats
 from deploy.brokers import EmbeddedBroker, MosquittoBroker
 from deploy.local import ProcessGroup, fedstream_command, wait_until
-from edge_client.mqtt import status_topic
+from deploy.probes import (
+    DISK_FULL_S,
+    SMALL_DISK_MB,
+    MqttProbe,
+    fill_disk,
+    publish_report,
+    small_disk,
+    start_ingest,
+)
+from deploy.probes import buffer_stats as stats
+from edge_client.wire.topics import status_topic
 
 
 @pytest.fixture
 def disk(tmp_path: Path) -> Iterator[Path]:
     try:
-        with small_disk(tmp_path, DISK_MB) as mount:
+        with small_disk(tmp_path, SMALL_DISK_MB) as mount:
             yield mount
     except OSError as err:
         pytest.skip(f"needs root to mount a small tmpfs: {err}")
@@ -48,7 +55,7 @@ def test_a_full_disk_holds_messages_with_a_clear_error_and_recovers(
     ballast = fill_disk(disk)
     assert wait_until(lambda: "error" in watcher.last_json(), 15)
     full_status = watcher.last_json()
-    time.sleep(FULL_S)
+    time.sleep(DISK_FULL_S)
     ballast.unlink()
     report = publish_report(pub)
     # Assert: while full, the daemon stayed up, held the messages unacknowledged, and said

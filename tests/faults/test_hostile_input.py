@@ -17,17 +17,17 @@ from typing import Any
 import numpy as np
 import pytest
 
-from aggregator.settings import RunSettings
-from edge_client.codec import REASONS, CodecError, decode, encode, seal
-from edge_client.frames import (
+from edge_client.runtime.inject import INJECT_REJECT_REASONS, open_pool, receive
+from edge_client.task.synthetic import SensorTask
+from edge_client.wire.codec import REASONS, CodecError, decode, encode, seal
+from edge_client.wire.frames import (
     REJECT_REASONS,
     FrameError,
     decode_messages,
     decode_payload,
     encode_frame,
 )
-from edge_client.inject import INJECT_REJECT_REASONS, open_pool, receive
-from edge_client.synthetic import SensorTask
+from edge_client.wire.run_config import RunSettings
 
 SEEDS = range(40)
 SHAPE = (6, 32)

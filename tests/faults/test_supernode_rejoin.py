@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.test_deployment import demo
+from aggregator.records import read_metrics
+from tests.helpers import demo
 
 
 def test_a_killed_supernode_rejoins_and_keeps_its_state_by_device_id(tmp_path: Path) -> None:
@@ -22,18 +23,18 @@ def test_a_killed_supernode_rejoins_and_keeps_its_state_by_device_id(tmp_path: P
     assert rc == 0, out[-3000:]
     assert summary["status"] == "finished:completed" and summary["rounds"] == 4
     run_dir = next(tmp_path.glob("run-*"))
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert "dev-2" in records[-1]["devices"] and "dev-2" in records[0]["devices"]
-    assert records[-1]["failed"].get("dev-2", 0) >= 1
-    assert not [d for r in records for d in r["devices"] if d.startswith("node-")]
+    records = read_metrics(run_dir / "metrics.jsonl")
+    assert "dev-2" in records[-1].devices and "dev-2" in records[0].devices
+    assert records[-1].failed.get("dev-2", 0) >= 1
+    assert not [d for r in records for d in r.devices if d.startswith("node-")]
     assert "restarted dev-2's SuperNode after round 1" in out
     # Its controller state survived under its device id: the throughput first measured in
     # round 1, before the kill, is still the one the checkpoint holds; the dead node is
     # retired (no message, no timeout, in round 4) and the new one maps to dev-2.
     state = json.loads((run_dir / "checkpoint" / "state.json").read_text())
     first = state["controller"]["devices"]["dev-2"]["first_throughput"]
-    round1 = records[0]["devices"]["dev-2"]
-    assert abs(first - round1["batch"] / round1["step-s"]) < 1e-6 * first
+    round1 = records[0].devices["dev-2"]
+    assert abs(first - round1.batch_size / round1.step_s) < 1e-6 * first
     assert set(state["controller"]["devices"]) == {"dev-0", "dev-1", "dev-2"}
     assert len(state["retired-nodes"]) == 1 and "dev-2" in state["node-devices"].values()
-    assert records[-1]["failed"] == records[-2]["failed"]  # nothing new failed in round 4
+    assert records[-1].failed == records[-2].failed  # nothing new failed in round 4

@@ -1,0 +1,297 @@
+"""Ingest throughput: a raw paho subscriber loop vs. the full ingest path into the buffer.
+
+Both drain the same thing: N QoS 1 messages that the broker queued for a persistent session
+while the subscriber was away (a feeder published them beforehand). That takes the
+publisher's speed out of the figure and measures what the subscriber side can take.
+Then a live run checks that the ingest daemon's memory stays flat under the truncation
+policy.
+
+    python -m deploy.bench.ingest [--quick] [--json PATH] [--broker mosquitto|embedded]
+
+All ratios are measured side by side in one run on the same broker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import paho.mqtt.client as mqtt
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from deploy.brokers import EmbeddedBroker, MosquittoBroker, mosquitto_available
+from deploy.local import ProcessGroup, fedstream_command
+from edge_client.runtime.buffer import BufferStore
+from edge_client.runtime.ingest import IngestConfig, IngestDaemon
+from edge_client.runtime.mqtt import BrokerURL, connect_async, make_client
+from edge_client.task.synthetic import SensorTask
+from edge_client.wire.frames import encode_frame
+from edge_client.wire.topics import samples_topic
+
+DEVICE = "bench"
+
+
+def _connected_client(
+    url: BrokerURL, client_id: str, max_inflight: int = 20, **kw: Any
+) -> mqtt.Client:
+    ready = threading.Event()
+    client = make_client(client_id, url, **kw)
+    client.max_inflight_messages_set(max_inflight)
+    client.on_connect = lambda *_: ready.set()
+    connect_async(client, url)
+    if not ready.wait(10):
+        raise RuntimeError(f"{client_id}: no connection to {url}")
+    return client
+
+
+def make_session(url: BrokerURL, client_id: str) -> None:
+    """Create a persistent session subscribed to the samples topic, then leave."""
+    client = _connected_client(url, client_id, clean_session=False)
+    client.subscribe(samples_topic(DEVICE), qos=1)
+    time.sleep(0.3)
+    client.disconnect()
+    client.loop_stop()
+
+
+def preload(url: BrokerURL, messages: int, per_message: int, shape: tuple[int, ...]) -> int:
+    """Publish ``messages`` frames of ``per_message`` samples at QoS 1; wait for every ack."""
+    task = SensorTask(shape) if len(shape) == 2 else None
+    rng = np.random.default_rng(0)
+    pool = []
+    for i in range(64):  # a pool of distinct frames, re-stamped with their sequence number
+        if task is not None:
+            x, y = task.sample(per_message, rng)
+        else:  # single sensor readings
+            x = rng.standard_normal((per_message, *shape)).astype(np.float32)
+            y = rng.integers(0, 6, per_message)
+        pool.append((x, y, np.full(per_message, 1.7e9 + i)))
+    client = _connected_client(url, "bench-feeder", max_inflight=1000)
+    acked = 0
+
+    def on_publish(*_: Any) -> None:
+        nonlocal acked
+        acked += 1
+
+    client.on_publish = on_publish
+    for seq in range(messages):
+        x, y, ts = pool[seq % len(pool)]
+        client.publish(samples_topic(DEVICE), encode_frame(x, y, ts, publisher="feed", seq=seq), 1)
+        while seq - acked > 5000:
+            time.sleep(0.001)
+    deadline = time.monotonic() + 120
+    while acked < messages and time.monotonic() < deadline:
+        time.sleep(0.01)
+    client.disconnect()
+    client.loop_stop()
+    return acked
+
+
+def drain_raw(url: BrokerURL, messages: int) -> float:
+    """Seconds for a plain paho subscriber (auto-ack, count only) to receive everything."""
+    done = threading.Event()
+    count = 0
+    t0 = 0.0
+
+    def on_message(*_: Any) -> None:
+        nonlocal count
+        count += 1
+        if count == messages:
+            done.set()
+
+    client = make_client("bench-raw", url, clean_session=False)
+    client.on_message = on_message
+
+    def on_connect(c: mqtt.Client, *_: Any) -> None:
+        nonlocal t0
+        t0 = time.perf_counter()
+        c.subscribe(samples_topic(DEVICE), qos=1)
+
+    client.on_connect = on_connect
+    connect_async(client, url)
+    if not done.wait(300):
+        raise RuntimeError(f"raw subscriber got {count} of {messages}")
+    elapsed = time.perf_counter() - t0
+    client.disconnect()
+    client.loop_stop()
+    return elapsed
+
+
+def drain_ingest(samples: int, config: IngestConfig) -> float:
+    """Seconds for the ingest daemon to commit (and acknowledge) everything."""
+    buffer = config.buffer
+    daemon = IngestDaemon(config)
+    reader = BufferStore(buffer)
+    daemon.start()
+    daemon.wait_connected(30)
+    t0 = time.perf_counter()  # from the connection, as for the raw subscriber
+    deadline = time.monotonic() + 300
+    while reader.stats()["received"] < samples and time.monotonic() < deadline:
+        time.sleep(0.01)
+    elapsed = time.perf_counter() - t0
+    got = reader.stats()["received"]
+    daemon.stop()
+    reader.close()
+    if got != samples:
+        raise RuntimeError(f"ingest committed {got} of {samples} samples")
+    return elapsed
+
+
+def throughput_case(
+    url: BrokerURL, per_message: int, messages: int, shape: tuple[int, ...], reps: int, tmp: Path
+) -> dict[str, Any]:
+    """Raw and ingest drains of the same preloaded queue, alternated ``reps`` times."""
+    raw: list[float] = []
+    ingest: list[float] = []
+    for rep in range(reps):
+        make_session(url, "bench-raw")
+        make_session(url, "bench-ingest")
+        acked = preload(url, messages, per_message, shape)  # queued for both sessions
+        assert acked == messages, f"feeder: {acked} of {messages} acknowledged"
+        raw.append(drain_raw(url, messages))
+        config = IngestConfig(
+            broker=url,
+            device_id=DEVICE,
+            buffer=tmp / f"b{per_message}-{len(shape)}-{rep}.sqlite",
+            capacity=10**9,
+            shape=shape,
+            client_id="bench-ingest",
+        )
+        ingest.append(drain_ingest(messages * per_message, config))
+    raw_s, ingest_s = statistics.median(raw), statistics.median(ingest)
+    sample_bytes = 4 * math.prod(shape) + 16
+    return {
+        "samples-per-message": per_message,
+        "sample-shape": list(shape),
+        "sample-bytes": sample_bytes,
+        "messages": messages,
+        "repetitions": reps,
+        "raw-msg-s": messages / raw_s,
+        "ingest-msg-s": messages / ingest_s,
+        "raw-samples-s": messages * per_message / raw_s,
+        "ingest-samples-s": messages * per_message / ingest_s,
+        "ingest-mb-s": messages * per_message * sample_bytes / ingest_s / 1e6,
+        "ratio": raw_s / ingest_s,
+        "ratios": [r / i for r, i in zip(raw, ingest, strict=True)],
+    }
+
+
+def rss_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+def memory_case(url: str, seconds: float, tmp: Path) -> dict[str, Any]:
+    """RSS of a live ``fedstream ingest`` (truncation) under a steady 64-sample stream."""
+    buf = tmp / "mem.sqlite"
+    samples: list[tuple[float, int]] = []
+    with ProcessGroup() as group:
+        daemon = group.start(
+            "ingest",
+            fedstream_command(
+                "ingest",
+                "--broker",
+                url,
+                "--device-id",
+                "mem",
+                "--buffer",
+                str(buf),
+                "--policy",
+                "truncation",
+                "--capacity",
+                "20000",
+            ),
+            log_path=tmp / "mem.log",
+        )
+        time.sleep(1.0)
+        group.start(
+            "pub",
+            fedstream_command(
+                "publish",
+                "--broker",
+                url,
+                "--device-id",
+                "mem",
+                "--rate",
+                "20000",
+                "--batch",
+                "64",
+                "--duration",
+                str(seconds),
+            ),
+            log_path=tmp / "mem-pub.log",
+        )
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < seconds:
+            samples.append((time.monotonic() - t0, rss_kib(daemon.pid)))
+            time.sleep(1.0)
+    with BufferStore(buf) as store:
+        s = store.stats()
+    warm = [r for t, r in samples if t >= min(10.0, seconds / 3)]
+    return {
+        "seconds": seconds,
+        "rss-kib-after-warmup": warm[0],
+        "rss-kib-end": warm[-1],
+        "rss-kib-max": max(warm),
+        "growth-after-warmup": warm[-1] / warm[0],
+        "rss-kib-series": [r for _, r in samples],
+        "accepted": s["accepted"],
+        "dropped": s["dropped"],
+        "fill": s["fill"],
+        "db-bytes": sum(p.stat().st_size for p in tmp.glob("mem.sqlite*")),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller runs (CI smoke)")
+    parser.add_argument("--json", type=Path, help="write results here")
+    parser.add_argument("--broker", choices=["mosquitto", "embedded"], default=None)
+    args = parser.parse_args()
+    kind = args.broker or ("mosquitto" if mosquitto_available() else "embedded")
+    small, big, seconds, reps = (5000, 500, 15.0, 1) if args.quick else (50_000, 4000, 60.0, 3)
+    window, reading = (6, 32), (6,)
+    cases = [(1, small, window), (64, big, window), (64, big, reading)]
+    broker = MosquittoBroker() if kind == "mosquitto" else EmbeddedBroker()
+    results: dict[str, Any] = {"broker": kind, "cores": os.cpu_count(), "cases": []}
+    with broker, tempfile.TemporaryDirectory() as tmpdir:
+        tmp = Path(tmpdir)
+        url = BrokerURL.parse(broker.url)
+        for per, n, shape in cases:
+            case = throughput_case(url, per, n, shape, reps, tmp)
+            results["cases"].append(case)
+            print(
+                f"{per:>2} x {case['sample-bytes']} B samples/msg, {n} msgs, median of {reps}: "
+                f"raw {case['raw-msg-s']:,.0f} msg/s, ingest {case['ingest-msg-s']:,.0f} msg/s "
+                f"= {case['ingest-samples-s']:,.0f} samples/s ({case['ingest-mb-s']:.0f} MB/s), "
+                f"ingest/raw {case['ratio']:.2f}x",
+                flush=True,
+            )
+        mem = memory_case(broker.url, seconds, tmp)
+        results["memory"] = mem
+        print(
+            f"memory over {seconds:.0f} s (truncation, 20k samples/s in 64-sample messages): "
+            f"RSS {mem['rss-kib-after-warmup'] / 1024:.1f} MiB after warm-up -> "
+            f"{mem['rss-kib-end'] / 1024:.1f} MiB at end (x{mem['growth-after-warmup']:.3f}); "
+            f"accepted {mem['accepted']:,}, dropped {mem['dropped']:,}, fill {mem['fill']:,}",
+            flush=True,
+        )
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,19 @@
+"""Constants of the launchers: the embedded broker and ``fedstream demo``'s defaults."""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- Embedded broker (iotcore / rumqttd) -------------------------------------------------
+EMBEDDED_MAX_PAYLOAD: Final = 1024 * 1024
+EMBEDDED_MAX_INFLIGHT: Final = 1000
+DEFAULT_MQTT_PORT: Final = 1883
+
+# --- fedstream demo ----------------------------------------------------------------------
+DEMO_DEVICES: Final = 4
+DEMO_CAPACITY: Final = 5000  # samples per device buffer: a demo runs minutes, not days
+DEMO_DURATION_S: Final = 20.0  # --stream-only
+DEMO_BATCH: Final = 4  # samples per published message
+# The demo's training settings over the app's defaults (RunSettings field names; the
+# demo's options and --run-config override them).
+DEMO_SETTINGS: Final = {"num_rounds": 6, "local_steps": 40}

@@ -1,0 +1,122 @@
+"""Fixed-seed in-process runs whose final weights a refactoring must not change.
+
+    python dev/fingerprint.py > after.jsonl     # then compare with the same before the change
+
+Three runs on the in-process runner, one torch thread, a virtual step cost (so that the
+dynamic controller's input, and with it every plan, is exact):
+
+- ``A-default``: 4 devices (slowdowns 1/1/2/4, streams 400/300/200/150 samples/s), the
+  dynamic controller with the availability cap, 6 rounds of 10 steps;
+- ``B-features``: slow streams that cap batches, ``wait``, half the buffers ``persistence``,
+  two labels per device, adaptive top-k with error feedback, an fp16 broadcast, ScaDLES
+  injection and FedProx, 5 rounds;
+- ``C-krum``: 5 devices with Dirichlet(0.5) labels, multi-Krum over int8 updates, the static
+  controller, 4 rounds.
+
+Each line: the run, a SHA-256 of its final weights (names and float32 bytes, sorted by
+name), and its per-round plans, accuracies, codec modes and aggregated devices. The hash is
+bit-exact on one machine and torch build; across CPUs or builds, compare the rest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from aggregator.checkpoint import load_checkpoint
+from aggregator.server_app import run_rounds
+from deploy.inprocess import InProcessGrid, VirtualDevice
+from edge_client.emulation.sources import pick_classes
+from edge_client.wire.run_config import RunSettings
+
+BASE: dict[str, Any] = {
+    "num_rounds": 4,
+    "local_steps": 5,
+    "global_batch": 64,
+    "b_min": 4,
+    "b_max": 64,
+    "eval_samples": 500,
+    "seed": 0,
+}
+
+
+def step_time(batch: int) -> float:
+    """The virtual cost of one step at ``batch``."""
+    return 1e-3 + 2e-5 * batch
+
+
+def fingerprint(name: str, devices: list[VirtualDevice], overrides: dict[str, Any]) -> str:
+    """One run's line: the hash of its final weights and what each round did."""
+    with tempfile.TemporaryDirectory(prefix="fedstream-fingerprint-") as tmp:
+        settings = RunSettings(**{**BASE, **overrides, "checkpoint_dir": f"{tmp}/ckpt"})
+        grid = InProcessGrid(devices, Path(tmp) / "buffers", settings, step_time=step_time)
+        records = run_rounds(grid, settings)
+        grid.close()
+        checkpoint = load_checkpoint(settings.checkpoint_dir)
+    assert checkpoint is not None
+    weights = checkpoint.arrays.to_torch_state_dict()
+    digest = hashlib.sha256()
+    for key in sorted(weights):
+        digest.update(key.encode())
+        digest.update(weights[key].numpy().tobytes())
+    return json.dumps(
+        {
+            "run": name,
+            "sha256": digest.hexdigest(),
+            "planned": [r.planned for r in records],
+            "accuracy": [r.accuracy for r in records],
+            "modes": [r.compress for r in records],
+            "aggregated": [r.aggregated for r in records],
+        }
+    )
+
+
+def main() -> None:
+    """Print the three runs' lines."""
+    torch.set_num_threads(1)
+    speeds = list(zip((1, 1, 2, 4), (400, 300, 200, 150), strict=True))
+    print(
+        fingerprint(
+            "A-default",
+            [VirtualDevice(f"dev-{i}", slowdown=s, rate=r) for i, (s, r) in enumerate(speeds)],
+            {"num_rounds": 6, "local_steps": 10},
+        )
+    )
+    slow = list(zip((1, 1, 2, 4), (60, 40, 30, 20), strict=True))
+    print(
+        fingerprint(
+            "B-features",
+            [
+                VirtualDevice(
+                    f"dev-{i}", slowdown=s, rate=r, initial=150, inject=True, capacity=3000,
+                    labels=pick_classes(2, 6, index=i),
+                    policy="persistence" if i % 2 else "truncation",
+                )
+                for i, (s, r) in enumerate(slow)
+            ],
+            {
+                "num_rounds": 5, "compress": "adaptive", "compress_ratio": 0.05,
+                "compress_broadcast": "fp16", "inject_alpha": 0.5, "proximal_mu": 0.1,
+                "wait_policy": "wait",
+            },
+        )
+    )  # fmt: skip
+    skewed = [
+        VirtualDevice(f"dev-{i}", slowdown=1 + i % 3, rate=300, dirichlet=0.5) for i in range(5)
+    ]
+    settings = {
+        "aggregation": "multi-krum",
+        "krum_malicious": 1,
+        "compress": "int8",
+        "controller": "static",
+    }
+    print(fingerprint("C-krum", skewed, settings))
+
+
+if __name__ == "__main__":
+    main()

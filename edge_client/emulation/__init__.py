@@ -1,0 +1,72 @@
+"""Stream emulation: what stands in for sensors, kept apart from the device runtime.
+
+- :mod:`~edge_client.emulation.publisher`: ``fedstream publish`` (samples at a rate, over MQTT);
+- :mod:`~edge_client.emulation.sources`: where samples come from (a task, a file, a
+  dataset) and their label skew;
+- :mod:`~edge_client.emulation.schedule`: stream rates (ScaDLES' sets) and arrival processes;
+- :mod:`~edge_client.emulation.replay`, :mod:`~edge_client.emulation.simulation`: replayed
+  streams for Flower's simulation engine;
+- :mod:`~edge_client.emulation.virtual_stream`: streams on the in-process runner's virtual
+  clock.
+
+It feeds the runtime's buffers; the runtime never imports it (but for the simulation
+engine's virtual nodes).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from edge_client.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from edge_client.emulation.publisher import PublisherConfig, PublishReport, run_publisher
+    from edge_client.emulation.replay import replay_into
+    from edge_client.emulation.schedule import arrival_offsets, draw_rate
+    from edge_client.emulation.simulation import simulated_node
+    from edge_client.emulation.sources import (
+        ArraySource,
+        SampleSource,
+        SyntheticSource,
+        dataset_source,
+        label_distribution,
+        load_file,
+        pick_classes,
+    )
+    from edge_client.emulation.virtual_stream import VirtualStream
+
+_EXPORTS = {
+    "ArraySource": "sources",
+    "PublishReport": "publisher",
+    "PublisherConfig": "publisher",
+    "SampleSource": "sources",
+    "SyntheticSource": "sources",
+    "VirtualStream": "virtual_stream",
+    "arrival_offsets": "schedule",
+    "dataset_source": "sources",
+    "draw_rate": "schedule",
+    "label_distribution": "sources",
+    "load_file": "sources",
+    "pick_classes": "sources",
+    "replay_into": "replay",
+    "run_publisher": "publisher",
+    "simulated_node": "simulation",
+}
+__all__ = [
+    "ArraySource",
+    "PublishReport",
+    "PublisherConfig",
+    "SampleSource",
+    "SyntheticSource",
+    "VirtualStream",
+    "arrival_offsets",
+    "dataset_source",
+    "draw_rate",
+    "label_distribution",
+    "load_file",
+    "pick_classes",
+    "replay_into",
+    "run_publisher",
+    "simulated_node",
+]
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -1,0 +1,19 @@
+"""Constants of the stream emulation: publishers, arrival processes, ScaDLES' rate sets."""
+
+from __future__ import annotations
+
+from typing import Final
+
+PUBLISH_MAX_INFLIGHT: Final = 1000
+PUBLISH_MAX_OUTSTANDING: Final = 60_000  # paho message ids are 16 bit
+DISTRIBUTIONS: Final = ("constant", "poisson", "bursty")
+BURST_FACTOR: Final = 4.0  # bursty: on-phases send at 4x the mean rate, a quarter of the time
+
+# ScaDLES stream-rate sets, samples/s: (distribution, mean, standard deviation).
+RATE_SETS: Final = {
+    "S1": ("uniform", 38.0, 24.0),
+    "S2": ("uniform", 300.0, 112.0),
+    "S1p": ("normal", 64.0, 24.0),
+    "S2p": ("normal", 256.0, 28.0),
+}
+MIN_STREAM_RATE: Final = 1.0

@@ -1,0 +1,231 @@
+"""The stream publisher: sends samples to ``fedstream/v1/<device-id>/samples`` at a rate.
+
+Messages are binary frames stamped with a publisher id (unique per run) and a sequence
+number, so that the ingest daemon can drop QoS 1 redeliveries. paho keeps QoS 1 messages
+while the broker is away and resends them after it reconnects, so publishing goes on
+through broker restarts.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import paho.mqtt.client as mqtt
+
+from edge_client.emulation.constants import PUBLISH_MAX_INFLIGHT, PUBLISH_MAX_OUTSTANDING
+from edge_client.emulation.schedule import arrival_offsets
+from edge_client.emulation.sources import SampleSource
+from edge_client.runtime.mqtt import BrokerURL, connect_async, make_client
+from edge_client.wire.frames import encode_frame
+from edge_client.wire.topics import samples_topic
+
+__all__ = ["PublishReport", "PublisherConfig", "run_publisher"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PublisherConfig:
+    """What to publish, where and how fast (rates in samples per second)."""
+
+    broker: BrokerURL
+    device_id: str
+    rate: float
+    count: int | None = None
+    duration: float | None = None
+    batch: int = 1
+    distribution: str = "constant"
+    qos: int = 1
+    seed: int = 0
+    username: str | None = None
+    password: str | None = None
+    cafile: str | None = None
+    connect_timeout: float = 30.0
+    drain_timeout: float = 60.0
+    publisher_id: str = field(default_factory=lambda: secrets.token_hex(6))
+
+    def __post_init__(self) -> None:
+        if (self.count is None) == (self.duration is None):
+            raise ValueError("give exactly one of count and duration")
+        if self.count is not None and self.count < 1:
+            raise ValueError(f"count must be >= 1, got {self.count}")
+        if self.duration is not None and not self.duration > 0:
+            raise ValueError(f"duration must be > 0, got {self.duration}")
+        if self.batch < 1:
+            raise ValueError(f"batch must be >= 1, got {self.batch}")
+        if not self.rate > 0:
+            raise ValueError(f"rate must be > 0, got {self.rate}")
+        if self.qos not in (0, 1, 2):
+            raise ValueError(f"qos must be 0, 1 or 2, got {self.qos}")
+
+
+@dataclass
+class PublishReport:
+    """What a publisher run did."""
+
+    device_id: str
+    publisher_id: str
+    samples: int
+    messages: int
+    acknowledged: int
+    elapsed_s: float
+    target_rate: float
+
+    @property
+    def achieved_rate(self) -> float:
+        """Samples per second over the sending period."""
+        return self.samples / self.elapsed_s if self.elapsed_s > 0 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form with kebab-case keys."""
+        return {
+            "device-id": self.device_id,
+            "publisher-id": self.publisher_id,
+            "samples": self.samples,
+            "messages": self.messages,
+            "acknowledged": self.acknowledged,
+            "elapsed-s": round(self.elapsed_s, 3),
+            "target-rate": round(self.target_rate, 3),
+            "achieved-rate": round(self.achieved_rate, 3),
+        }
+
+
+class _Acks:
+    """Counts broker acknowledgements and connection state from paho's thread."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.connected = threading.Event()
+        self.refused: str | None = None
+
+    def on_connect(self, client: mqtt.Client, _u: Any, _f: Any, rc: Any, _p: Any) -> None:
+        if rc.is_failure:
+            self.refused = str(rc)
+            log.error("broker refused the connection: %s", rc)
+        else:
+            self.refused = None
+            self.connected.set()
+
+    def on_disconnect(self, client: mqtt.Client, _u: Any, _f: Any, rc: Any, _p: Any) -> None:
+        self.connected.clear()
+        if rc.is_failure:
+            log.warning("lost the broker (%s); paho reconnects and resends", rc)
+
+    def on_publish(self, client: mqtt.Client, _u: Any, _mid: int, _rc: Any, _p: Any) -> None:
+        self.count += 1
+
+
+def run_publisher(
+    config: PublisherConfig,
+    source: SampleSource,
+    *,
+    stop: threading.Event | None = None,
+    on_progress: Callable[[int, float], None] | None = None,
+) -> PublishReport:
+    """Publish samples from ``source`` until ``count`` samples or ``duration`` seconds.
+
+    Parameters
+    ----------
+    config : PublisherConfig
+        Broker, device, rate and amount.
+    source : SampleSource
+        Where the samples come from.
+    stop : threading.Event, optional
+        Set it to stop early (samples sent so far are still drained).
+    on_progress : callable, optional
+        Called about once a second with ``(samples sent, elapsed seconds)``.
+
+    Returns
+    -------
+    PublishReport
+
+    Raises
+    ------
+    ConnectionError
+        If no connection is made within ``connect_timeout`` seconds.
+    """
+    stop = stop or threading.Event()
+    acks = _Acks()
+    client = make_client(
+        f"fedstream-pub-{config.device_id}-{config.publisher_id}",
+        config.broker,
+        username=config.username,
+        password=config.password,
+        cafile=config.cafile,
+    )
+    client.on_connect = acks.on_connect
+    client.on_disconnect = acks.on_disconnect
+    client.on_publish = acks.on_publish
+    client.max_inflight_messages_set(PUBLISH_MAX_INFLIGHT)
+    client.max_queued_messages_set(0)  # unbounded: keep every sample while the broker is away
+    connect_async(client, config.broker)
+    try:
+        if not acks.connected.wait(config.connect_timeout):
+            why = f" ({acks.refused})" if acks.refused else ""
+            raise ConnectionError(f"could not connect to {config.broker}{why}")
+        return _publish_loop(config, source, client, acks, stop, on_progress)
+    finally:
+        client.disconnect()
+        client.loop_stop()
+
+
+def _publish_loop(
+    config: PublisherConfig,
+    source: SampleSource,
+    client: mqtt.Client,
+    acks: _Acks,
+    stop: threading.Event,
+    on_progress: Callable[[int, float], None] | None,
+) -> PublishReport:
+    topic = samples_topic(config.device_id)
+    rng = np.random.default_rng([config.seed, 7])
+    offsets = arrival_offsets(config.rate / config.batch, config.distribution, rng)
+    total = config.count
+    sent = messages = 0
+    start = time.monotonic()
+    next_report = start + 1.0
+    for offset in offsets:
+        if stop.is_set() or (total is not None and sent >= total):
+            break
+        if config.duration is not None and offset >= config.duration:
+            break
+        delay = start + offset - time.monotonic()
+        if delay > 0 and stop.wait(delay):
+            break
+        # Bound what paho holds (its message ids are 16 bit) if the broker is away long.
+        while messages - acks.count > PUBLISH_MAX_OUTSTANDING and not stop.wait(0.05):
+            pass
+        n = config.batch if total is None else min(config.batch, total - sent)
+        x, y = source.next(n)
+        ts = np.full(n, time.time())
+        payload = encode_frame(x, y, ts, publisher=config.publisher_id, seq=messages)
+        client.publish(topic, payload, qos=config.qos)
+        sent += n
+        messages += 1
+        now = time.monotonic()
+        if on_progress is not None and now >= next_report:
+            on_progress(sent, now - start)
+            next_report = now + 1.0
+    elapsed = time.monotonic() - start
+    if config.qos > 0:  # wait until the broker has every message
+        deadline = time.monotonic() + config.drain_timeout
+        while acks.count < messages and time.monotonic() < deadline:
+            time.sleep(0.02)
+        if acks.count < messages:
+            log.warning("%d of %d messages unacknowledged", messages - acks.count, messages)
+    return PublishReport(
+        device_id=config.device_id,
+        publisher_id=config.publisher_id,
+        samples=sent,
+        messages=messages,
+        acknowledged=acks.count if config.qos > 0 else messages,
+        elapsed_s=elapsed,
+        target_rate=config.rate,
+    )

@@ -1,0 +1,82 @@
+"""What runs on a device: ingest, the buffer file, and the ClientApp.
+
+- :mod:`~edge_client.runtime.ingest`: the ingest daemon (MQTT in, buffer out, exactly once);
+- :mod:`~edge_client.runtime.buffer`: the durable, bounded sample buffer (SQLite);
+- :mod:`~edge_client.runtime.device_state`, :mod:`~edge_client.runtime.outbox`: what the
+  device keeps between rounds, and what it leaves for the daemon to publish, in the same
+  file (:mod:`~edge_client.runtime.schema`: its layout versions and migrations);
+- :mod:`~edge_client.runtime.dedup`, :mod:`~edge_client.runtime.rate`: exact
+  de-duplication, the stream-rate EWMA;
+- :mod:`~edge_client.runtime.client_app`: the ClientApp (``app``), which trains with
+  :mod:`~edge_client.runtime.trainer` and shares samples with
+  :mod:`~edge_client.runtime.inject`, as its :mod:`~edge_client.runtime.node_config` says;
+- :mod:`~edge_client.runtime.mqtt`, :mod:`~edge_client.runtime.seeding`: broker clients,
+  reproducible randomness per device.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from edge_client.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from edge_client.runtime.buffer import AppendResult, BufferStore, BufferStoreError
+    from edge_client.runtime.dedup import SeqWindow
+    from edge_client.runtime.device_state import DeviceStateStore
+    from edge_client.runtime.ingest import IngestConfig, IngestDaemon
+    from edge_client.runtime.inject import inject_pool_path, open_pool, receive, share
+    from edge_client.runtime.mqtt import BrokerURL, connect_async, make_client
+    from edge_client.runtime.node_config import NodeConfig
+    from edge_client.runtime.outbox import Outbox
+    from edge_client.runtime.rate import RateEstimator
+    from edge_client.runtime.seeding import device_rng
+    from edge_client.runtime.trainer import TrainResult, pick_device, train_local
+
+_EXPORTS = {
+    "AppendResult": "buffer",
+    "BrokerURL": "mqtt",
+    "BufferStore": "buffer",
+    "BufferStoreError": "buffer",
+    "DeviceStateStore": "device_state",
+    "IngestConfig": "ingest",
+    "IngestDaemon": "ingest",
+    "NodeConfig": "node_config",
+    "Outbox": "outbox",
+    "RateEstimator": "rate",
+    "SeqWindow": "dedup",
+    "TrainResult": "trainer",
+    "connect_async": "mqtt",
+    "device_rng": "seeding",
+    "inject_pool_path": "inject",
+    "make_client": "mqtt",
+    "open_pool": "inject",
+    "pick_device": "trainer",
+    "receive": "inject",
+    "share": "inject",
+    "train_local": "trainer",
+}
+__all__ = [
+    "AppendResult",
+    "BrokerURL",
+    "BufferStore",
+    "BufferStoreError",
+    "DeviceStateStore",
+    "IngestConfig",
+    "IngestDaemon",
+    "NodeConfig",
+    "Outbox",
+    "RateEstimator",
+    "SeqWindow",
+    "TrainResult",
+    "connect_async",
+    "device_rng",
+    "inject_pool_path",
+    "make_client",
+    "open_pool",
+    "pick_device",
+    "receive",
+    "share",
+    "train_local",
+]
+__getattr__ = lazy_exports(__name__, _EXPORTS)

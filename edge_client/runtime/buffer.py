@@ -1,0 +1,462 @@
+"""The buffer store: one SQLite file (WAL mode) per device, between ingest and training.
+
+The ingest daemon appends decoded messages in batched transactions; the ClientApp, another
+process, takes samples with :meth:`BufferStore.take`. Both use ``BEGIN IMMEDIATE`` so that a
+take never sees half an append, and WAL lets ``fedstream status`` read while they write.
+
+Samples are stored one row per message ("chunk") with the features as a blob, so that
+64-sample messages cost one row. A chunk is consumed or evicted from its front by moving its
+``start`` offset. Counters (all in samples unless named otherwise):
+
+``messages``   MQTT messages handled (accepted, duplicate or rejected)
+``received``   samples in valid, non-duplicate messages
+``accepted``   samples stored
+``dropped``    samples discarded by the policy (at arrival or by eviction)
+``duplicates`` messages dropped as QoS 1 redeliveries
+``rejected``   messages refused as malformed (``rejected:<reason>`` per reason)
+``consumed``   samples taken by training
+``fill``       samples in the buffer now (= accepted - evicted - consumed)
+
+Policies: ``truncation`` keeps the newest ``capacity`` samples and evicts the oldest;
+``persistence`` keeps everything until consumed and drops the newest arrivals once full.
+
+The file also holds the device's state between rounds and its outbox, in tables of their
+own (:mod:`edge_client.runtime.schema`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from edge_client.runtime.constants import (
+    CHUNK_MAX_SAMPLES,
+    POLICIES,
+    POLICY_PERSISTENCE,
+    POLICY_TRUNCATION,
+)
+from edge_client.runtime.dedup import SeqWindow
+from edge_client.runtime.schema import BufferStoreError, SqliteStore, transaction
+from edge_client.wire.frames import Arrivals, SampleBatch
+
+__all__ = ["AppendResult", "BufferStore", "BufferStoreError"]
+
+
+COUNTERS = ("messages", "received", "accepted", "dropped", "duplicates", "rejected", "consumed")
+
+
+_RESERVED_META = frozenset(
+    {"shape", "created", "policy", "capacity", "capacity-bytes", "rate", "rate-updated"}
+)
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    """What one :meth:`BufferStore.append` did, in samples (duplicates in messages)."""
+
+    received: int
+    accepted: int
+    dropped: int
+    duplicates: int
+
+
+class BufferStore(SqliteStore):
+    """A device's durable, bounded sample buffer.
+
+    Parameters
+    ----------
+    path : str or Path
+        The SQLite file. Created when ``shape`` is given and the file does not exist.
+    shape : sequence of int, optional
+        Per-sample feature shape. Required to create a buffer; checked against the stored
+        shape when opening an existing one.
+    policy : {"truncation", "persistence"}, optional
+        Overflow policy; stored in the file. Defaults to the stored one (or truncation).
+    capacity : int, optional
+        Maximum samples held; stored in the file.
+    capacity_bytes : int, optional
+        Also bound the buffer by feature+label+timestamp bytes; the tighter bound wins.
+
+    Raises
+    ------
+    BufferStoreError
+        If the file does not exist and no shape is given, or the configuration conflicts.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        shape: Sequence[int] | None = None,
+        policy: str | None = None,
+        capacity: int | None = None,
+        capacity_bytes: int | None = None,
+    ) -> None:
+        if policy is not None and policy not in POLICIES:
+            raise BufferStoreError(f"policy must be one of {POLICIES}, got {policy!r}")
+        if capacity is not None and capacity < 1:
+            raise BufferStoreError(f"capacity must be >= 1 sample, got {capacity}")
+        if capacity_bytes is not None and capacity_bytes < 1:
+            raise BufferStoreError(f"capacity-bytes must be >= 1, got {capacity_bytes}")
+        super().__init__(path, create=shape is not None)
+        try:
+            self._configure(shape, policy, capacity, capacity_bytes)
+        except sqlite3.DatabaseError as err:
+            self._db.close()
+            raise BufferStoreError(f"{self.path} is not a fedstream buffer: {err}") from err
+        except BufferStoreError:
+            self._db.close()
+            raise
+
+    # -- set-up ---------------------------------------------------------------------------
+
+    def _configure(
+        self,
+        shape: Sequence[int] | None,
+        policy: str | None,
+        capacity: int | None,
+        capacity_bytes: int | None,
+    ) -> None:
+        with self._write() as db:
+            meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
+            stored_meta = dict(meta)
+            if "shape" not in meta:
+                if shape is None:
+                    raise BufferStoreError(f"{self.path} is not an initialised fedstream buffer")
+                meta["shape"] = json.dumps([int(d) for d in shape])
+                meta["created"] = repr(time.time())
+            stored = tuple(json.loads(meta["shape"]))
+            if shape is not None and tuple(int(d) for d in shape) != stored:
+                raise BufferStoreError(
+                    f"{self.path} holds samples of shape {stored}, not {tuple(shape)}"
+                )
+            if policy is not None:
+                meta["policy"] = policy
+            meta.setdefault("policy", POLICY_TRUNCATION)
+            if capacity is not None:
+                meta["capacity"] = str(capacity)
+            meta.setdefault("capacity", str(2**62))
+            if capacity_bytes is not None:
+                meta["capacity-bytes"] = str(capacity_bytes)
+            if meta != stored_meta:  # a reader (`fedstream status`) must not write: full disks
+                db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", meta.items())
+        self.shape: tuple[int, ...] = stored
+        self.policy: str = meta["policy"]
+        self.sample_bytes = 4 * math.prod(stored) + 16  # features + label + timestamp
+        cap = int(meta["capacity"])
+        if "capacity-bytes" in meta:
+            cap = min(cap, int(meta["capacity-bytes"]) // self.sample_bytes)
+        self.capacity: int = max(cap, 1)
+
+    def _write(self) -> AbstractContextManager[sqlite3.Connection]:
+        return transaction(self._db)
+
+    # -- ingest side ----------------------------------------------------------------------
+
+    def append(
+        self,
+        arrivals: Arrivals | Sequence[SampleBatch],
+        *,
+        rejected: Mapping[str, int] | None = None,
+        messages: int | None = None,
+        rate: float | None = None,
+    ) -> AppendResult:
+        """Store decoded messages in one transaction, applying de-duplication and the policy.
+
+        Parameters
+        ----------
+        arrivals : Arrivals or sequence of SampleBatch
+            Decoded messages in arrival order. One whose ``(publisher, seq)`` was stored
+            before is a redelivery and is skipped (:class:`~edge_client.runtime.dedup.SeqWindow`,
+            kept in the file: ``publishers.last_seq`` is its floor, ``seen_ahead`` its bitmap).
+        rejected : mapping of str to int, optional
+            Messages refused by the decoder, by reason, to count in the same transaction.
+        messages : int, optional
+            Messages handled (defaults to ``len(arrivals) + sum(rejected)``).
+        rate : float, optional
+            Current stream-rate estimate to publish in the file.
+
+        Returns
+        -------
+        AppendResult
+        """
+        if not isinstance(arrivals, Arrivals):
+            arrivals = Arrivals.from_batches(arrivals, self.shape)
+        rejected = rejected or {}
+        n_rejected = sum(rejected.values())
+        received = accepted = dropped = duplicates = 0
+        keep: list[list[int]] = []  # [start, stop) ranges of the concatenated samples
+        with self._write() as db:
+            fill = self._counter(db, "fill")
+            windows: dict[str, SeqWindow] = {}
+            start = 0
+            for n, publisher, seq in zip(
+                arrivals.counts, arrivals.publishers, arrivals.seqs, strict=True
+            ):
+                at, start = start, start + n
+                if publisher is not None:
+                    window = windows.get(publisher) or self._window(db, publisher, seq)
+                    windows[publisher] = window
+                    if window.seen(seq):
+                        duplicates += 1
+                        continue
+                    window.add(seq)
+                received += n
+                lo, hi = 0, n
+                if self.policy == POLICY_PERSISTENCE:
+                    hi = max(0, min(n, self.capacity - fill))  # drop the newest once full
+                else:
+                    lo = max(0, n - self.capacity)  # a message bigger than the buffer
+                kept = hi - lo
+                dropped += n - kept
+                if kept:
+                    if keep and keep[-1][1] == at + lo:
+                        keep[-1][1] = at + hi  # contiguous with the previous message
+                    else:
+                        keep.append([at + lo, at + hi])
+                    fill += kept
+                    accepted += kept
+            db.executemany(
+                "INSERT INTO chunks (n, ts, y, x) VALUES (?, ?, ?, ?)", _rows(arrivals, keep)
+            )
+            evicted = 0
+            if self.policy == POLICY_TRUNCATION and fill > self.capacity:
+                evicted = self._evict_oldest(db, fill - self.capacity)
+                fill -= evicted
+                dropped += evicted
+            self._save_windows(db, windows)
+            deltas = {
+                "messages": len(arrivals) + n_rejected if messages is None else messages,
+                "received": received,
+                "accepted": accepted,
+                "dropped": dropped,
+                "duplicates": duplicates,
+                "rejected": n_rejected,
+                "fill": accepted - evicted,
+            }
+            deltas.update({f"rejected:{k}": v for k, v in rejected.items()})
+            self._add(db, deltas)
+            if rate is not None:
+                db.executemany(
+                    "INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                    [("rate", repr(float(rate))), ("rate-updated", repr(time.time()))],
+                )
+        return AppendResult(received, accepted, dropped, duplicates)
+
+    @staticmethod
+    def _window(db: sqlite3.Connection, publisher: str, seq: int) -> SeqWindow:
+        """The publisher's de-duplication window as stored (new: starting at ``seq``)."""
+        row = db.execute(
+            "SELECT last_seq, bits FROM publishers LEFT JOIN seen_ahead USING (publisher) "
+            "WHERE publisher = ?",
+            (publisher,),
+        ).fetchone()
+        return SeqWindow.starting_at(seq) if row is None else SeqWindow.from_stored(*row)
+
+    @staticmethod
+    def _save_windows(db: sqlite3.Connection, windows: Mapping[str, SeqWindow]) -> None:
+        db.executemany(
+            "INSERT INTO publishers VALUES (?, ?) "
+            "ON CONFLICT(publisher) DO UPDATE SET last_seq = excluded.last_seq",
+            [(p, w.floor) for p, w in windows.items()],
+        )
+        ahead = [(p, w.to_bytes()) for p, w in windows.items()]
+        db.executemany(  # an in-order stream has nothing ahead: usually no row at all
+            "DELETE FROM seen_ahead WHERE publisher = ?", [(p,) for p, b in ahead if not b]
+        )
+        db.executemany(
+            "INSERT OR REPLACE INTO seen_ahead VALUES (?, ?)", [a for a in ahead if a[1]]
+        )
+
+    def _evict_oldest(self, db: sqlite3.Connection, excess: int) -> int:
+        evicted = 0
+        last_whole: int | None = None
+        partial: tuple[int, int] | None = None
+        cur = db.execute("SELECT id, n, start FROM chunks ORDER BY id")
+        for chunk_id, n, start in cur:
+            avail = n - start
+            if avail <= excess - evicted:
+                last_whole = chunk_id
+                evicted += avail
+            else:
+                partial = (start + excess - evicted, chunk_id)
+                evicted = excess
+            if evicted >= excess:
+                break
+        cur.close()
+        if last_whole is not None:
+            db.execute("DELETE FROM chunks WHERE id <= ?", (last_whole,))
+        if partial is not None:
+            db.execute("UPDATE chunks SET start = ? WHERE id = ?", partial)
+        return evicted
+
+    # -- training side --------------------------------------------------------------------
+
+    def take(self, n: int) -> SampleBatch:
+        """Atomically remove and return up to ``n`` of the oldest samples.
+
+        Parameters
+        ----------
+        n : int
+            Samples wanted; fewer are returned when fewer are buffered.
+
+        Returns
+        -------
+        SampleBatch
+            ``x`` of shape ``(k, *shape)`` with ``k <= n``, oldest first.
+        """
+        if n < 0:
+            raise ValueError(f"cannot take {n} samples")
+        per = math.prod(self.shape)
+        xs: list[np.ndarray] = []
+        ys: list[np.ndarray] = []
+        tss: list[np.ndarray] = []
+        got = 0
+        with self._write() as db:
+            last_whole: int | None = None
+            partial: tuple[int, int] | None = None
+            cur = db.execute("SELECT id, n, start, ts, y, x FROM chunks ORDER BY id")
+            while got < n:
+                row = cur.fetchone()
+                if row is None:
+                    break
+                chunk_id, count, start, ts, y, x = row
+                use = min(count - start, n - got)
+                tss.append(np.frombuffer(ts, "<f8")[start : start + use])
+                ys.append(np.frombuffer(y, "<i8")[start : start + use])
+                xs.append(np.frombuffer(x, "<f4")[start * per : (start + use) * per])
+                got += use
+                if start + use == count:
+                    last_whole = chunk_id
+                else:
+                    partial = (start + use, chunk_id)
+            cur.close()
+            if last_whole is not None:
+                db.execute("DELETE FROM chunks WHERE id <= ?", (last_whole,))
+            if partial is not None:
+                db.execute("UPDATE chunks SET start = ? WHERE id = ?", partial)
+            if got:
+                self._add(db, {"consumed": got, "fill": -got})
+        if not got:
+            return SampleBatch(
+                x=np.empty((0, *self.shape), np.float32),
+                y=np.empty(0, np.int64),
+                ts=np.empty(0, np.float64),
+            )
+        return SampleBatch(
+            x=np.concatenate(xs).reshape(got, *self.shape).astype(np.float32),
+            y=np.concatenate(ys).astype(np.int64),
+            ts=np.concatenate(tss).astype(np.float64),
+        )
+
+    def sample(self, n: int, rng: np.random.Generator) -> SampleBatch:
+        """``n`` samples drawn at random *without consuming them* (the injection pool is a
+        small shared reservoir reused across rounds); with replacement only if ``n`` exceeds
+        what is held."""
+        rows = self._db.execute("SELECT n, start, ts, y, x FROM chunks ORDER BY id").fetchall()
+        per = math.prod(self.shape)
+        if n <= 0 or not rows:
+            return SampleBatch(
+                x=np.empty((0, *self.shape), np.float32),
+                y=np.empty(0, np.int64),
+                ts=np.empty(0, np.float64),
+            )
+        ts = np.concatenate([np.frombuffer(r[2], "<f8")[r[1] :] for r in rows])
+        y = np.concatenate([np.frombuffer(r[3], "<i8")[r[1] :] for r in rows])
+        x = np.concatenate([np.frombuffer(r[4], "<f4")[r[1] * per :] for r in rows])
+        idx = rng.choice(len(y), size=n, replace=n > len(y))
+        return SampleBatch(
+            x=x.reshape(len(y), *self.shape)[idx].astype(np.float32),
+            y=y[idx].astype(np.int64),
+            ts=ts[idx].astype(np.float64),
+        )
+
+    # -- observation ------------------------------------------------------------------------
+
+    def get_meta(self, key: str) -> str | None:
+        """A value of the file's key/value metadata (for tools built on the store)."""
+        row = self._db.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def set_meta(self, key: str, value: str) -> None:
+        """Set a metadata value (keys of the store itself are refused)."""
+        if key in _RESERVED_META:
+            raise ValueError(f"meta key {key!r} belongs to the buffer store")
+        with self._write() as db:
+            db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))
+
+    @property
+    def fill(self) -> int:
+        """Samples buffered now."""
+        return self._counter(self._db, "fill")
+
+    def stats(self) -> dict[str, Any]:
+        """Counters, fill, rate and configuration as one JSON-ready dict (kebab-case keys)."""
+        self._db.execute("BEGIN")
+        try:
+            counters = dict(self._db.execute("SELECT name, value FROM counters").fetchall())
+            meta = dict(self._db.execute("SELECT key, value FROM meta").fetchall())
+        finally:
+            self._db.execute("COMMIT")
+        out: dict[str, Any] = {name: int(counters.get(name, 0)) for name in COUNTERS}
+        out["fill"] = int(counters.get("fill", 0))
+        out["rejected-by-reason"] = {
+            k.split(":", 1)[1]: int(v) for k, v in sorted(counters.items()) if ":" in k
+        }
+        updated = float(meta.get("rate-updated", 0.0))
+        out["rate"] = float(meta.get("rate", 0.0))
+        out["rate-age-s"] = round(time.time() - updated, 3) if updated else None
+        out["capacity"] = self.capacity
+        out["fill-fraction"] = out["fill"] / self.capacity
+        out["fill-bytes"] = out["fill"] * self.sample_bytes
+        out["policy"] = self.policy
+        out["shape"] = list(self.shape)
+        out["path"] = str(self.path)
+        return out
+
+    # -- helpers --------------------------------------------------------------------------
+
+    @staticmethod
+    def _counter(db: sqlite3.Connection, name: str) -> int:
+        row = db.execute("SELECT value FROM counters WHERE name = ?", (name,)).fetchone()
+        return 0 if row is None else int(row[0])
+
+    @staticmethod
+    def _add(db: sqlite3.Connection, deltas: Mapping[str, int]) -> None:
+        db.executemany(
+            "INSERT INTO counters VALUES (?, ?) "
+            "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value",
+            [(k, v) for k, v in deltas.items() if v],
+        )
+
+
+def _rows(arrivals: Arrivals, keep: list[list[int]]) -> Iterator[tuple[int, Any, Any, Any]]:
+    """Chunk rows for the kept ranges, at most :data:`CHUNK_MAX_SAMPLES` samples each.
+
+    Rows span messages (one row per transaction, not per message, keeps SQLite's per-row
+    cost off the 1-sample-message path); the cap keeps a partial take cheap.
+    """
+    for lo, hi in keep:
+        for a in range(lo, hi, CHUNK_MAX_SAMPLES):
+            b = min(a + CHUNK_MAX_SAMPLES, hi)
+            yield (
+                b - a,
+                _blob(arrivals.ts[a:b], "<f8"),
+                _blob(arrivals.y[a:b], "<i8"),
+                _blob(arrivals.x[a:b], "<f4"),
+            )
+
+
+def _blob(a: np.ndarray, dtype: str) -> memoryview:
+    """The array's bytes, little endian, without a copy when it already is."""
+    contiguous: Any = np.ascontiguousarray(a, dtype=dtype)
+    return memoryview(contiguous).cast("B")

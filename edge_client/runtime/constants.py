@@ -1,0 +1,38 @@
+"""Constants of the device runtime: the buffer store, rate estimation, the ingest daemon."""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- Buffer store ----------------------------------------------------------------------
+POLICY_TRUNCATION: Final = "truncation"
+POLICY_PERSISTENCE: Final = "persistence"
+POLICIES: Final = (POLICY_TRUNCATION, POLICY_PERSISTENCE)
+DEFAULT_POLICY: Final = POLICY_TRUNCATION
+DEFAULT_CAPACITY: Final = 50_000  # samples
+SQLITE_BUSY_TIMEOUT_S: Final = 30.0
+SQLITE_PAGE_SIZE: Final = 65_536
+CHUNK_MAX_SAMPLES: Final = 1024  # samples per stored row (several messages share a row)
+# The buffer file's layout (SQLite user_version); files of older layouts migrate on open.
+SCHEMA_VERSION: Final = 1
+# De-duplication remembers out-of-order sequence numbers this far behind the newest:
+# more than any publisher can have outstanding (MQTT message ids are 16 bit).
+DEDUP_WINDOW: Final = 65_536
+
+# --- Stream rate estimation ------------------------------------------------------------
+RATE_TAU_S: Final = 5.0  # EWMA time constant
+RATE_MIN_TICK_S: Final = 0.5  # shortest window that updates the EWMA
+
+# --- Ingest daemon ---------------------------------------------------------------------
+STATUS_INTERVAL_S: Final = 5.0
+INGEST_MAX_BATCH: Final = 8192  # messages per SQLite transaction
+INGEST_GATHER_S: Final = 0.01  # how long the writer gathers messages for one transaction
+REJECT_LOG_INTERVAL_S: Final = 60.0
+RECONNECT_MIN_DELAY_S: Final = 1
+RECONNECT_MAX_DELAY_S: Final = 30
+KEEPALIVE_S: Final = 30
+
+# --- Data injection (ScaDLES), device side --------------------------------------------------
+INJECT_POOL_SUFFIX: Final = ".inject.sqlite"  # next to the buffer: injected samples, apart
+INJECT_POOL_CAPACITY: Final = 4096  # injected samples a device keeps (truncation: newest)
+OUTBOX_PUBLISH_S: Final = 0.5  # how often the ingest daemon publishes queued injections

@@ -1,0 +1,79 @@
+"""What a device keeps between rounds besides samples: its error feedback and counters.
+
+A ClientApp process lives one round (Flower starts one per message), so the codec's
+error-feedback residual, the device's top-k gap estimate and the sequence number of the
+frames it shares for data injection are kept in the buffer file's ``state`` table. The
+residual is tagged with the run it belongs to: a new run, or a model of another layout,
+starts from none.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+
+import numpy as np
+
+from edge_client.runtime.schema import SqliteStore, transaction
+from edge_client.wire.codec import CodecError, FeedbackState, decode, encode
+
+__all__ = ["DeviceStateStore"]
+
+log = logging.getLogger(__name__)
+
+# Keys of the state table (layout 0 and 1 of the buffer file use the same).
+_FEEDBACK_RUN = "codec-run"
+_FEEDBACK_RESIDUAL = "codec-residual"
+_FEEDBACK_GAP = "codec-gap"
+_INJECT_SEQ = "inject-seq"
+
+
+class DeviceStateStore(SqliteStore):
+    """The device state in the buffer file at ``path`` (which must exist).
+
+    Raises
+    ------
+    BufferStoreError
+        If there is no buffer file at ``path``, or it is not one.
+    """
+
+    def feedback(self, run_id: int, like: Mapping[str, np.ndarray]) -> FeedbackState:
+        """The residual and gap EWMA kept for run ``run_id``; empty for another run, or when
+        the residual does not fit ``like`` (the update's tensor names and shapes)."""
+        if self._get(_FEEDBACK_RUN) != str(run_id).encode():
+            return FeedbackState()
+        shapes = {k: v.shape for k, v in like.items()}
+        try:
+            residual = decode(self._get(_FEEDBACK_RESIDUAL) or b"", shapes)
+            gap = float(self._get(_FEEDBACK_GAP) or b"nan")
+        except (CodecError, ValueError) as err:
+            log.warning("dropping an unreadable error-feedback residual: %s", err)
+            return FeedbackState()
+        return FeedbackState(residual, gap if math.isfinite(gap) else None)
+
+    def save_feedback(self, run_id: int, state: FeedbackState) -> None:
+        """Keep ``state`` for the next round of run ``run_id`` (one transaction)."""
+        self._set(
+            {
+                _FEEDBACK_RUN: str(run_id).encode(),
+                _FEEDBACK_RESIDUAL: encode(state.residual or {}, "none"),
+                _FEEDBACK_GAP: repr(state.gap).encode(),
+            }
+        )
+
+    def inject_seq(self) -> int:
+        """The sequence number of the last frame this device shared (0: none yet)."""
+        return int(self._get(_INJECT_SEQ) or b"0")
+
+    def set_inject_seq(self, seq: int) -> None:
+        """Record the sequence number of the frame just shared."""
+        self._set({_INJECT_SEQ: str(seq).encode()})
+
+    def _get(self, key: str) -> bytes | None:
+        row = self._db.execute("SELECT value FROM state WHERE key = ?", (key,)).fetchone()
+        return None if row is None else bytes(row[0])
+
+    def _set(self, values: Mapping[str, bytes]) -> None:
+        with transaction(self._db) as db:
+            db.executemany("INSERT OR REPLACE INTO state VALUES (?, ?)", list(values.items()))

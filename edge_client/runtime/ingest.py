@@ -1,0 +1,395 @@
+"""The ingest daemon: MQTT samples in, durable buffer out, at line rate.
+
+paho's network thread only queues each payload (receiving is the bottleneck, so it does
+little else); a writer thread gathers messages for ~10 ms, decodes and validates them in
+one pass, commits them in one transaction and only then releases their acknowledgements.
+
+Acknowledging after the commit, with a persistent session (``clean_session=False``, a
+stable client id) and de-duplication by ``(publisher, seq)`` inside the same transaction,
+makes the buffer hold each published sample exactly once, even across ``kill -9``: a message
+is either committed (and a redelivery is dropped) or unacknowledged (and redelivered).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import queue
+import signal
+import sqlite3
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import paho.mqtt.client as mqtt
+
+from edge_client.runtime.buffer import BufferStore
+from edge_client.runtime.constants import (
+    DEFAULT_CAPACITY,
+    DEFAULT_POLICY,
+    INGEST_GATHER_S,
+    INGEST_MAX_BATCH,
+    OUTBOX_PUBLISH_S,
+    REJECT_LOG_INTERVAL_S,
+    STATUS_INTERVAL_S,
+)
+from edge_client.runtime.inject import open_pool, receive
+from edge_client.runtime.mqtt import BrokerURL, connect_async, make_client
+from edge_client.runtime.outbox import Outbox
+from edge_client.runtime.rate import RateEstimator
+from edge_client.task.constants import DEFAULT_NUM_CLASSES, DEFAULT_SHAPE
+from edge_client.wire.constants import INJECT_TOPIC
+from edge_client.wire.frames import decode_messages
+from edge_client.wire.topics import samples_topic, status_topic
+
+__all__ = ["IngestConfig", "IngestDaemon"]
+
+log = logging.getLogger(__name__)
+
+# (ack tag, qos, payload, arrival time, from the injection topic). The ack tag is the MQTT
+# message id (16 bits) plus the connection it arrived on (above bit 16): see _send_acks.
+_Item = tuple[int, int, bytes | bytearray, float, bool]
+_MID_BITS = 16
+
+
+@dataclass
+class IngestConfig:
+    """Settings of one device's ingest daemon."""
+
+    broker: BrokerURL
+    device_id: str
+    buffer: Path
+    policy: str = DEFAULT_POLICY
+    capacity: int = DEFAULT_CAPACITY
+    capacity_bytes: int | None = None
+    shape: tuple[int, ...] = DEFAULT_SHAPE
+    num_classes: int = DEFAULT_NUM_CLASSES
+    username: str | None = None
+    password: str | None = None
+    cafile: str | None = None
+    status_interval: float = STATUS_INTERVAL_S
+    client_id: str | None = None
+    inject: bool = False  # opted in to ScaDLES data injection (see edge_client.runtime.inject)
+
+    def __post_init__(self) -> None:
+        if self.status_interval <= 0:
+            raise ValueError(f"status interval must be > 0, got {self.status_interval}")
+        if self.num_classes < 1:
+            raise ValueError(f"num-classes must be >= 1, got {self.num_classes}")
+        samples_topic(self.device_id)  # validates the id
+
+
+class _RejectLog:
+    """Logs each reject reason at most once per interval, with the count since."""
+
+    def __init__(self, interval: float = REJECT_LOG_INTERVAL_S) -> None:
+        self.interval = interval
+        self._last: dict[str, float] = {}
+        self._since: Counter[str] = Counter()
+
+    def record(self, reasons: Counter[str], now: float) -> None:
+        for reason, n in reasons.items():
+            self._since[reason] += n
+            if now - self._last.get(reason, -1e18) >= self.interval:
+                log.warning(
+                    "rejected %d message(s) as %s (logged once per %.0f s)",
+                    self._since.pop(reason),
+                    reason,
+                    self.interval,
+                )
+                self._last[reason] = now
+
+
+class IngestDaemon:
+    """Subscribes to a device's samples topic and commits them to its buffer store.
+
+    Parameters
+    ----------
+    config : IngestConfig
+        Broker, device, buffer file and policy.
+
+    Notes
+    -----
+    Use :meth:`start` / :meth:`stop` to embed it, or :meth:`run` to block until SIGTERM or
+    SIGINT, which flushes, acknowledges and exits cleanly.
+    """
+
+    def __init__(self, config: IngestConfig) -> None:
+        self.config = config
+        self.store = BufferStore(
+            config.buffer,
+            shape=config.shape,
+            policy=config.policy,
+            capacity=config.capacity,
+            capacity_bytes=config.capacity_bytes,
+        )
+        self.pool = open_pool(config.buffer, config.shape) if config.inject else None
+        self.outbox = Outbox(config.buffer) if config.inject else None
+        self._published = 0
+        self._last_retry_log = -1e18
+        self._next_outbox = 0.0
+        self._topic = samples_topic(config.device_id)
+        self._status_topic = status_topic(config.device_id)
+        self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
+        self._acks: collections.deque[tuple[int, int]] = collections.deque()  # (tag, qos)
+        self._connection = 0  # counts successful connects; tags acks (see _send_acks)
+        self._ack_lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._connected = threading.Event()
+        self._rate = RateEstimator(time.monotonic())
+        self._rejects = _RejectLog()
+        self._client = make_client(
+            config.client_id or f"fedstream-ingest-{config.device_id}",
+            config.broker,
+            clean_session=False,  # the broker queues QoS 1 messages while we are away
+            manual_ack=True,  # ack only what is committed
+            username=config.username,
+            password=config.password,
+            cafile=config.cafile,
+        )
+        self._client.will_set(
+            self._status_topic,
+            json.dumps({"device-id": config.device_id, "online": False}),
+            qos=1,
+            retain=True,
+        )
+        self._client.on_connect = self._on_connect
+        self._client.on_disconnect = self._on_disconnect
+        self._client.on_message = self._on_message
+        self._writer = threading.Thread(target=self._write_loop, name="ingest-writer", daemon=True)
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Start the writer thread and connect (retrying with back-off until connected)."""
+        self._writer.start()
+        connect_async(self._client, self.config.broker)
+        log.info(
+            "ingesting %s from %s into %s (%s, capacity %d)",
+            self._topic,
+            self.config.broker,
+            self.config.buffer,
+            self.store.policy,
+            self.store.capacity,
+        )
+
+    def wait_connected(self, timeout: float) -> bool:
+        """Block until subscribed to the broker, or ``timeout`` seconds."""
+        return self._connected.wait(timeout)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Commit and acknowledge everything received, publish a last status, disconnect."""
+        self._stopping.set()
+        self._writer.join(timeout)
+        self._send_acks()
+        self._publish_status(online=False)
+        self._client.disconnect()  # after the queued PUBACKs: paho sends packets in order
+        self._client.loop_stop()
+        self.store.close()
+        if self.pool is not None:
+            self.pool.close()
+        if self.outbox is not None:
+            self.outbox.close()
+        log.info("ingest for %s stopped", self.config.device_id)
+
+    def run(self) -> None:
+        """Run until SIGTERM or SIGINT, then stop cleanly."""
+        done = threading.Event()
+
+        def handle(signum: int, _frame: FrameType | None) -> None:
+            log.info("received %s, flushing", signal.Signals(signum).name)
+            done.set()
+
+        signal.signal(signal.SIGTERM, handle)
+        signal.signal(signal.SIGINT, handle)
+        self.start()
+        while not done.wait(1.0):
+            if not self._writer.is_alive():
+                raise RuntimeError("ingest writer thread died")
+        self.stop()
+
+    # -- paho callbacks (network thread: never block here) ---------------------------------
+
+    def _on_connect(self, client: mqtt.Client, _u: Any, flags: Any, rc: Any, _p: Any) -> None:
+        if rc.is_failure:
+            log.error("broker %s refused the connection: %s", self.config.broker, rc)
+            return
+        # Subscribing again is harmless when the session survived, and needed when it did not.
+        client.subscribe(self._topic, qos=1)
+        if self.pool is not None:
+            client.subscribe(INJECT_TOPIC, qos=1)
+        log.info("connected to %s (session present: %s)", self.config.broker, flags.session_present)
+        with self._ack_lock:
+            self._connection += 1  # acks still due for the previous connection are void
+        self._connected.set()
+
+    def _on_disconnect(self, _c: mqtt.Client, _u: Any, _f: Any, rc: Any, _p: Any) -> None:
+        self._connected.clear()
+        if not self._stopping.is_set():
+            log.warning("disconnected from %s (%s); reconnecting", self.config.broker, rc)
+
+    def _on_message(self, _c: mqtt.Client, _u: Any, msg: mqtt.MQTTMessage) -> None:
+        tag = (self._connection << _MID_BITS) | msg.mid
+        self._queue.put((tag, msg.qos, msg.payload, time.time(), msg.topic == INJECT_TOPIC))
+        if self._acks:
+            self._send_acks()
+
+    # -- writer thread --------------------------------------------------------------------
+
+    def _write_loop(self) -> None:
+        next_status = time.monotonic()
+        pending: list[_Item] = []
+        while True:
+            if not pending:
+                pending = self._drain()
+            now = time.monotonic()
+            if pending or now >= next_status:
+                try:
+                    self._commit(pending)
+                except sqlite3.OperationalError as err:  # disk full, locked: keep them, retry
+                    self._log_retry(err, len(pending))
+                    if now >= next_status:  # say so where operators look, too
+                        self._publish_status(online=True, error=f"cannot write the buffer: {err}")
+                        next_status = now + self.config.status_interval
+                    time.sleep(1.0)
+                    continue
+                except Exception:  # a message the store cannot take must not stall the rest
+                    log.exception("could not commit %d message(s); one by one", len(pending))
+                    if not self._commit_each(pending):
+                        time.sleep(1.0)
+                        continue
+                pending = []
+            if self.outbox is not None and now >= self._next_outbox:
+                self._publish_outbox()
+                self._next_outbox = now + OUTBOX_PUBLISH_S
+            if now >= next_status:
+                self._publish_status(online=True)
+                next_status = now + self.config.status_interval
+            if self._stopping.is_set() and self._queue.empty():
+                return
+
+    def _commit_each(self, items: list[_Item]) -> bool:
+        """Commit messages one at a time; count one that fails as ``decode-error`` and drop it
+        (acknowledged, or the broker would redeliver it forever). False: retry them all."""
+        for item in items:
+            try:
+                self._commit([item])
+            except sqlite3.OperationalError as err:
+                self._log_retry(err, len(items))
+                return False
+            except Exception:
+                log.exception("dropping a message the buffer cannot store")
+                self.store.append([], rejected={"decode-error": 1}, messages=1)
+                if item[1] > 0:
+                    self._acks.append((item[0], item[1]))
+        return True
+
+    def _log_retry(self, err: Exception, n: int) -> None:
+        """One line per minute while the buffer cannot be written (e.g. the disk is full)."""
+        now = time.monotonic()
+        if now - self._last_retry_log >= REJECT_LOG_INTERVAL_S:
+            log.error("cannot write the buffer (%s); holding %d message(s), retrying", err, n)
+            self._last_retry_log = now
+
+    def _send_acks(self) -> None:
+        """Acknowledge committed messages; the lock keeps them in arrival order, as MQTT
+        requires, whichever thread sends them.
+
+        Only messages of the current connection are acknowledged. Message ids are per
+        connection: after a reconnect (above all to a broker restored from its persistence
+        file, whose id counter went back) an old id can name a *new* message, and acking it
+        would tell the broker a message was stored that this daemon never saw. The broker
+        redelivers the old ones instead; they are committed already and count as duplicates.
+        """
+        with self._ack_lock:
+            acks = self._acks
+            while acks:
+                tag, qos = acks.popleft()
+                if tag >> _MID_BITS == self._connection:
+                    self._client.ack(tag & ((1 << _MID_BITS) - 1), qos)
+
+    def _drain(self) -> list[_Item]:
+        """Gather messages for one transaction: up to a batch, or a short window."""
+        try:
+            items = [self._queue.get(timeout=INGEST_GATHER_S)]
+        except queue.Empty:
+            self._send_acks()  # the stream paused: no message will carry them out
+            try:
+                items = [self._queue.get(timeout=0.2)]
+            except queue.Empty:
+                return []
+        # Waiting a few ms costs nothing (messages are unacknowledged meanwhile, the broker
+        # keeps sending up to its in-flight window) and turns many small transactions,
+        # each with a fixed cost, into few large ones.
+        deadline = time.monotonic() + INGEST_GATHER_S
+        while len(items) < INGEST_MAX_BATCH:
+            left = deadline - time.monotonic()
+            try:
+                items.append(
+                    self._queue.get(timeout=left) if left > 0 else self._queue.get_nowait()
+                )
+            except queue.Empty:
+                break
+        return items
+
+    def _commit(self, items: list[_Item]) -> None:
+        shared = [payload for _, _, payload, _, inject in items if inject]
+        if shared and self.pool is not None:
+            refused = receive(
+                self.pool, shared, self.config.device_id, self.config.num_classes, time.time()
+            )
+            if refused:
+                self._rejects.record(Counter({f"inject:{r}": n for r, n in refused.items()}), 0)
+        arrivals, reasons = decode_messages(
+            [(payload, now) for _, _, payload, now, inject in items if not inject],
+            self.config.shape,
+            self.config.num_classes,
+        )
+        rate = self._rate.update(time.monotonic())
+        result = self.store.append(arrivals, rejected=reasons, messages=len(items), rate=rate)
+        self._rate.add(result.received, time.monotonic())
+        # Committed: now they may be acknowledged. paho's thread sends the acks with its next
+        # message (no thread hand-off per ack); when the stream pauses, _drain sends them.
+        self._acks.extend((mid, qos) for mid, qos, _, _, _ in items if qos > 0)
+        if reasons:
+            self._rejects.record(reasons, time.monotonic())
+
+    def _publish_outbox(self) -> None:
+        """Publish what the ClientApp queued for injection (only when opted in)."""
+        if self.outbox is None or not self._connected.is_set():
+            return  # stays queued in the buffer file
+        queued = self.outbox.pending()
+        sent = []
+        for row_id, payload in queued:
+            if self._client.publish(INJECT_TOPIC, payload, qos=1).rc != mqtt.MQTT_ERR_SUCCESS:
+                break
+            sent.append(row_id)
+        if sent:
+            self.outbox.ack(sent)
+            self._published += len(sent)
+
+    def _publish_status(self, *, online: bool, error: str | None = None) -> None:
+        """The retained status message: counters, fill, rate, and ``error`` while the buffer
+        cannot be written."""
+        try:
+            status = self.store.stats()
+        except sqlite3.OperationalError as err:  # the status must go out even then
+            status, error = {}, error or f"cannot read the buffer: {err}"
+        if self.pool is not None:
+            pool = self.pool.stats()
+            status["inject"] = {
+                "fill": pool["fill"],
+                "accepted": pool["accepted"],
+                "rejected": pool["rejected"],
+                "rejected-by-reason": pool["rejected-by-reason"],
+                "published": self._published,
+            }
+        status.update({"device-id": self.config.device_id, "online": online, "ts": time.time()})
+        if error is not None:
+            status["error"] = error
+        self._client.publish(self._status_topic, json.dumps(status), qos=1, retain=True)

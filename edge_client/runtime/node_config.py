@@ -1,0 +1,58 @@
+"""A SuperNode's ``--node-config``: which device it is, where its buffer is, how it runs.
+
+``flower-supernode --node-config "device-id='pi-1' buffer='/var/lib/fedstream/pi-1.sqlite'"``
+with, optionally, ``slowdown`` (>= 1: stretches each training step, to emulate a slower
+device), ``threads`` (torch intra-op threads; 0 leaves torch's default) and ``inject``
+(the device takes part in ScaDLES data injection; its ingest daemon runs with ``--inject``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from edge_client.wire.mapping import MappingError, from_mapping, to_mapping
+from edge_client.wire.topics import validate_device_id
+
+__all__ = ["NodeConfig"]
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    """One device's node config (keys: the fields in kebab case)."""
+
+    device_id: str
+    buffer: str
+    slowdown: float = 1.0
+    threads: int = 0
+    inject: bool = False
+
+    def __post_init__(self) -> None:
+        validate_device_id(self.device_id)
+        if not (math.isfinite(self.slowdown) and self.slowdown >= 1.0):
+            raise ValueError(f"slowdown must be >= 1, got {self.slowdown}")
+        if self.threads < 0:
+            raise ValueError(f"threads must be >= 0, got {self.threads}")
+
+    @classmethod
+    def from_node_config(cls, node_config: Mapping[str, Any]) -> NodeConfig:
+        """Read it from Flower's ``context.node_config`` (other keys are Flower's own).
+
+        Raises
+        ------
+        ValueError
+            If ``device-id`` or ``buffer`` is missing or a value is bad.
+        """
+        try:
+            return from_mapping(cls, node_config)
+        except MappingError as err:
+            raise ValueError(
+                f"node config: {err} (flower-supernode --node-config "
+                "\"device-id='pi-1' buffer='/path/pi-1.sqlite'\")"
+            ) from err
+
+    def to_node_config(self) -> dict[str, Any]:
+        """The keys and values to pass as ``--node-config``."""
+        return to_mapping(self)

@@ -1,0 +1,140 @@
+"""Local training from the buffer: wait policy, K steps at batch b, steady-state timing."""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import nn
+
+from edge_client.runtime.buffer import BufferStore
+from edge_client.wire.frames import SampleBatch
+from edge_client.wire.records import RoundPlan
+
+__all__ = ["TrainResult", "pick_device", "train_local"]
+
+POLL_S = 0.05
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """What one round of local training did."""
+
+    num_examples: int
+    batch_size: int
+    local_steps: int
+    compute_s: float  # steady-state compute (incl. emulated slowdown), scaled to all steps
+    step_s: float  # median steady-state seconds per step
+    wait_s: float
+    train_loss: float
+    inject_used: int = 0  # samples of num_examples that came from the injection pool
+    taken: SampleBatch | None = field(default=None, repr=False)  # own samples consumed
+
+
+def pick_device() -> torch.device:
+    """CUDA (e.g. a Jetson), else Apple MPS, else the CPU."""
+    if torch.cuda.is_available():
+        return torch.device("cuda")
+    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
+        return torch.device("mps")
+    return torch.device("cpu")
+
+
+def _gather(store: BufferStore, plan: RoundPlan) -> tuple[int, float]:
+    """Wait per the plan's wait rule; return (samples per step to use, seconds waited)."""
+    need = plan.samples_to_wait_for()
+    start = time.monotonic()
+    deadline = start + plan.deadline_s
+    fill = store.fill
+    while fill < need and time.monotonic() < deadline:
+        time.sleep(POLL_S)
+        fill = store.fill
+    waited = time.monotonic() - start
+    batch = min(plan.batch_size, fill // plan.local_steps)
+    return batch, waited
+
+
+def train_local(
+    model: nn.Module,
+    store: BufferStore,
+    plan: RoundPlan,
+    *,
+    slowdown: float = 1.0,
+    device: torch.device | None = None,
+    pool: BufferStore | None = None,
+    rng: np.random.Generator | None = None,
+) -> TrainResult:
+    """Take ``b * K`` samples from the buffer and train ``K`` SGD steps at batch ``b``.
+
+    With ``wait`` the device blocks until ``b*K`` samples are buffered (up to the deadline);
+    with ``adapt`` it trains on what is there, lowering its batch but never below ``b_min``
+    (it waits for ``b_min*K`` samples if needed). Step times exclude the first (warm-up)
+    step; ``slowdown`` > 1 really stretches each step's wall time to emulate a slower device.
+    With a ``pool`` of injected samples and ``plan.inject_mix`` > 0, each batch holds
+    ``round(mix * b)`` samples drawn from the pool (not consumed) and the rest from the buffer.
+
+    Returns
+    -------
+    TrainResult
+        With ``num_examples == 0`` when not even one sample per step arrived in time.
+    """
+    device = device or torch.device("cpu")
+    batch, wait_s = _gather(store, plan)
+    if batch < 1:
+        return TrainResult(0, 0, 0, 0.0, 0.0, wait_s, math.nan)
+    k_steps = plan.local_steps
+    mixed = round(plan.inject_mix * batch) if pool is not None and pool.fill > 0 else 0
+    mixed = min(mixed, batch - 1)  # at least one own sample per step
+    data = store.take((batch - mixed) * k_steps)
+    own = len(data) // k_steps
+    injected = pool.sample(mixed * k_steps, rng or np.random.default_rng()) if pool else None
+    x_np = data.x[: own * k_steps].reshape(k_steps, own, *data.x.shape[1:])
+    y_np = data.y[: own * k_steps].reshape(k_steps, own)
+    if injected is not None and mixed:
+        x_np = np.concatenate([x_np, injected.x.reshape(k_steps, mixed, *data.x.shape[1:])], 1)
+        y_np = np.concatenate([y_np, injected.y.reshape(k_steps, mixed)], 1)
+    batch = own + mixed
+    x = torch.from_numpy(np.ascontiguousarray(x_np.reshape(-1, *x_np.shape[2:]))).to(device)
+    y = torch.from_numpy(np.ascontiguousarray(y_np.reshape(-1))).to(device)
+    model.to(device).train()
+    global_params = [p.detach().clone() for p in model.parameters()]
+    opt = torch.optim.SGD(model.parameters(), lr=plan.lr, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    times: list[float] = []
+    losses: list[float] = []
+    for k in range(plan.local_steps):
+        t0 = time.perf_counter()
+        xb, yb = x[k * batch : (k + 1) * batch], y[k * batch : (k + 1) * batch]
+        opt.zero_grad()
+        loss = loss_fn(model(xb), yb)
+        if plan.proximal_mu > 0:
+            prox = sum(
+                ((p - g) ** 2).sum() for p, g in zip(model.parameters(), global_params, strict=True)
+            )
+            loss = loss + plan.proximal_mu / 2 * prox
+        loss.backward()
+        opt.step()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - t0
+        if slowdown > 1.0:
+            time.sleep(elapsed * (slowdown - 1.0))
+            elapsed *= slowdown
+        if k > 0 or plan.local_steps == 1:
+            times.append(elapsed)
+        losses.append(float(loss.item()))
+    step_s = float(np.median(times))  # robust to the odd scheduler hiccup
+    return TrainResult(
+        num_examples=batch * plan.local_steps,
+        batch_size=batch,
+        local_steps=plan.local_steps,
+        compute_s=step_s * plan.local_steps,
+        step_s=step_s,
+        wait_s=wait_s,
+        train_loss=float(np.mean(losses)),
+        inject_used=mixed * k_steps,
+        taken=data,
+    )

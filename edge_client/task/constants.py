@@ -1,0 +1,18 @@
+"""The built-in tasks' constants: the synthetic sensor windows, the digits, the model zoo."""
+
+from __future__ import annotations
+
+from typing import Final
+
+MODELS: Final = ("cnn", "mlp")
+DATASETS: Final = ("synthetic", "digits")  # what a stream can carry
+
+# --- The synthetic sensor task (edge_client.task.synthetic) -------------------------------
+DEFAULT_SHAPE: Final = (6, 32)  # channels x time steps (accelerometer + gyroscope, 32 ticks)
+DEFAULT_NUM_CLASSES: Final = 6
+TASK_SEED: Final = 20221217  # fixes the class prototypes: every device learns the same task
+
+# --- scikit-learn's digits (edge_client.task.datasets) ------------------------------------
+DIGITS_SHAPE: Final = (8, 8)  # 8x8 digit images: 8 rows x 8 columns
+DIGITS_CLASSES: Final = 10
+DIGITS_HELD_OUT: Final = 400  # images kept for evaluation, never streamed

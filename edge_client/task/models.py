@@ -1,0 +1,77 @@
+"""Model zoo: small networks for multi-channel sensor windows (fit on a Raspberry Pi)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from edge_client.task.constants import MODELS
+
+__all__ = ["MODELS", "SensorCNN", "SensorMLP", "build_model"]
+
+
+class SensorCNN(nn.Module):
+    """1D-CNN over ``(channels, steps)`` windows: two conv layers, global average pool.
+
+    About 6k parameters for 6x32 windows and 6 classes.
+    """
+
+    def __init__(self, channels: int, num_classes: int, width: int = 32) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv1d(channels, width, kernel_size=5, padding=2),
+            nn.ReLU(),
+            nn.Conv1d(width, width, kernel_size=5, padding=2),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool1d(1),
+            nn.Flatten(),
+        )
+        self.head = nn.Linear(width, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits for a batch ``(n, channels, steps)``."""
+        return self.head(self.features(x))  # type: ignore[no-any-return]
+
+
+class SensorMLP(nn.Module):
+    """Two-layer perceptron over flattened windows."""
+
+    def __init__(self, inputs: int, num_classes: int, hidden: int = 64) -> None:
+        super().__init__()
+        self.net = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(inputs, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, num_classes),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits for a batch ``(n, *shape)``."""
+        return self.net(x)  # type: ignore[no-any-return]
+
+
+def build_model(name: str, shape: Sequence[int], num_classes: int, seed: int = 0) -> nn.Module:
+    """A freshly initialised model (deterministic for a seed).
+
+    Parameters
+    ----------
+    name : {"cnn", "mlp"}
+        Architecture.
+    shape : sequence of int
+        Per-sample shape; the CNN needs ``(channels, steps)``.
+    num_classes : int
+        Output classes.
+    seed : int
+        Initialisation seed.
+    """
+    torch.manual_seed(seed)
+    if name == "cnn":
+        if len(shape) != 2:
+            raise ValueError(f"the cnn model needs (channels, steps) samples, got {tuple(shape)}")
+        return SensorCNN(shape[0], num_classes)
+    if name == "mlp":
+        return SensorMLP(math.prod(shape), num_classes)
+    raise ValueError(f"model must be one of {MODELS}, got {name!r}")

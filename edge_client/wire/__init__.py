@@ -1,0 +1,111 @@
+"""What the device and the aggregator exchange, and what every side agrees on.
+
+- :mod:`~edge_client.wire.frames`: sample frames (binary and JSON), what sensors publish;
+- :mod:`~edge_client.wire.codec`: update frames (a model delta, compressed and checked);
+- :mod:`~edge_client.wire.records`: the round plan and the device's reply, as typed records;
+- :mod:`~edge_client.wire.run_config`: every run-config key, declared once;
+- :mod:`~edge_client.wire.mapping`: the one kebab-case mapping records are written through;
+- :mod:`~edge_client.wire.topics`: MQTT topics and device ids;
+- :mod:`~edge_client.wire.constants`: formats, versions and vocabularies.
+
+Both the device runtime and the aggregator import it; it imports neither.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from edge_client.lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from edge_client.wire.codec import (
+        CodecError,
+        Compressed,
+        FeedbackState,
+        compress,
+        raw_size_limit,
+        topk_gap,
+    )
+    from edge_client.wire.frames import (
+        Arrivals,
+        FrameError,
+        SampleBatch,
+        decode_messages,
+        decode_payload,
+        encode_frame,
+        encode_json,
+    )
+    from edge_client.wire.mapping import MappingError, from_mapping, kebab, to_mapping
+    from edge_client.wire.records import DeviceReply, RecordError, ReplyMetrics, RoundPlan
+    from edge_client.wire.run_config import (
+        ControllerSettings,
+        RunSettings,
+        knob,
+        knobs,
+        number_list,
+    )
+    from edge_client.wire.topics import samples_topic, status_topic, validate_device_id
+
+_EXPORTS = {
+    "Arrivals": "frames",
+    "CodecError": "codec",
+    "Compressed": "codec",
+    "ControllerSettings": "run_config",
+    "DeviceReply": "records",
+    "FeedbackState": "codec",
+    "FrameError": "frames",
+    "MappingError": "mapping",
+    "RecordError": "records",
+    "ReplyMetrics": "records",
+    "RoundPlan": "records",
+    "RunSettings": "run_config",
+    "SampleBatch": "frames",
+    "compress": "codec",
+    "decode_messages": "frames",
+    "decode_payload": "frames",
+    "encode_frame": "frames",
+    "encode_json": "frames",
+    "from_mapping": "mapping",
+    "kebab": "mapping",
+    "knob": "run_config",
+    "knobs": "run_config",
+    "number_list": "run_config",
+    "raw_size_limit": "codec",
+    "samples_topic": "topics",
+    "status_topic": "topics",
+    "to_mapping": "mapping",
+    "topk_gap": "codec",
+    "validate_device_id": "topics",
+}
+__all__ = [
+    "Arrivals",
+    "CodecError",
+    "Compressed",
+    "ControllerSettings",
+    "DeviceReply",
+    "FeedbackState",
+    "FrameError",
+    "MappingError",
+    "RecordError",
+    "ReplyMetrics",
+    "RoundPlan",
+    "RunSettings",
+    "SampleBatch",
+    "compress",
+    "decode_messages",
+    "decode_payload",
+    "encode_frame",
+    "encode_json",
+    "from_mapping",
+    "kebab",
+    "knob",
+    "knobs",
+    "number_list",
+    "raw_size_limit",
+    "samples_topic",
+    "status_topic",
+    "to_mapping",
+    "topk_gap",
+    "validate_device_id",
+]
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -1,0 +1,47 @@
+"""What every side of fedstream must agree on: topics, frame and codec formats, record
+versions, and the vocabularies of the run config.
+
+The device runtime, the stream emulation, the aggregator and the deploy tools import these
+from here, so that each value has one home.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# --- MQTT topics -------------------------------------------------------------------------
+TOPIC_ROOT: Final = "fedstream/v1"
+INJECT_TOPIC: Final = f"{TOPIC_ROOT}/inject"
+DEVICE_ID_PATTERN: Final = r"[A-Za-z0-9_-]{1,64}"
+
+# --- Sample frames (edge_client.wire.frames) ---------------------------------------------
+FRAME_MAGIC: Final = b"FSSF"
+FRAME_VERSION: Final = 1
+FRAME_DTYPE_FLOAT32: Final = 1
+FRAME_MAX_NDIM: Final = 4
+FRAME_MAX_SAMPLES: Final = 65_536  # per message; bigger declared counts are refused unread
+MAX_PAYLOAD_BYTES: Final = 16 * 1024 * 1024
+PUBLISHER_ID_MAX_BYTES: Final = 128
+INJECT_MAX_PAYLOAD_BYTES: Final = 256 * 1024  # larger injection messages are refused
+
+# --- Update codec (edge_client.wire.codec) -----------------------------------------------
+CODEC_MAGIC: Final = b"FSUP"
+CODEC_VERSION: Final = 1
+CODEC_MODES: Final = ("none", "fp16", "int8", "topk")  # how one frame codes its values
+CODEC_MAX_RAW_BYTES: Final = 1 << 30  # hard cap on any frame's decompressed size
+CODEC_ZSTD_LEVEL: Final = 1
+DEFAULT_TOPK_RATIO: Final = 0.1
+GAP_EWMA_WEIGHT: Final = 0.5  # weight of the newest top-k gap in a device's EWMA
+
+# --- Round records (edge_client.wire.records) ---------------------------------------------
+# The layout version of the plan and reply records. It goes up only when a reader of the
+# old layout would misread the new one; adding an optional key keeps it.
+RECORD_VERSION: Final = 1
+
+# --- Run-config vocabularies (edge_client.wire.run_config) --------------------------------
+WAIT_POLICIES: Final = ("wait", "adapt")  # how a device waits for its plan's samples
+CONTROLLER_MODES: Final = ("fixed", "static", "dynamic")  # aggregator.controller
+COMPRESS_MODES: Final = (*CODEC_MODES, "adaptive")  # adaptive: the aggregator picks per round
+BROADCAST_MODES: Final = ("none", "fp16")  # how the model is sent down
+# Aggregation rules (aggregator.aggregation): fedavg streams; the others are Byzantine-robust.
+AGGREGATIONS: Final = ("fedavg", "trimmed-mean", "median", "krum", "multi-krum")

@@ -1,0 +1,304 @@
+"""The round protocol: what the aggregator sends a device, and what the device replies.
+
+Server -> device, one message per device and round:
+
+- ``arrays`` (ArrayRecord): the global model, float32 (float16 when the broadcast is
+  compressed);
+- ``config`` (ConfigRecord): the device's :class:`RoundPlan`.
+
+Device -> server, the reply (:class:`DeviceReply`):
+
+- ``update`` (ConfigRecord): ``frame``, the model delta coded by :mod:`edge_client.wire.codec`;
+- ``metrics`` (MetricRecord): :class:`ReplyMetrics`;
+- ``device`` (ConfigRecord): ``device-id`` and the reply's ``format-version`` (metric records
+  hold numbers only).
+
+Keys are the fields' names in kebab case (:mod:`edge_client.wire.mapping`), as Flower's are.
+Both records carry a ``format-version`` (:data:`~edge_client.wire.constants.RECORD_VERSION`);
+a record without one is of version 1, the layout before the key existed. A reader takes any
+version up to its own (keys it does not know are ignored, keys a record lacks take their
+defaults) and refuses newer ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Self, TypeVar
+
+from flwr.app import ConfigRecord, MetricRecord, RecordDict
+
+from edge_client.wire.constants import (
+    CODEC_MODES,
+    DEFAULT_TOPK_RATIO,
+    RECORD_VERSION,
+    WAIT_POLICIES,
+)
+from edge_client.wire.mapping import from_mapping, kebab, to_mapping
+from edge_client.wire.topics import validate_device_id
+
+__all__ = [
+    "ARRAYS",
+    "CONFIG",
+    "DEVICE",
+    "METRICS",
+    "UPDATE",
+    "DeviceReply",
+    "RecordError",
+    "ReplyMetrics",
+    "RoundPlan",
+]
+
+T = TypeVar("T")
+R = TypeVar("R", ConfigRecord, MetricRecord)
+
+ARRAYS = "arrays"
+CONFIG = "config"
+METRICS = "metrics"
+DEVICE = "device"
+UPDATE = "update"
+
+
+class RecordError(ValueError):
+    """A plan or reply that cannot be read.
+
+    Attributes
+    ----------
+    reason : str
+        ``malformed`` (missing or ill-typed keys, a wrong record type) or ``newer-format``
+        (written by a newer fedstream); what the aggregator counts.
+    """
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+
+
+class _Record:
+    """What every record of the protocol can do: be read back from its mapping."""
+
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> Self:
+        """Read the record from its mapping (a Flower record, or a ``metrics.jsonl`` entry).
+
+        Raises
+        ------
+        RecordError
+            If a required key is missing, a value is ill-typed or out of range
+            (``malformed``), or the record was written by a newer fedstream
+            (``newer-format``).
+        """
+        return _read(cls, record)
+
+
+@dataclass(frozen=True)
+class RoundPlan(_Record):
+    """One round's work for one device (the ``config`` record).
+
+    Attributes
+    ----------
+    batch_size, local_steps, lr
+        Train ``local_steps`` SGD steps at batch ``batch_size`` with learning rate ``lr``.
+    server_round : int
+        The round (seeds the device's draws).
+    wait_policy : {"wait", "adapt"}
+        ``wait``: until ``batch_size * local_steps`` samples are buffered, up to the
+        deadline; ``adapt``: train on what is there, never below ``b_min`` per step.
+    b_min : int
+        The smallest batch worth a step.
+    deadline_s : float
+        How long the device may wait for samples.
+    proximal_mu : float
+        FedProx term; 0: plain local SGD.
+    compress, compress_ratio
+        How the update travels (:mod:`edge_client.wire.codec`).
+    inject_mix : float
+        Fraction of each batch drawn from the device's injection pool.
+    inject_publish, inject_beta, inject_budget
+        Picked this round to share a fraction ``inject_beta`` of the samples it trains on,
+        in at most ``inject_budget`` bytes.
+    format_version : int
+        The record layout.
+    """
+
+    batch_size: int
+    local_steps: int
+    lr: float
+    server_round: int = 0
+    wait_policy: str = "adapt"
+    b_min: int = 1
+    deadline_s: float = 60.0
+    proximal_mu: float = 0.0
+    compress: str = "none"
+    compress_ratio: float = DEFAULT_TOPK_RATIO
+    inject_mix: float = 0.0
+    inject_publish: bool = False
+    inject_beta: float = 0.0
+    inject_budget: int = 0
+    format_version: int = RECORD_VERSION
+
+    def __post_init__(self) -> None:
+        if self.batch_size < 1 or self.local_steps < 1 or not self.lr > 0:
+            raise ValueError(f"bad plan: {self}")
+        if self.wait_policy not in WAIT_POLICIES:
+            raise ValueError(f"wait-policy must be one of {WAIT_POLICIES}")
+        if self.compress not in CODEC_MODES:
+            raise ValueError(f"compress must be one of {CODEC_MODES}, got {self.compress!r}")
+        if not 0 < self.compress_ratio <= 1:
+            raise ValueError(f"compress-ratio must be in (0, 1], got {self.compress_ratio}")
+        if not (0 <= self.inject_mix < 1 and 0 <= self.inject_beta <= 1):
+            raise ValueError(f"inject-mix must be in [0, 1), inject-beta in [0, 1]: {self}")
+        if self.inject_budget < 0 or self.proximal_mu < 0 or self.deadline_s < 0:
+            raise ValueError(f"inject-budget, proximal-mu and deadline-s must be >= 0: {self}")
+
+    def samples_to_wait_for(self) -> int:
+        """How many buffered samples the device waits for before it trains (the wait rule).
+
+        ``wait``: the whole plan, ``batch_size * local_steps``; ``adapt``: the least worth
+        training, ``min(b_min, batch_size) * local_steps``. The device waits at most
+        ``deadline_s`` and trains on what it has then.
+        """
+        per_step = (
+            self.batch_size if self.wait_policy == "wait" else min(self.b_min, self.batch_size)
+        )
+        return per_step * self.local_steps
+
+    def to_record(self) -> ConfigRecord:
+        """The ``config`` record that carries the plan (a fresh one each call)."""
+        return ConfigRecord(to_mapping(self))
+
+
+@dataclass(frozen=True)
+class ReplyMetrics(_Record):
+    """What a device reports with its update (the ``metrics`` record).
+
+    Attributes
+    ----------
+    num_examples : int
+        Samples trained on (0: the device trained nothing this round).
+    batch_size, local_steps : int
+        The batch and the steps it actually trained.
+    step_s : float
+        Median steady-state seconds per step (no imports, warm-up or waiting).
+    train_loss : float
+        Mean training loss (NaN when nothing was trained).
+    compute_s : float
+        Steady-state compute of the round (``step_s * local_steps``).
+    wait_s : float
+        Seconds spent waiting for samples.
+    stream_rate : float
+        The buffer's arrival-rate EWMA, samples/s.
+    buffer_fill, buffer_dropped : int
+        Samples buffered after training; samples the buffer's policy dropped so far.
+    bytes_up : int
+        Size of the update frame.
+    compress_gap : float, optional
+        EWMA of the top-k gap (ScaDLES' adaptive rule), once known.
+    inject_used : int
+        Samples of ``num_examples`` drawn from the injection pool.
+    inject_opt_in : int
+        1 when the device takes part in data injection.
+    inject_bytes, inject_samples : int
+        What it queued for sharing this round.
+    """
+
+    num_examples: int
+    batch_size: int
+    step_s: float
+    train_loss: float
+    local_steps: int = 0
+    compute_s: float = 0.0
+    wait_s: float = 0.0
+    stream_rate: float = 0.0
+    buffer_fill: int = 0
+    buffer_dropped: int = 0
+    bytes_up: int = 0
+    compress_gap: float | None = None
+    inject_used: int = 0
+    inject_opt_in: int = 0
+    inject_bytes: int = 0
+    inject_samples: int = 0
+
+    def to_record(self) -> MetricRecord:
+        """The ``metrics`` record (an unknown gap is left out)."""
+        return MetricRecord(to_mapping(self))
+
+
+@dataclass(frozen=True)
+class _DeviceTag:
+    """The ``device`` record: who replies, in which layout."""
+
+    device_id: str
+    format_version: int = RECORD_VERSION
+
+    def __post_init__(self) -> None:
+        validate_device_id(self.device_id)
+
+
+@dataclass(frozen=True)
+class _Update:
+    """The ``update`` record: the codec frame."""
+
+    frame: bytes
+
+
+@dataclass(frozen=True)
+class DeviceReply:
+    """A device's reply to its round plan: its id, its metrics and its update frame."""
+
+    device_id: str
+    metrics: ReplyMetrics
+    frame: bytes
+
+    def to_content(self) -> RecordDict:
+        """The reply's records, as a ClientApp returns them."""
+        return RecordDict(
+            {
+                UPDATE: ConfigRecord(to_mapping(_Update(self.frame))),
+                METRICS: self.metrics.to_record(),
+                DEVICE: ConfigRecord(to_mapping(_DeviceTag(self.device_id))),
+            }
+        )
+
+    @classmethod
+    def from_content(cls, content: RecordDict) -> DeviceReply:
+        """Read a reply (the frame itself is checked by the codec).
+
+        Raises
+        ------
+        RecordError
+            If a record or key is missing, ill-typed, or of a newer format.
+        """
+        tag = _read(_DeviceTag, _record(content, DEVICE, ConfigRecord))
+        metrics = ReplyMetrics.from_record(_record(content, METRICS, MetricRecord))
+        return cls(
+            tag.device_id, metrics, _read(_Update, _record(content, UPDATE, ConfigRecord)).frame
+        )
+
+
+def _record(content: RecordDict, name: str, kind: type[R]) -> R:
+    """The record ``name`` of a message, of type ``kind`` (indexing the RecordDict itself:
+    its typed views are rebuilt at each access, a cost per reply on the aggregator)."""
+    record = content.get(name)
+    if not isinstance(record, kind):
+        raise RecordError("malformed", f"the reply lacks its {name!r} record ({kind.__name__})")
+    return record
+
+
+_VERSION_KEY = kebab("format_version")
+
+
+def _read(cls: type[T], record: Mapping[str, Any]) -> T:
+    """A record from its mapping, or a RecordError that says what is wrong."""
+    name = cls.__name__.strip("_")
+    version = record.get(_VERSION_KEY, 1)
+    if isinstance(version, int) and version > RECORD_VERSION:
+        raise RecordError(
+            "newer-format",
+            f"{name} of format {version}; this side reads up to {RECORD_VERSION}: "
+            "upgrade fedstream here",
+        )
+    try:
+        return from_mapping(cls, record)
+    except ValueError as err:  # MappingError included
+        raise RecordError("malformed", f"{name}: {err}") from err

@@ -1,0 +1,266 @@
+"""The run config: every tunable of a run, declared once, checked in one place.
+
+Flower hands the same run config (``[tool.flwr.app.config]`` in pyproject.toml, overridden
+by ``flwr run --run-config``) to the ServerApp and to every ClientApp, so its declaration is
+part of what both sides agree on and lives here. Each key is a field of :class:`RunSettings`
+(the key is the field name with dashes) declared with :func:`knob`: type, default, bounds or
+choices, and a line of help. :meth:`RunSettings.from_run_config` reads and checks a run
+config; ``fedstream demo`` checks its training options the same way, and a test holds
+pyproject.toml to these declarations.
+
+The batch controller's knobs are :class:`ControllerSettings`, which :class:`RunSettings`
+extends: the controller is configured by the run settings themselves.
+"""
+
+from __future__ import annotations
+
+import math
+import operator
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from edge_client.task.constants import DATASETS, DEFAULT_NUM_CLASSES, DIGITS_CLASSES, MODELS
+from edge_client.wire.constants import (
+    AGGREGATIONS,
+    BROADCAST_MODES,
+    COMPRESS_MODES,
+    CONTROLLER_MODES,
+    DEFAULT_TOPK_RATIO,
+    WAIT_POLICIES,
+)
+from edge_client.wire.mapping import MappingError, from_mapping, kebab, to_mapping
+
+__all__ = ["ControllerSettings", "RunSettings", "knob", "knobs", "number_list"]
+
+MAX_INT = 10**7  # no count in a run config (rounds, steps, batch, samples) is anywhere near
+
+
+def knob(
+    default: Any,
+    help: str,
+    *,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    lt: float | None = None,
+    choices: tuple[str, ...] | None = None,
+) -> Any:
+    """Declare one run-config key: its default, a line of help, and what values it takes.
+
+    Parameters
+    ----------
+    default : int, float, bool or str
+        The default (its type is the key's type).
+    help : str
+        What the key does, for ``fedstream run-config`` and the docs.
+    ge, gt, le, lt : float, optional
+        Bounds: >=, >, <=, <.
+    choices : tuple of str, optional
+        The allowed values of a string key.
+    """
+    bounds = {"ge": ge, "gt": gt, "le": le, "lt": lt}
+    return field(
+        default=default,
+        metadata={
+            "help": help,
+            "choices": choices,
+            **{k: v for k, v in bounds.items() if v is not None},
+        },
+    )
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    """The batch controller's knobs (:mod:`aggregator.controller`)."""
+
+    global_batch: int = knob(128, "B, the global batch per step summed over devices", ge=1)
+    b_min: int = knob(8, "smallest batch a device is given", ge=1)
+    b_max: int = knob(256, "largest batch a device is given", ge=1)
+    deadband: float = knob(
+        0.1, "relative change of a batch below which the plan is kept", ge=0, lt=1
+    )
+    controller_period: int = knob(1, "rounds between controller updates", ge=1)
+    controller: str = knob(
+        "dynamic",
+        "fixed (equal batches), static (by first speed), dynamic (OmniLearn's closed loop)",
+        choices=CONTROLLER_MODES,
+    )
+    controller_smoothing: float = knob(
+        0.5, "weight of the newest step-time measurement against older ones", gt=0, le=1
+    )
+
+    def __post_init__(self) -> None:
+        _check_knobs(self)
+        if self.b_min > self.b_max:
+            raise ValueError(f"b-min ({self.b_min}) must not exceed b-max ({self.b_max})")
+        if self.global_batch < self.b_min:
+            raise ValueError(f"global-batch ({self.global_batch}) must be >= b-min ({self.b_min})")
+
+
+@dataclass(frozen=True)
+class RunSettings(ControllerSettings):
+    """Every tunable of a run; the run-config key is the field name with dashes.
+
+    Defaults here are those of ``[tool.flwr.app.config]`` in pyproject.toml (a test holds
+    the two together).
+    """
+
+    num_rounds: int = knob(10, "federated rounds", ge=1)
+    local_steps: int = knob(20, "SGD steps a device trains per round (K)", ge=1)
+    lr: float = knob(0.05, "learning rate (scaled by sum(b)/B when streams cap batches)", gt=0)
+    model: str = knob("cnn", "cnn (1D-CNN over windows) or mlp", choices=MODELS)
+    num_classes: int = knob(DEFAULT_NUM_CLASSES, "classes of the task", ge=2)
+    dataset: str = knob(
+        "synthetic",
+        "what streams carry: synthetic (sensor windows) or digits (8x8 frames)",
+        choices=DATASETS,
+    )
+    wait_policy: str = knob(
+        "adapt",
+        "wait (for b*K samples, up to the deadline) or adapt (train on what is there)",
+        choices=WAIT_POLICIES,
+    )
+    availability_cap: bool = knob(True, "ScaDLES: cap batches at fill + rate * round time")
+    round_timeout: float = knob(120.0, "seconds a round waits for replies", gt=0)
+    min_nodes: int = knob(1, "a round starts once this many SuperNodes are connected", ge=1)
+    checkpoint_dir: str = knob("", "where checkpoints go; empty: none")
+    resume: bool = knob(False, "continue from the checkpoint in checkpoint-dir")
+    out_dir: str = knob("", "where metrics.jsonl goes; empty: none")
+    eval_samples: int = knob(2000, "held-out samples the aggregator evaluates on", ge=1, le=100_000)
+    uplink_mbps: float = knob(10.0, "uplink charged on the virtual clock, Mbit/s", gt=0)
+    seed: int = knob(0, "seed of the model, the held-out set and the draws", ge=0)
+    compress: str = knob(
+        "none",
+        "update codec: none, fp16, int8, topk, adaptive (ScaDLES)",
+        choices=COMPRESS_MODES,
+    )
+    compress_ratio: float = knob(DEFAULT_TOPK_RATIO, "top-k: fraction of values sent", gt=0, le=1)
+    compress_delta: float = knob(
+        0.3, "adaptive: top-k when most devices' gap EWMA <= this", ge=0, le=1
+    )
+    compress_broadcast: str = knob(
+        "none", "model sent down: none (float32) or fp16", choices=BROADCAST_MODES
+    )
+    proximal_mu: float = knob(0.0, "FedProx term on the devices; 0: plain FedAvg", ge=0)
+    inject_alpha: float = knob(
+        0.0, "ScaDLES injection: fraction of opted-in devices sharing per round", ge=0, le=1
+    )
+    inject_beta: float = knob(
+        0.25, "... each shares this fraction of the samples it just trained on", ge=0, le=1
+    )
+    inject_budget: int = knob(
+        16_384, "... all of them together in at most this many bytes per round", ge=0
+    )
+    inject_mix: float = knob(
+        0.25, "fraction of each batch drawn from a device's injection pool", ge=0, lt=1
+    )
+    aggregation: str = knob(
+        "fedavg",
+        "fedavg (streaming) | trimmed-mean | median | krum | multi-krum",
+        choices=AGGREGATIONS,
+    )
+    trim_fraction: float = knob(0.2, "trimmed-mean: cut at each end", ge=0, lt=0.5)
+    krum_malicious: int = knob(1, "krum, multi-krum: updates that may be hostile (f)", ge=0)
+    sim_dir: str = knob("", "simulation only: buffers of the virtual devices (default: tmp)")
+    sim_rates: str = knob("400,400,200,100", "simulation: stream rate per virtual device")
+    sim_slowdowns: str = knob("1,1,2,4", "simulation: slowdown per virtual device")
+    sim_initial: int = knob(2000, "simulation: samples buffered before the first round", ge=0)
+    sim_labels: int = knob(0, "simulation skew: classes per virtual device (0: all)", ge=0)
+    sim_dirichlet: float = knob(0.0, "... or Dirichlet(alpha) label mix (0: off)", ge=0)
+    sim_feature_shift: float = knob(0.0, "... and per-device sensor gain/bias", ge=0)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.dataset == "digits" and self.num_classes != DIGITS_CLASSES:
+            raise ValueError(f"dataset digits has {DIGITS_CLASSES} classes: set num-classes=10")
+        if self.sim_labels > self.num_classes:
+            raise ValueError(f"sim-labels must be in 0..num-classes ({self.num_classes})")
+        number_list(self.sim_rates, "sim-rates", 1e-9)
+        number_list(self.sim_slowdowns, "sim-slowdowns", 1.0)
+
+    def to_run_config(self) -> dict[str, Any]:
+        """The settings as a run config (kebab-case keys): what a resume submits again."""
+        return to_mapping(self)
+
+    @classmethod
+    def from_run_config(cls, config: Mapping[str, Any]) -> RunSettings:
+        """Read settings from a run config; keys it does not set take their defaults.
+
+        Raises
+        ------
+        ValueError
+            On an unknown key (likely a typo), a value of the wrong type, or one out of
+            bounds; the message names the key.
+        """
+        try:
+            return from_mapping(cls, config, strict=True)
+        except MappingError as err:
+            raise ValueError(f"run config: {err}") from err
+
+
+def knobs(settings: type[ControllerSettings] = RunSettings) -> dict[str, dict[str, Any]]:
+    """Every run-config key, in order: ``default``, ``help`` and ``allowed`` (the choices or
+    the bounds, as text; empty when any value of the key's type goes)."""
+    out: dict[str, dict[str, Any]] = {}
+    for f in fields(settings):
+        meta = f.metadata
+        if meta.get("choices"):
+            allowed = " | ".join(meta["choices"])
+        elif any(b in meta for b in _BOUNDS):
+            allowed = _span(meta)
+        else:
+            allowed = ""
+        out[kebab(f.name)] = {"default": f.default, "help": meta["help"], "allowed": allowed}
+    return out
+
+
+def number_list(text: str, key: str, minimum: float) -> list[float]:
+    """Parse a comma-separated run-config list such as ``sim-rates = "200,100"``.
+
+    Raises
+    ------
+    ValueError
+        If it is empty, not numbers, or a value is below ``minimum``.
+    """
+    try:
+        values = [float(v) for v in str(text).split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"{key} must be comma-separated numbers, got {text!r}") from None
+    if not values or not all(math.isfinite(v) and v >= minimum for v in values):
+        raise ValueError(f"{key} needs values >= {minimum}, got {text!r}")
+    return values
+
+
+def _check_knobs(settings: ControllerSettings) -> None:
+    """Types, bounds and choices of every declared key; the message names the key."""
+    for f in fields(settings):
+        key, value, meta = kebab(f.name), getattr(settings, f.name), f.metadata
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"{key} must be finite, got {value}")
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
+            raise ValueError(f"{key} is out of range: {value}")
+        choices = meta.get("choices")
+        if choices and value not in choices:
+            raise ValueError(f"{key} must be one of {choices}, got {value!r}")
+        if any(b in meta and not _BOUNDS[b][0](value, meta[b]) for b in _BOUNDS):
+            raise ValueError(f"{key} must be {_span(meta)}, got {value}")
+
+
+# bound -> (test, sign, bracket)
+_BOUNDS: dict[str, tuple[Callable[[Any, Any], bool], str, str]] = {
+    "ge": (operator.ge, ">=", "["),
+    "gt": (operator.gt, ">", "("),
+    "le": (operator.le, "<=", "]"),
+    "lt": (operator.lt, "<", ")"),
+}
+
+
+def _span(meta: Mapping[str, Any]) -> str:
+    """``in [0, 1)`` for a range, ``> 0`` for one bound."""
+    low = next((b for b in ("ge", "gt") if b in meta), None)
+    high = next((b for b in ("le", "lt") if b in meta), None)
+    if low and high:
+        return f"in {_BOUNDS[low][2]}{meta[low]:g}, {meta[high]:g}{_BOUNDS[high][2]}"
+    bound = low or high
+    return f"{_BOUNDS[bound][1]} {meta[bound]:g}" if bound else "valid"

@@ -1,0 +1,197 @@
+"""The ``fedstream`` command line as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from deploy.local import ProcessGroup, fedstream_command, free_port, wait_for_port, wait_until
+from deploy.probes import MqttProbe
+
+
+def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(fedstream_command(*args), capture_output=True, text=True, timeout=timeout)
+
+
+def test_demo_streams_and_shuts_everything_down(tmp_path: Path) -> None:
+    # Execute: the main job, small.
+    proc = run(
+        "demo",
+        "--stream-only",
+        "--devices",
+        "2",
+        "--duration",
+        "4",
+        "--rates",
+        "100,400",
+        "--capacity",
+        "500",
+        "--out",
+        str(tmp_path),
+        "--no-live",
+        timeout=180,
+    )
+    # Assert
+    assert proc.returncode == 0, proc.stderr + proc.stdout
+    (summary_path,) = tmp_path.glob("stream-*/summary.json")
+    summary = json.loads(summary_path.read_text())
+    devices = summary["devices"]
+    assert set(devices) == {"dev-0", "dev-1"}
+    for dev in devices.values():
+        assert dev["exactly-once"] and dev["ingest-exit-code"] == 0
+        assert dev["received"] == dev["published"] > 0
+    fast = devices["dev-1"]
+    assert fast["fill"] == 500 and fast["dropped"] == fast["published"] - 500  # truncation
+    assert "exactly once" in proc.stdout
+
+
+def test_status_reports_a_missing_buffer_clearly(tmp_path: Path) -> None:
+    proc = run("status", "--buffer", str(tmp_path / "nope.sqlite"), "--json")
+    assert proc.returncode == 2
+    assert "no buffer" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--rate", "10", "--rate-set", "S1"], "exactly one of --rate"),
+        (["--rate", "10"], "exactly one of count and duration"),
+        (["--rate", "-1", "--count", "5"], "rate must be > 0"),
+        (["--rate", "10", "--count", "5", "--classes", "9"], "labels must be classes"),
+        (["--rate", "10", "--count", "5", "--labels", "9"], "classes per device"),
+        (["--rate", "10", "--labels", "1", "--classes", "0"], "not both"),
+        (["--rate", "10", "--count", "5", "--source", "missing.npz"], "No such file"),
+    ],
+)
+def test_publish_refuses_bad_options(args: list[str], message: str) -> None:
+    proc = run("publish", "--device-id", "d", *args)
+    assert proc.returncode == 2
+    assert message in proc.stderr
+
+
+def test_publish_fails_clearly_without_a_broker() -> None:
+    proc = run(
+        "publish",
+        "--device-id",
+        "d",
+        "--broker",
+        "mqtt://127.0.0.1:1",
+        "--rate",
+        "10",
+        "--count",
+        "5",
+        "--connect-timeout",
+        "2",
+    )
+    assert proc.returncode == 2 and "could not connect" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--devices", "2", "--rates", "1,2,3"], "--rates needs 2"),
+        (["--compress", "zip"], "compress must be one of"),
+        (["--compress-ratio", "0"], "compress-ratio must be in (0, 1]"),
+        (["--labels", "9"], "--labels must be"),
+        (["--labels", "1", "--dirichlet", "0.1"], "not both"),
+        (["--inject-alpha", "1.5"], "inject-alpha must be in [0, 1]"),
+        (["--run-config", "num-rounds=0"], "num-rounds must be >= 1"),
+        (["--run-config", "round-timout=5"], "unknown keys ['round-timout']"),
+        (["--run-config", "lr=fast"], "--run-config"),
+        (["--rounds", "3", "--kill-aggregator", "3"], "--kill-aggregator must be in 1..2"),
+        (["--kill-broker", "1"], "--kill-broker needs the demo's Mosquitto"),
+        (["--secure", "--broker", "mqtt://127.0.0.1:1883"], "drop --broker"),
+    ],
+)
+def test_demo_refuses_bad_options(tmp_path: Path, args: list[str], message: str) -> None:
+    proc = run("demo", *args, "--out", str(tmp_path))
+    assert proc.returncode == 2 and message in " ".join(proc.stderr.split())  # rich wraps
+
+
+def test_bench_refuses_an_unknown_scenario() -> None:
+    proc = run("bench", "nosuch")
+    assert proc.returncode == 2 and "nosuch" in proc.stderr
+
+
+def test_broker_command_serves_mqtt_and_reports_a_taken_port(procs: ProcessGroup) -> None:
+    # Prepare
+    port = free_port()
+    procs.start("broker", fedstream_command("broker", "--port", str(port)))
+    assert wait_for_port(port)
+    url = f"mqtt://127.0.0.1:{port}"
+    sub = MqttProbe(url, "sub")
+    sub.subscribe("fedstream/v1/x/samples")
+    pub = MqttProbe(url, "pub")
+    assert pub.wait_connected()
+    time.sleep(0.3)
+    # Execute
+    pub.publish("fedstream/v1/x/samples", b"hello")
+    taken = run("broker", "--port", str(port))
+    # Assert
+    assert wait_until(lambda: [m.payload for m in sub.messages] == [b"hello"], 10)
+    assert taken.returncode == 2 and "cannot listen" in taken.stderr
+    sub.close()
+    pub.close()
+
+
+def test_publisher_stops_cleanly_on_sigterm(broker: Any, procs: ProcessGroup) -> None:
+    pub = procs.start(
+        "pub",
+        fedstream_command(
+            "publish",
+            "--broker",
+            broker.url,
+            "--device-id",
+            "d",
+            "--rate",
+            "100",
+            "--duration",
+            "60",
+            "--json",
+        ),
+        stdout_pipe=True,
+    )
+    time.sleep(2.0)
+    pub.send_signal(signal.SIGTERM)
+    out, _ = pub.communicate(timeout=30)
+    report = json.loads(out.decode().splitlines()[-1])
+    assert pub.returncode == 0 and 0 < report["samples"] < 6000
+    assert report["acknowledged"] == report["messages"]
+
+
+def test_resume_explains_a_missing_or_old_checkpoint(tmp_path: Path) -> None:
+    # Prepare: no checkpoint at all, and one written before checkpoints kept the run config.
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "state.json").write_text(
+        json.dumps({"server-round": 2, "model": "m.pt", "controller": {}})
+    )
+    torch.save({"w": torch.zeros(1)}, old / "m.pt")
+    # Execute
+    missing = run("resume", str(tmp_path / "none"))
+    stale = run("resume", str(old))
+    # Assert
+    assert missing.returncode == 2 and "no checkpoint in" in missing.stderr
+    assert stale.returncode == 2 and "does not record its run config" in " ".join(
+        stale.stderr.split()
+    )
+
+
+def test_run_config_lists_the_keys_as_pyproject_declares_them() -> None:
+    # Execute
+    table = run("run-config")
+    block = run("run-config", "--toml")
+    # Assert: the TOML block is the app's config, and the table names every key
+    assert table.returncode == 0 and block.returncode == 0
+    printed = tomllib.loads(block.stdout)["tool"]["flwr"]["app"]["config"]
+    pyproject = tomllib.loads(Path("pyproject.toml").read_text())
+    assert printed == pyproject["tool"]["flwr"]["app"]["config"]
+    assert all(key in table.stdout for key in printed)

@@ -1,0 +1,113 @@
+"""The production Mosquitto config: TLS, a password per device, a per-device ACL."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from deploy.brokers import BROKER_CONFIG_DIR, MosquittoBroker
+from deploy.local import ProcessGroup, fedstream_command, wait_until
+from deploy.probes import MqttProbe, start_ingest
+from deploy.probes import buffer_stats as stats
+from edge_client.wire.topics import samples_topic
+
+pytestmark = pytest.mark.mosquitto
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[MosquittoBroker, Path]]:
+    files = tmp_path_factory.mktemp("mosquitto-files")
+    subprocess.run(
+        ["bash", str(BROKER_CONFIG_DIR / "make-dev-certs.sh"), str(files), "dev-a", "dev-b"],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    with MosquittoBroker(BROKER_CONFIG_DIR / "mosquitto-prod.conf", files_dir=files) as broker:
+        yield broker, files
+
+
+def tls_url(broker: MosquittoBroker) -> str:
+    return f"mqtts://127.0.0.1:{broker.ports[0]}"
+
+
+def creds(files: Path, user: str) -> dict[str, str]:
+    return {
+        "username": user,
+        "password": (files / "credentials" / f"{user}.txt").read_text().strip(),
+        "cafile": str(files / "certs" / "ca.crt"),
+    }
+
+
+def test_unauthenticated_and_wrong_password_are_refused(secured) -> None:
+    broker, _ = secured
+    plain = f"mqtt://127.0.0.1:{broker.ports[1]}"
+    anonymous = MqttProbe(plain, "anon")
+    wrong = MqttProbe(plain, "wrong", username="dev-a", password="nope")
+
+    refused = wait_until(lambda: anonymous.refused is not None and wrong.refused is not None, 10)
+
+    anonymous.close()
+    wrong.close()
+    assert refused and not anonymous.connected and not wrong.connected
+    assert "authorized" in str(anonymous.refused).lower()
+
+
+def test_device_cannot_write_or_read_another_devices_topic(secured) -> None:
+    # Prepare: dev-a listens on its own topic; a spy (dev-b) tries to read dev-a's topic.
+    broker, files = secured
+    url = tls_url(broker)
+    a = MqttProbe(url, "a", **creds(files, "dev-a"))
+    b = MqttProbe(url, "b", **creds(files, "dev-b"))
+    a.subscribe(samples_topic("dev-a"))
+    b.subscribe(samples_topic("dev-a"))
+    time.sleep(0.5)
+    # Execute
+    b.publish(samples_topic("dev-a"), b"from-b")  # denied: dropped by the broker
+    a.publish(samples_topic("dev-a"), b"from-a")  # allowed
+    # Assert
+    assert wait_until(lambda: len(a.messages) >= 1, 10)
+    time.sleep(0.5)
+    assert [m.payload for m in a.messages] == [b"from-a"]
+    assert b.messages == []  # dev-b may not read dev-a's samples
+    a.close()
+    b.close()
+
+
+def test_ingest_and_publisher_over_tls_with_credentials(secured, tmp_path: Path) -> None:
+    broker, files = secured
+    url = tls_url(broker)
+    c = creds(files, "dev-a")
+    auth = ["--username", "dev-a", "--password", c["password"], "--cafile", c["cafile"]]
+    buf = tmp_path / "dev-a.sqlite"
+    with ProcessGroup() as procs:
+        start_ingest(procs, url, buf, "dev-a", *auth)
+        out = subprocess.run(
+            fedstream_command(
+                "publish",
+                "--broker",
+                url,
+                "--device-id",
+                "dev-a",
+                "--count",
+                "500",
+                "--rate",
+                "1000",
+                "--batch",
+                "5",
+                "--json",
+                *auth,
+            ),
+            capture_output=True,
+            check=True,
+            timeout=120,
+        ).stdout
+        assert json.loads(out.decode().splitlines()[-1])["acknowledged"] == 100
+        assert wait_until(lambda: stats(buf)["accepted"] >= 500, 20)
+        assert procs.stop("ingest") == 0
+    assert stats(buf)["accepted"] == 500

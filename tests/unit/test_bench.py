@@ -1,0 +1,98 @@
+"""Benchmark plumbing: result files, the virtual-clock helpers, and the aggregator at scale."""
+
+from __future__ import annotations
+
+import json
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+from flwr.app import Array, ArrayRecord
+
+from aggregator.records import RoundRecord
+from deploy.bench.common import Result, markdown_table, time_to_target, write_result
+from deploy.bench.hetero import ideal_speedup, slowdowns
+from deploy.bench.reliability import _fault_summary, _samples
+from deploy.bench.scale import MODEL_SHAPES, one_round
+from edge_client.wire.codec import encode
+
+
+def record(round_: int, accuracy: float, virtual_s: float) -> RoundRecord:
+    """A round with nothing but its accuracy and its time on the virtual clock."""
+    return RoundRecord(
+        round=round_, accuracy=accuracy, loss=0.0, global_batch=64, sum_b=64, lr_scale=1.0,
+        planned={}, devices={}, failed={}, rejected={}, rejected_reasons={}, compress="none",
+        aggregation="fedavg", aggregated=[], bytes_up=0, broadcast_bytes=0, inject_picked=[],
+        inject_bytes=0, virtual_s=virtual_s, wall_s=0.0,
+    )  # fmt: skip
+
+
+def test_time_to_target_sums_the_virtual_clock_until_the_target() -> None:
+    records = [record(i, a, 2.0) for i, a in enumerate((0.5, 0.7, 0.9, 0.95), 1)]
+
+    assert time_to_target(records, 0.9) == 6.0
+    assert time_to_target(records, 0.99) is None
+
+
+def test_omnilearn_levels_give_the_papers_ideal_speedups() -> None:
+    assert slowdowns("HL8") == [32 / 6, 32 / 6, 8.0, 1.0]
+    assert [ideal_speedup(lv) for lv in ("HL1", "HL2", "HL4", "HL8")] == [1.0, 1.5, 2.0, 3.0]
+
+
+def test_results_are_written_as_json_markdown_and_plots(tmp_path: Path) -> None:
+    def plot(out: Path) -> Path:
+        path = out / "x.png"
+        path.write_bytes(b"png")
+        return path
+
+    result = Result("demo", [{"a": 1}], markdown_table(["a"], [[1]]), {"quick": True}, [plot])
+
+    paths = write_result(result, tmp_path / "out", tmp_path / "extra.json")
+
+    doc = json.loads((tmp_path / "out" / "demo.json").read_text())
+    assert doc["entries"] == [{"a": 1}] and doc["quick"] is True
+    assert json.loads((tmp_path / "extra.json").read_text()) == doc
+    assert "| a |" in (tmp_path / "out" / "demo.md").read_text()
+    assert {p.name for p in paths} == {"demo.json", "extra.json", "demo.md", "x.png"}
+
+
+def test_the_aggregators_memory_does_not_grow_with_the_fleet() -> None:
+    # Prepare: a 100k-parameter model and real update frames
+    rng = np.random.default_rng(0)
+    arrays = ArrayRecord(
+        {k: Array(rng.standard_normal(s).astype(np.float32)) for k, s in MODEL_SHAPES.items()}
+    )
+    frames = [encode({k: np.full(s, 0.01, np.float32) for k, s in MODEL_SHAPES.items()})]
+
+    def peak(n: int) -> float:
+        tracemalloc.start()
+        one_round(n, "none", frames, arrays)
+        _, top = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        return top
+
+    # Execute / Assert: 10x the devices, about the same peak (replies are streamed)
+    small, large = peak(20), peak(200)
+    assert large < 1.5 * small
+
+
+def test_the_reliability_report_counts_a_fault_with_a_loss_as_not_survived() -> None:
+    # Prepare: figures as the fault runs return them; the broker crash lost 8 samples.
+    faults = {
+        "broker": {
+            "crash": {"outage_s": 3.0, "acknowledged": 800, "accepted": 792, "lost": 8},
+            "clean_restart_with_queue": {"queued": 800, "accepted": 800, "lost": 0},
+        },
+        "disk_full": {"skipped": "not root"},
+        "aggregator": {"skipped": "--quick"},
+        "resume_equivalence": {"identical": True, "max_abs_weight_diff": 0.0},
+    }
+    soak = {"dev-0": {"acknowledged": 100, "accepted": 100, "lost": 0}}
+    # Execute
+    injected, survived, rows = _fault_summary(0, faults)
+    samples = _samples(soak, faults)
+    # Assert
+    assert (injected, survived) == (4, 3)
+    assert rows[1][:2] == ["broker SIGKILL, 3 s down", "NO"]
+    assert [r[1] for r in rows if r[0] in ("disk full", "aggregator kill")] == ["skipped"] * 2
+    assert samples == {"acknowledged": 1700, "accepted": 1692, "lost": 8}

@@ -1,0 +1,36 @@
+"""``fedstream demo``'s options: its training options are run-config overrides, checked by the
+run settings like any run's."""
+
+from __future__ import annotations
+
+import pytest
+
+from deploy.demo import DemoConfig
+from edge_client.wire.run_config import RunSettings
+
+
+def test_the_demo_trains_with_its_defaults_over_the_apps() -> None:
+    # Execute
+    config = DemoConfig(devices=3)
+    # Assert: the demo's own defaults, the fleet's, and the app's for everything else
+    s = config.settings
+    assert (s.num_rounds, s.local_steps, s.min_nodes, s.b_min) == (6, 40, 3, 8)
+    assert s.lr == RunSettings().lr and s.controller == RunSettings().controller
+
+
+def test_options_and_run_config_override_and_are_checked_as_a_run_config() -> None:
+    # Execute
+    config = DemoConfig(run_config={"num-rounds": 3, "deadband": 0.25, "compress": "topk"})
+    # Assert
+    assert (config.settings.num_rounds, config.settings.deadband) == (3, 0.25)
+    assert config.settings.compress == "topk"
+    with pytest.raises(ValueError, match="deadband must be in"):
+        DemoConfig(run_config={"deadband": 2.0})
+    with pytest.raises(ValueError, match="unknown keys"):
+        DemoConfig(run_config={"rounds": 3})
+
+
+def test_fault_options_are_checked_against_the_run_config() -> None:
+    with pytest.raises(ValueError, match=r"--kill-aggregator must be in 1\.\.2"):
+        DemoConfig(run_config={"num-rounds": 3}, kill_aggregator=3)
+    assert DemoConfig(run_config={"num-rounds": 3}, kill_aggregator=2).kill_aggregator == 2

@@ -1,0 +1,138 @@
+"""The layers' import rules, walked over the source (every import, module-level or inside a
+function, and the packages each import loads on the way).
+
+- The aggregator uses only the wire and task layers of ``edge_client``: never the device
+  runtime (trainer, buffer, ingest daemon) or the stream emulation (replay, publisher).
+- ``edge_client`` never imports the aggregator or the launchers.
+- The wire and task layers stand on their own: neither reaches the runtime or the emulation.
+- A device never loads the stream emulation: the runtime imports it only inside the
+  simulation engine's branch (a function-level import), never at module level.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import subprocess
+import sys
+from collections import deque
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("edge_client", "aggregator", "deploy")
+
+
+@cache
+def modules() -> dict[str, Path]:
+    """Every project module by dotted name."""
+    found: dict[str, Path] = {}
+    for package in PACKAGES:
+        for path in (ROOT / package).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+            found[name] = path
+    return found
+
+
+@cache
+def imports(module: str, eager_only: bool) -> frozenset[str]:
+    """Project modules ``module`` imports (with the packages on their way); only those
+    at module level when ``eager_only``."""
+    tree = ast.parse(modules()[module].read_text())
+    nodes = tree.body if eager_only else list(ast.walk(tree))
+    out: set[str] = set()
+    for node in nodes:
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        for name in names:
+            parts = name.split(".")
+            out.update(
+                ".".join(parts[:i])
+                for i in range(1, len(parts) + 1)
+                if ".".join(parts[:i]) in modules()
+            )
+    out.discard(module)
+    return frozenset(out)
+
+
+def reach(start: str, eager_only: bool = False) -> dict[str, list[str]]:
+    """Every project module ``start`` loads, with the chain of imports that gets there."""
+    seen = {start: [start]}
+    todo = deque([start])
+    while todo:
+        current = todo.popleft()
+        for nxt in imports(current, eager_only):
+            if nxt not in seen:
+                seen[nxt] = [*seen[current], nxt]
+                todo.append(nxt)
+    return seen
+
+
+def offending(sources: str, forbidden: tuple[str, ...], eager_only: bool = False) -> list[str]:
+    """Chains from modules under ``sources`` to modules under ``forbidden``."""
+    bad = []
+    for module in modules():
+        if module == sources or module.startswith(f"{sources}."):
+            for target, chain in reach(module, eager_only).items():
+                if target.startswith(forbidden):
+                    bad.append(" -> ".join(chain))
+    return sorted(bad)
+
+
+def test_the_walk_sees_imports_inside_functions_and_the_packages_on_the_way() -> None:
+    # The walk itself: the ClientApp's simulation branch is a function-level import.
+    client_app = "edge_client.runtime.client_app"
+    assert "edge_client.emulation.simulation" in imports(client_app, eager_only=False)
+    assert "edge_client.emulation.simulation" not in imports(client_app, eager_only=True)
+    assert {"edge_client", "edge_client.wire"} <= reach("edge_client.wire.records").keys()
+
+
+@pytest.mark.parametrize(
+    ("sources", "forbidden"),
+    [
+        ("aggregator", ("edge_client.runtime", "edge_client.emulation", "deploy")),
+        ("edge_client", ("aggregator", "deploy")),
+        ("edge_client.wire", ("edge_client.runtime", "edge_client.emulation")),
+        ("edge_client.task", ("edge_client.runtime", "edge_client.emulation")),
+    ],
+)
+def test_a_layer_never_imports_what_it_must_not(sources: str, forbidden: tuple[str, ...]) -> None:
+    assert offending(sources, forbidden) == []
+
+
+def test_a_device_never_loads_the_stream_emulation() -> None:
+    assert offending("edge_client.runtime", ("edge_client.emulation",), eager_only=True) == []
+
+
+PUBLIC = (
+    "edge_client.wire",
+    "edge_client.task",
+    "edge_client.runtime",
+    "edge_client.emulation",
+    "aggregator",
+    "deploy",
+)
+
+
+@pytest.mark.parametrize("package", PUBLIC)
+def test_every_package_says_what_it_holds_and_exports_its_names(package: str) -> None:
+    module = importlib.import_module(package)
+    assert module.__doc__ and len(module.__doc__) > 100
+    assert module.__all__ and all(getattr(module, name) is not None for name in module.__all__)
+
+
+def test_importing_a_package_loads_only_what_is_used() -> None:
+    # The ingest daemon and `fedstream status` import the runtime and the wire layer: they
+    # must not pay for torch, which the ClientApp (same package) needs.
+    code = (
+        "import sys, edge_client.runtime, edge_client.wire, edge_client.task, aggregator; "
+        "from edge_client.runtime import BufferStore; print('torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

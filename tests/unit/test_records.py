@@ -1,0 +1,173 @@
+"""The round protocol's records: typed, written once through one kebab-case mapping,
+versioned, and readable across versions."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.app import ConfigRecord, MetricRecord, RecordDict
+
+from edge_client.wire.codec import encode
+from edge_client.wire.constants import RECORD_VERSION
+from edge_client.wire.mapping import MappingError, from_mapping, kebab, to_mapping
+from edge_client.wire.records import (
+    DEVICE,
+    METRICS,
+    UPDATE,
+    DeviceReply,
+    RecordError,
+    ReplyMetrics,
+    RoundPlan,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+RECORDS = ROOT / "edge_client" / "wire" / "records.py"
+
+
+def test_a_plan_travels_as_a_config_record_and_back() -> None:
+    # Prepare
+    plan = RoundPlan(
+        batch_size=24, local_steps=7, lr=0.03, server_round=4, wait_policy="wait",
+        compress="topk", compress_ratio=0.05, inject_publish=True, inject_beta=0.5,
+    )  # fmt: skip
+    # Execute
+    record = plan.to_record()
+    # Assert
+    assert isinstance(record, ConfigRecord) and record["batch-size"] == 24
+    assert record["format-version"] == RECORD_VERSION
+    assert RoundPlan.from_record(record) == plan
+
+
+def test_a_reply_travels_as_records_and_back() -> None:
+    # Prepare
+    metrics = ReplyMetrics(num_examples=80, batch_size=16, step_s=0.01, train_loss=1.2)
+    reply = DeviceReply("pi-1", metrics, encode({"w": np.ones(3, np.float32)}))
+    # Execute
+    content = reply.to_content()
+    # Assert: an unknown gap is left out, not sent as a sentinel
+    assert isinstance(content.metric_records[METRICS], MetricRecord)
+    assert "compress-gap" not in content.metric_records[METRICS]
+    assert DeviceReply.from_content(content) == reply
+
+
+def test_records_of_the_previous_release_are_read() -> None:
+    # Prepare: a plan and a reply exactly as the release before format versions wrote them.
+    old_plan: dict[str, Any] = {
+        "server-round": 3, "batch-size": 20, "local-steps": 5, "lr": 0.05,
+        "wait-policy": "adapt", "b-min": 4, "deadline-s": 60.0, "proximal-mu": 0.0,
+        "compress": "none", "compress-ratio": 0.1, "inject-mix": 0.0,
+        "inject-publish": False, "inject-beta": 0.25, "inject-budget": 0,
+    }  # fmt: skip
+    old_metrics: dict[str, Any] = {
+        "num-examples": 100, "batch-size": 20, "local-steps": 5, "compute-s": 0.05,
+        "step-s": 0.01, "wait-s": 0.0, "train-loss": 1.5, "stream-rate": 200.0,
+        "buffer-fill": 900, "buffer-dropped": 0, "bytes-up": 1234, "inject-used": 0,
+        "inject-opt-in": 0, "inject-bytes": 0, "inject-samples": 0,
+    }  # fmt: skip
+    frame = encode({"w": np.zeros(2, np.float32)})
+    old_reply = RecordDict(
+        {
+            UPDATE: ConfigRecord({"frame": frame}),
+            METRICS: MetricRecord(old_metrics),
+            DEVICE: ConfigRecord({"device-id": "pi-1"}),
+        }
+    )
+    # Execute
+    plan = RoundPlan.from_record(ConfigRecord(old_plan))
+    reply = DeviceReply.from_content(old_reply)
+    # Assert
+    assert (plan.server_round, plan.batch_size, plan.b_min) == (3, 20, 4)
+    assert plan.format_version == 1
+    assert reply.device_id == "pi-1" and reply.frame == frame
+    assert reply.metrics.num_examples == 100 and reply.metrics.compress_gap is None
+
+
+def test_a_record_of_a_newer_format_is_refused_not_misread() -> None:
+    record = RoundPlan(8, 1, 0.1).to_record()
+    record["format-version"] = RECORD_VERSION + 1
+    with pytest.raises(RecordError) as err:
+        RoundPlan.from_record(record)
+    assert err.value.reason == "newer-format" and "upgrade" in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("edit", "detail"),
+    [
+        (lambda c: c.config_records[DEVICE].pop("device-id"), "lacks 'device-id'"),
+        (lambda c: c.config_records[DEVICE].__setitem__("device-id", "a/b"), "device id"),
+        (lambda c: c.metric_records[METRICS].pop("num-examples"), "num-examples"),
+        (lambda c: c.metric_records[METRICS].__setitem__("batch-size", float("nan")), "batch-size"),
+        (lambda c: c.config_records[UPDATE].__setitem__("frame", "text"), "bytes"),
+        (lambda c: c.pop(METRICS), "record"),
+    ],
+)
+def test_a_malformed_reply_is_refused_with_what_is_wrong(edit: object, detail: str) -> None:
+    # Prepare
+    metrics = ReplyMetrics(num_examples=8, batch_size=8, step_s=0.01, train_loss=1.0)
+    content = DeviceReply("pi-1", metrics, b"frame").to_content()
+    edit(content)  # type: ignore[operator]
+    # Execute / Assert
+    with pytest.raises(RecordError, match=detail) as err:
+        DeviceReply.from_content(content)
+    assert err.value.reason == "malformed"
+
+
+@pytest.mark.parametrize(
+    ("policy", "batch", "b_min", "steps", "waits_for"),
+    [("wait", 16, 4, 10, 160), ("adapt", 16, 4, 10, 40), ("adapt", 2, 4, 10, 20)],
+)
+def test_the_wait_rule(policy: str, batch: int, b_min: int, steps: int, waits_for: int) -> None:
+    # wait: the whole plan; adapt: the least worth a step, never more than the plan's batch
+    plan = RoundPlan(batch, steps, 0.1, wait_policy=policy, b_min=b_min)
+    assert plan.samples_to_wait_for() == waits_for
+
+
+@dataclasses.dataclass
+class Inner:
+    hits: int
+
+
+@dataclasses.dataclass
+class Outer:
+    batch_size: int
+    rates: dict[str, float]
+    inner: Inner
+    tags: list[str] = dataclasses.field(default_factory=list)
+    gap: float | None = None
+
+
+def test_the_mapping_converts_types_and_names_the_key_at_fault() -> None:
+    value = from_mapping(Outer, {"batch-size": "3", "rates": {"a": 1}, "inner": {"hits": 2.0}})
+    assert value == Outer(3, {"a": 1.0}, Inner(2))
+    assert to_mapping(value) == {
+        "batch-size": 3,
+        "rates": {"a": 1.0},
+        "inner": {"hits": 2},
+        "tags": [],
+    }
+    with pytest.raises(MappingError, match="batch-size") as err:
+        from_mapping(Outer, {"batch-size": "many", "rates": {}, "inner": {"hits": 1}})
+    assert err.value.key == "batch-size"
+    with pytest.raises(MappingError, match="unknown keys"):
+        from_mapping(
+            Outer, {"batch-size": 1, "rates": {}, "inner": {"hits": 1}, "x": 1}, strict=True
+        )
+
+
+def test_no_metric_key_is_spelled_outside_the_records_module() -> None:
+    # The reply's metric keys are written once, through the mapping, in the records module.
+    keys = {kebab(f.name) for f in dataclasses.fields(ReplyMetrics)}
+    spelled = []
+    for package in ("edge_client", "aggregator", "deploy"):
+        for path in (ROOT / package).rglob("*.py"):
+            if path == RECORDS:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Constant) and node.value in keys:
+                    spelled.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.value!r}")
+    assert spelled == []

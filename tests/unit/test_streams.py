@@ -1,0 +1,101 @@
+"""Publisher-side generators: synthetic task, rate sets, arrivals, label skew, files."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edge_client.emulation.schedule import arrival_offsets, draw_rate
+from edge_client.emulation.sources import (
+    ArraySource,
+    SyntheticSource,
+    label_distribution,
+    load_file,
+)
+from edge_client.runtime.seeding import device_rng
+from edge_client.task.synthetic import SensorTask
+
+
+def test_synthetic_task_is_learnable_but_not_linear() -> None:
+    # Nearest-centroid on raw values is weak; on spectral magnitudes it is strong.
+    task = SensorTask()
+    rng = np.random.default_rng(0)
+    x, y = task.sample(3000, rng)
+    xt, yt = task.sample(1000, rng)
+
+    def centroid_acc(f, ft) -> float:
+        cents = np.stack([f[y == k].mean(0) for k in range(task.num_classes)])
+        return float((((ft[:, None] - cents[None]) ** 2).sum(-1).argmin(1) == yt).mean())
+
+    raw = centroid_acc(x.reshape(len(x), -1), xt.reshape(len(xt), -1))
+    spec = centroid_acc(
+        np.abs(np.fft.rfft(x, axis=-1)).reshape(len(x), -1),
+        np.abs(np.fft.rfft(xt, axis=-1)).reshape(len(xt), -1),
+    )
+    assert x.shape == (3000, 6, 32) and x.dtype == np.float32
+    assert raw < 0.6 < spec
+
+
+def test_synthetic_is_deterministic_per_seed() -> None:
+    a = SyntheticSource(SensorTask(), device_rng(3, "dev-1")).next(10)
+    b = SyntheticSource(SensorTask(), device_rng(3, "dev-1")).next(10)
+    c = SyntheticSource(SensorTask(), device_rng(3, "dev-2")).next(10)
+    np.testing.assert_array_equal(a[0], b[0])
+    assert not np.array_equal(a[0], c[0])
+
+
+def test_label_skew_options() -> None:
+    rng = np.random.default_rng(0)
+    only = label_distribution(6, rng, labels=[1, 4])
+    src = SyntheticSource(SensorTask(), rng, only)
+    _, y = src.next(500)
+    skew = label_distribution(6, rng, dirichlet=0.1)
+
+    assert set(np.unique(y)) == {1, 4}
+    assert skew.max() > 0.5 and skew.sum() == pytest.approx(1.0)
+    with pytest.raises(ValueError):
+        label_distribution(6, rng, labels=[7])
+    with pytest.raises(ValueError):
+        label_distribution(6, rng, labels=[1], dirichlet=1.0)
+
+
+def test_rate_sets_match_their_moments() -> None:
+    rng = np.random.default_rng(0)
+    for name, mean, sd in [("S2", 300, 112), ("S2p", 256, 28)]:
+        rates = np.array([draw_rate(name, rng) for _ in range(20000)])
+        assert rates.mean() == pytest.approx(mean, rel=0.03)
+        assert rates.std() == pytest.approx(sd, rel=0.05)
+    assert min(draw_rate("S1", rng) for _ in range(2000)) >= 1.0
+    with pytest.raises(ValueError, match="rate set"):
+        draw_rate("S9", rng)
+
+
+@pytest.mark.parametrize("dist", ["constant", "poisson", "bursty"])
+def test_arrival_processes_have_the_mean_rate(dist: str) -> None:
+    times = np.array(list(itertools.islice(arrival_offsets(50.0, dist, device_rng(0, "d")), 5000)))
+    assert np.all(np.diff(times) >= 0)
+    assert 5000 / times[-1] == pytest.approx(50.0, rel=0.05)
+    if dist == "bursty":  # silent for 3/4 of each 2 s period
+        assert (np.diff(times) > 1.0).sum() > 10
+
+
+def test_file_sources(tmp_path: Path) -> None:
+    x = np.arange(24, dtype=np.float32).reshape(4, 2, 3)
+    np.savez(tmp_path / "s.npz", x=x, y=np.array([0, 1, 0, 1]))
+    (tmp_path / "s.csv").write_text("label,a,b\n1,0.5,2\n0,1.5,3\n")
+    (tmp_path / "bad.csv").write_text("1,x\n")
+
+    xs, ys = load_file(tmp_path / "s.npz")
+    xc, yc = load_file(tmp_path / "s.csv")
+    replay = ArraySource(xs, ys, np.random.default_rng(0))
+    first, _ = replay.next(6)
+
+    assert xs.shape == (4, 2, 3) and list(yc) == [1, 0] and xc.shape == (2, 2)
+    np.testing.assert_array_equal(first[4], x[0])  # replay wraps around
+    with pytest.raises(ValueError, match="numbers"):
+        load_file(tmp_path / "bad.csv")
+    with pytest.raises(ValueError, match=r"\.npz or \.csv"):
+        load_file(tmp_path / "s.txt")
