@@ -20,18 +20,23 @@ from typing import TYPE_CHECKING
 from edge_client.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from aggregator.aggregation import RobustRule, WeightedMean, make_accumulator
+    from aggregator.aggregation import Accumulator, RobustRule, WeightedMean, make_accumulator
     from aggregator.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
     from aggregator.compression import choose_mode, round_mode
     from aggregator.controller import BatchController, Plan
     from aggregator.fleet import FleetRegistry
     from aggregator.injection import pick_injectors
-    from aggregator.records import RoundRecord, read_metrics
+    from aggregator.records import RoundRecord, append_record, read_metrics, virtual_round_s
     from aggregator.robust import robust_aggregate
-    from aggregator.server_app import exchange, run_rounds
+    from aggregator.server_app import Exchange, exchange, run_rounds, wait_for_nodes
     from aggregator.strategy import RoundReport, StreamStrategy
 
 _EXPORTS = {
+    "Accumulator": "aggregation",
+    "Exchange": "server_app",
+    "append_record": "records",
+    "virtual_round_s": "records",
+    "wait_for_nodes": "server_app",
     "BatchController": "controller",
     "Checkpoint": "checkpoint",
     "FleetRegistry": "fleet",
@@ -53,8 +58,10 @@ _EXPORTS = {
     "save_checkpoint": "checkpoint",
 }
 __all__ = [
+    "Accumulator",
     "BatchController",
     "Checkpoint",
+    "Exchange",
     "FleetRegistry",
     "Plan",
     "RobustRule",
@@ -62,6 +69,7 @@ __all__ = [
     "RoundReport",
     "StreamStrategy",
     "WeightedMean",
+    "append_record",
     "choose_mode",
     "exchange",
     "load_checkpoint",
@@ -72,5 +80,7 @@ __all__ = [
     "round_mode",
     "run_rounds",
     "save_checkpoint",
+    "virtual_round_s",
+    "wait_for_nodes",
 ]
 __getattr__ = lazy_exports(__name__, _EXPORTS)

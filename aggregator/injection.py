@@ -14,8 +14,22 @@ INJECT_STREAM = 77  # seed stream of the injector draw
 def pick_injectors(
     opted_in: Sequence[str], alpha: float, seed: int, server_round: int
 ) -> list[str]:
-    """A random fraction ``alpha`` (at least one) of the devices that opted in, drawn
-    reproducibly from ``(seed, server_round)``; none when ``alpha`` is 0 or none opted in."""
+    """ScaDLES: the devices asked to share samples this round.
+
+    Parameters
+    ----------
+    opted_in : sequence of str
+        Devices whose last reply said they take part in data injection.
+    alpha : float
+        Fraction of them to pick (at least one, when above 0).
+    seed, server_round : int
+        The draw is reproducible from these.
+
+    Returns
+    -------
+    list of str
+        The picked devices, sorted; none when ``alpha`` is 0 or none opted in.
+    """
     opted = sorted(opted_in)
     if alpha <= 0 or not opted:
         return []

@@ -4,6 +4,11 @@
 Each device's entry is its reply's metrics exactly as the device reported them (keys of
 :class:`~edge_client.wire.records.ReplyMetrics`, ``bytes-up`` as received), nothing renamed
 on the way. Round-level keys are the fields below in kebab case.
+
+A line carries its ``format-version``. Lines without one were written by the release
+before (format 0), which renamed the device keys on the way (``batch`` for ``batch-size``,
+``rate`` for ``stream-rate``, ...); they are read as if written now, so a run resumed across
+an upgrade keeps one readable ``metrics.jsonl``.
 """
 
 from __future__ import annotations
@@ -12,11 +17,27 @@ import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from edge_client.wire.mapping import MappingError, from_mapping, to_mapping
+from edge_client.wire.mapping import MappingError, from_mapping, kebab, to_mapping
 from edge_client.wire.records import ReplyMetrics
 
-__all__ = ["RoundRecord", "append_record", "read_metrics", "virtual_round_s"]
+__all__ = ["FORMAT_VERSION", "RoundRecord", "append_record", "read_metrics", "virtual_round_s"]
+
+#: The layout of a line of ``metrics.jsonl``.
+FORMAT_VERSION = 1
+
+# Format 0 named these device keys differently: old key -> ReplyMetrics field.
+_FORMAT_0_DEVICE_KEYS = {
+    "batch": "batch_size",
+    "steps": "local_steps",
+    "rate": "stream_rate",
+    "fill": "buffer_fill",
+    "dropped": "buffer_dropped",
+    "bytes": "bytes_up",
+    "loss": "train_loss",
+    "gap": "compress_gap",
+}
 
 
 @dataclass(frozen=True)
@@ -57,6 +78,8 @@ class RoundRecord:
         The round on the virtual clock: the slowest device's compute + wait + transfer.
     wall_s, run_wall_s : float
         The round's wall time, and the run's so far.
+    format_version : int
+        The line's layout (:data:`FORMAT_VERSION`).
     """
 
     round: int
@@ -80,6 +103,7 @@ class RoundRecord:
     virtual_s: float
     wall_s: float
     run_wall_s: float = 0.0
+    format_version: int = FORMAT_VERSION
 
     def to_json(self) -> str:
         """The record as one line of ``metrics.jsonl``."""
@@ -95,14 +119,46 @@ class RoundRecord:
             If the line is not a round record.
         """
         try:
-            return from_mapping(cls, json.loads(line))
-        except (MappingError, json.JSONDecodeError, TypeError) as err:
+            data = json.loads(line)
+            version = int(data.get(kebab("format_version"), 0))
+            if version > FORMAT_VERSION:
+                raise ValueError(
+                    f"format {version}; this fedstream reads up to {FORMAT_VERSION}: upgrade it"
+                )
+            return from_mapping(cls, data if version else _from_format_0(data))
+        except (MappingError, json.JSONDecodeError, TypeError, AttributeError) as err:
             raise ValueError(f"not a round record: {err}") from err
 
 
+def _from_format_0(data: dict[str, Any]) -> dict[str, Any]:
+    """A format-0 line (device keys renamed on the way) as the current format."""
+    devices = {
+        device: {
+            kebab(_FORMAT_0_DEVICE_KEYS.get(key, key.replace("-", "_"))): value
+            for key, value in entry.items()
+            if value is not None
+        }
+        for device, entry in data.get(kebab("devices"), {}).items()
+    }
+    return {**data, kebab("devices"): devices}
+
+
 def virtual_round_s(replies: Iterable[ReplyMetrics], uplink_mbps: float) -> float:
-    """A synchronous round on the virtual clock: the slowest device's compute + wait +
-    update transfer at ``uplink_mbps`` (0 without replies)."""
+    """A synchronous round on the virtual clock: the slowest device's time.
+
+    Parameters
+    ----------
+    replies : iterable of ReplyMetrics
+        The round's replies.
+    uplink_mbps : float
+        The uplink the update frames are charged at, Mbit/s.
+
+    Returns
+    -------
+    float
+        The largest ``compute-s + wait-s + bytes-up * 8 / uplink``, seconds (0 without
+        replies).
+    """
     return max(
         (m.compute_s + m.wait_s + m.bytes_up * 8 / (uplink_mbps * 1e6) for m in replies),
         default=0.0,

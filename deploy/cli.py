@@ -16,7 +16,13 @@ import typer
 from rich.console import Console
 
 from deploy.bench import SCENARIOS
-from deploy.constants import DEFAULT_MQTT_PORT, DEMO_CAPACITY, DEMO_DEVICES, DEMO_DURATION_S
+from deploy.constants import (
+    DEFAULT_MQTT_PORT,
+    DEMO_CAPACITY,
+    DEMO_DEVICES,
+    DEMO_DURATION_S,
+    DEMO_SETTINGS,
+)
 from edge_client.emulation.constants import DISTRIBUTIONS, RATE_SETS
 from edge_client.runtime.constants import (
     DEFAULT_CAPACITY,
@@ -25,6 +31,8 @@ from edge_client.runtime.constants import (
     STATUS_INTERVAL_S,
 )
 from edge_client.task.constants import DEFAULT_NUM_CLASSES
+from edge_client.wire.mapping import kebab
+from edge_client.wire.run_config import default
 
 __all__ = ["app", "main"]
 
@@ -43,6 +51,13 @@ Policy = StrEnum("Policy", [(p, p) for p in POLICIES])  # type: ignore[misc]
 Distribution = StrEnum("Distribution", [(d, d) for d in DISTRIBUTIONS])  # type: ignore[misc]
 RateSet = Enum("RateSet", {name: name for name in RATE_SETS}, type=str)  # type: ignore[misc]
 _DEFAULT_POLICY = Policy(DEFAULT_POLICY)
+
+
+def _run_help(name: str, text: str) -> str:
+    """Help of a demo option that is a run-config key: what it does, its key and default."""
+    return f"{text} ({kebab(name)}, default {default(name)})"
+
+
 _DEFAULT_DISTRIBUTION = Distribution(DISTRIBUTIONS[0])
 
 
@@ -327,9 +342,13 @@ def run_config_keys(
 @app.command()
 def demo(
     devices: Annotated[int, typer.Option(help="Number of simulated devices.")] = DEMO_DEVICES,
-    rounds: Annotated[int | None, typer.Option(help="Federated rounds (num-rounds).")] = None,
+    rounds: Annotated[
+        int | None,
+        typer.Option(help=f"Federated rounds (num-rounds, default {DEMO_SETTINGS['num_rounds']})"),
+    ] = None,
     controller: Annotated[
-        str | None, typer.Option(help="Batch controller: fixed | static | dynamic.")
+        str | None,
+        typer.Option(help=_run_help("controller", "Batch controller: fixed | static | dynamic.")),
     ] = None,
     slowdowns: Annotated[
         str | None, typer.Option(help="Comma-separated slowdown per device (default 1,1,2,4).")
@@ -338,7 +357,11 @@ def demo(
         str | None, typer.Option(help="Comma-separated stream rate per device, samples/s.")
     ] = None,
     local_steps: Annotated[
-        int | None, typer.Option("--local-steps", help="Steps per round (local-steps).")
+        int | None,
+        typer.Option(
+            "--local-steps",
+            help=f"Steps per round (local-steps, default {DEMO_SETTINGS['local_steps']})",
+        ),
     ] = None,
     broker: Annotated[
         str | None, typer.Option(help="Use this broker instead of starting one.")
@@ -365,17 +388,30 @@ def demo(
     ] = None,
     round_timeout: Annotated[
         float | None,
-        typer.Option("--round-timeout", help="Seconds a round waits for devices."),
+        typer.Option(
+            "--round-timeout", help=_run_help("round_timeout", "Seconds a round waits for devices.")
+        ),
     ] = None,
     compress: Annotated[
         str | None,
-        typer.Option(help="Update codec: none | fp16 | int8 | topk | adaptive (ScaDLES)."),
+        typer.Option(
+            help=_run_help(
+                "compress", "Update codec: none | fp16 | int8 | topk | adaptive (ScaDLES)."
+            )
+        ),
     ] = None,
     compress_ratio: Annotated[
-        float | None, typer.Option("--compress-ratio", help="Top-k: fraction of values sent.")
+        float | None,
+        typer.Option(
+            "--compress-ratio", help=_run_help("compress_ratio", "Top-k: fraction of values sent.")
+        ),
     ] = None,
     compress_broadcast: Annotated[
-        str | None, typer.Option("--compress-broadcast", help="Model sent down: none | fp16.")
+        str | None,
+        typer.Option(
+            "--compress-broadcast",
+            help=_run_help("compress_broadcast", "Model sent down: none | fp16."),
+        ),
     ] = None,
     labels: Annotated[
         int | None, typer.Option(help="Non-IID: K classes per device (round-robin).")
@@ -385,14 +421,21 @@ def demo(
     ] = None,
     inject_alpha: Annotated[
         float | None,
-        typer.Option("--inject-alpha", help="ScaDLES injection: fraction of devices sharing."),
+        typer.Option(
+            "--inject-alpha",
+            help=_run_help("inject_alpha", "ScaDLES injection: fraction of devices sharing."),
+        ),
     ] = None,
     inject_beta: Annotated[
         float | None,
-        typer.Option("--inject-beta", help="... each shares this fraction of samples."),
+        typer.Option(
+            "--inject-beta",
+            help=_run_help("inject_beta", "... each shares this fraction of samples."),
+        ),
     ] = None,
     proximal_mu: Annotated[
-        float | None, typer.Option("--proximal-mu", help="FedProx term (0: FedAvg).")
+        float | None,
+        typer.Option("--proximal-mu", help=_run_help("proximal_mu", "FedProx term (0: FedAvg).")),
     ] = None,
     run_config: Annotated[
         str | None,
@@ -430,7 +473,6 @@ def demo(
     """Everything on one machine: streams, ingest, Flower SuperLink + SuperNodes, training."""
     from deploy.demo import DemoConfig, run_demo
     from deploy.flower import FlowerError
-    from edge_client.wire.mapping import kebab
 
     _setup_logging(False)
     logging.getLogger("iotcore").setLevel(logging.WARNING)  # the live table says it all

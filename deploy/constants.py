@@ -17,3 +17,7 @@ DEMO_BATCH: Final = 4  # samples per published message
 # The demo's training settings over the app's defaults (RunSettings field names; the
 # demo's options and --run-config override them).
 DEMO_SETTINGS: Final = {"num_rounds": 6, "local_steps": 40}
+# Run-config keys the demo sets for its run (where it writes, which fleet it waits for) ...
+DEMO_OWNED: Final = ("out_dir", "checkpoint_dir", "resume", "min_nodes")
+# ... and those its publishers and ingest daemons fix (the synthetic sensor task).
+DEMO_STREAMED: Final = ("dataset", "num_classes")

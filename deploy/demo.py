@@ -33,7 +33,9 @@ from deploy.constants import (
     DEMO_CAPACITY,
     DEMO_DEVICES,
     DEMO_DURATION_S,
+    DEMO_OWNED,
     DEMO_SETTINGS,
+    DEMO_STREAMED,
 )
 from deploy.flower import FlowerDeployment, FlowerError
 from deploy.local import ProcessGroup, fedstream_command
@@ -62,7 +64,9 @@ class DemoConfig:
     holds the overrides (``--rounds``, ``--controller``, ... and ``--run-config``), checked
     by :class:`~edge_client.wire.run_config.RunSettings` over the demo's own defaults
     (:data:`~deploy.constants.DEMO_SETTINGS`, ``b-min`` and ``min-nodes`` for the fleet).
-    The checked result is :attr:`settings`.
+    The checked result is :attr:`settings`. Keys the demo sets itself
+    (:data:`~deploy.constants.DEMO_OWNED`) or cannot honour with its synthetic streams
+    (:data:`~deploy.constants.DEMO_STREAMED`) are refused.
     """
 
     devices: int = DEMO_DEVICES
@@ -103,10 +107,25 @@ class DemoConfig:
             self.slowdowns = [[1.0, 1.0, 2.0, 4.0][i % 4] for i in range(self.devices)]
         if len(self.slowdowns) != self.devices or min(self.slowdowns) < 1:
             raise ValueError(f"--slowdowns needs {self.devices} values >= 1, got {self.slowdowns}")
-        defaults = {kebab(k): v for k, v in DEMO_SETTINGS.items()}
-        defaults[kebab("b_min")] = min(8, RunSettings().global_batch // self.devices)
-        defaults[kebab("min_nodes")] = self.devices
-        self.settings = RunSettings.from_run_config({**defaults, **self.run_config})
+        owned = sorted(set(self.run_config) & {kebab(k) for k in DEMO_OWNED})
+        if owned:
+            raise ValueError(
+                f"the demo sets {owned} itself (--out chooses where the run goes; resume with "
+                "fedstream resume)"
+            )
+        streamed = sorted(set(self.run_config) & {kebab(k) for k in DEMO_STREAMED})
+        if streamed:
+            raise ValueError(
+                f"the demo streams the synthetic sensor task: it cannot change {streamed}"
+            )
+        merged = {**{kebab(k): v for k, v in DEMO_SETTINGS.items()}, **self.run_config}
+        defaults = RunSettings.from_run_config(merged)
+        # Every device gets at least b-min: lower it for a fleet that B cannot give that.
+        merged.setdefault(
+            kebab("b_min"), max(1, min(defaults.b_min, defaults.global_batch // self.devices))
+        )
+        merged[kebab("min_nodes")] = self.devices
+        self.settings = RunSettings.from_run_config(merged)
         rounds = self.settings.num_rounds
         unknown = set(self.kill) - set(_device_ids(self.devices))
         if unknown:

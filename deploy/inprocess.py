@@ -27,6 +27,7 @@ from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
+from aggregator.records import virtual_round_s
 from edge_client.emulation.sources import dataset_source, label_distribution
 from edge_client.emulation.virtual_stream import VirtualStream
 from edge_client.runtime.buffer import BufferStore
@@ -37,8 +38,16 @@ from edge_client.runtime.node_config import NodeConfig
 from edge_client.runtime.outbox import Outbox
 from edge_client.runtime.seeding import device_rng
 from edge_client.task.datasets import load_dataset
-from edge_client.wire.records import CONFIG, METRICS, DeviceReply, ReplyMetrics, RoundPlan
-from edge_client.wire.run_config import RunSettings
+from edge_client.wire.mapping import kebab
+from edge_client.wire.records import (
+    CONFIG,
+    METRICS,
+    DeviceReply,
+    RecordError,
+    ReplyMetrics,
+    RoundPlan,
+)
+from edge_client.wire.run_config import RunSettings, default
 
 __all__ = ["InProcessGrid", "LocalGrid", "StaticGrid", "VirtualDevice"]
 
@@ -77,7 +86,7 @@ class VirtualDevice:
     device_id: str
     slowdown: float = 1.0
     rate: float = 200.0
-    initial: int = 2000
+    initial: int = default("sim_initial")
     fail_rounds: set[int] = field(default_factory=set)
     labels: Sequence[int] | None = None
     dirichlet: float | None = None
@@ -120,10 +129,19 @@ class LocalGrid(Grid):
         """Push, then pull every reply."""
         return self.pull_messages(self.push_messages(messages))
 
+    @staticmethod
+    def assign_ids(messages: Sequence[Message]) -> list[str]:
+        """Give each message the id a SuperLink would (Flower's messages get theirs when
+        they are pushed); return them in order."""
+        for msg in messages:
+            msg.metadata.__dict__["_message_id"] = uuid4().hex  # no public setter in 1.42
+        return [m.metadata.message_id for m in messages]
+
 
 class StaticGrid(LocalGrid):
-    """A Grid that only lists its nodes: enough to plan a round without running one (strategy
-    tests, the aggregator-at-scale benchmark)."""
+    """A Grid that only lists its nodes and takes messages: enough to plan a round without
+    running one (strategy tests, the aggregator-at-scale benchmark), whose replies are then
+    built by hand."""
 
     def __init__(self, node_ids: Iterable[int]) -> None:
         super().__init__()
@@ -133,7 +151,8 @@ class StaticGrid(LocalGrid):
         return list(self.node_ids)
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        raise NotImplementedError("a StaticGrid runs no ClientApp")
+        """Accept the messages (their ids, as a SuperLink would give them); run nothing."""
+        return self.assign_ids(list(messages))
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         raise NotImplementedError("a StaticGrid runs no ClientApp")
@@ -153,10 +172,9 @@ class InProcessGrid(LocalGrid):
         run config the ClientApp sees (pass the ServerApp's; defaults otherwise).
     client_app : ClientApp
         Defaults to fedstream's.
-    uplink_mbps : float
-        Bandwidth charged for ``bytes-up`` on the virtual clock.
-    seed : int
-        Seeds the replayed streams.
+    seed : int, optional
+        Seeds the replayed streams (default: the settings' seed). The uplink charged for
+        ``bytes-up`` on the virtual clock is the settings' ``uplink-mbps``.
     step_time : callable, optional
         Seconds per training step at a batch size on a reference device. When given, each
         device is charged ``step_time(b) * slowdown`` per step on the virtual clock instead
@@ -171,8 +189,7 @@ class InProcessGrid(LocalGrid):
         workdir: Path,
         settings: RunSettings | None = None,
         client_app: ClientApp | None = None,
-        uplink_mbps: float = 10.0,
-        seed: int = 0,
+        seed: int | None = None,
         step_time: Callable[[int], float] | None = None,
         on_round: Callable[[int, InProcessGrid], None] | None = None,
     ) -> None:
@@ -180,7 +197,6 @@ class InProcessGrid(LocalGrid):
         self.devices = {FIRST_NODE_ID + i: d for i, d in enumerate(devices)}
         self.settings = settings or RunSettings()
         self.client_app = client_app or default_client_app
-        self.uplink_mbps = uplink_mbps
         self.step_time = step_time
         self.on_round = on_round
         self.fill_log: list[dict[str, int]] = []  # per round: each buffer's fill before training
@@ -199,7 +215,7 @@ class InProcessGrid(LocalGrid):
         self._replies: dict[str, Message] = {}
         workdir.mkdir(parents=True, exist_ok=True)
         for node, dev in self.devices.items():
-            rng = device_rng(seed, dev.device_id)
+            rng = device_rng(self.settings.seed if seed is None else seed, dev.device_id)
             probs = label_distribution(data.num_classes, rng, dev.labels, dev.dirichlet)
             path = workdir / f"{dev.device_id}.sqlite"
             self.stores[node] = BufferStore(
@@ -220,11 +236,10 @@ class InProcessGrid(LocalGrid):
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         """Run each device's ClientApp now (one push = one round); keep the replies."""
         messages = list(messages)
-        for msg in messages:
-            msg.metadata.__dict__["_message_id"] = uuid4().hex
+        ids = self.assign_ids(messages)
         for reply in self._round(messages):
             self._replies[reply.metadata.reply_to_message_id] = reply
-        return [m.metadata.message_id for m in messages]
+        return ids
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         """The replies to these messages (all are there after the push)."""
@@ -240,8 +255,8 @@ class InProcessGrid(LocalGrid):
             if math.isfinite(dev.rate):
                 self.streams[node].feed(dev.rate * self._last_round_s, self.clock)
         replies: list[Message] = []
+        replied: list[ReplyMetrics] = []  # as charged on the virtual clock
         fills: dict[str, int] = {}
-        round_s = 0.0
         for msg in messages:
             node = msg.metadata.dst_node_id
             dev = self.devices[node]
@@ -251,7 +266,7 @@ class InProcessGrid(LocalGrid):
             plan = RoundPlan.from_record(msg.content.config_records[CONFIG])
             virtual_wait = self.streams[node].wait_for(plan, self.clock)
             # The wait was charged on the virtual clock; the ClientApp must not sleep it again.
-            msg.content.config_records[CONFIG] = replace(plan, deadline_s=0.0).to_record()
+            msg.content.config_records[CONFIG][kebab("deadline_s")] = 0.0
             fills[dev.device_id] = self.stores[node].fill
             node_config = NodeConfig(dev.device_id, str(self.stores[node].path), inject=dev.inject)
             context = Context(
@@ -263,11 +278,17 @@ class InProcessGrid(LocalGrid):
             )
             reply = self.client_app(msg, context)
             if reply.has_content():
-                charged = self._charge(DeviceReply.from_content(reply.content), dev, virtual_wait)
-                reply.content.metric_records[METRICS] = charged.to_record()
-                transfer = charged.bytes_up * 8 / (self.uplink_mbps * 1e6)
-                round_s = max(round_s, charged.compute_s + virtual_wait + transfer)
+                try:
+                    charged = self._charge(
+                        DeviceReply.from_content(reply.content), dev, virtual_wait
+                    )
+                except RecordError:  # a reply the aggregator will refuse: left as it is
+                    pass
+                else:
+                    reply.content.metric_records[METRICS] = charged.to_record()
+                    replied.append(charged)
             replies.append(reply)
+        round_s = virtual_round_s(replied, self.settings.uplink_mbps)
         self._deliver_injections()
         self.fill_log.append(fills)
         self._last_round_s = round_s

@@ -6,12 +6,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
 
 from aggregator.records import RoundRecord
+from deploy.plots import Panel, save_figure
 
 __all__ = ["summarize", "write_report"]
 
@@ -57,21 +55,18 @@ def _of(record: RoundRecord, device: str, name: str) -> Any:
 
 def write_report(records: Sequence[RoundRecord], path: Path, title: str = "") -> None:
     """Plot accuracy vs time and per-device batch size and compute time per round."""
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
     rounds = [r.round for r in records]
-    axes[0].plot([r.run_wall_s for r in records], [r.accuracy for r in records], marker="o")
-    axes[0].set_xlabel("wall time (s)")
-    axes[0].set_ylabel("accuracy (held-out stream)")
-    axes[0].set_ylim(0, 1)
-    for d in sorted({d for r in records for d in r.devices}):
-        axes[1].plot(rounds, [_of(r, d, "batch_size") for r in records], marker=".", label=d)
-        axes[2].plot(rounds, [_of(r, d, "compute_s") for r in records], marker=".", label=d)
-    axes[1].set_xlabel("round")
-    axes[1].set_ylabel("batch size")
-    axes[2].set_xlabel("round")
-    axes[2].set_ylabel("compute time per round (s)")
-    axes[1].legend(fontsize=8)
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+    devices = sorted({d for r in records for d in r.devices})
+
+    def draw(axes: list[Axes]) -> None:
+        axes[0].plot([r.run_wall_s for r in records], [r.accuracy for r in records], marker="o")
+        for d in devices:
+            axes[1].plot(rounds, [_of(r, d, "batch_size") for r in records], marker=".", label=d)
+            axes[2].plot(rounds, [_of(r, d, "compute_s") for r in records], marker=".", label=d)
+
+    panels = [
+        Panel("wall time (s)", "accuracy (held-out stream)", ylim=(0, 1)),
+        Panel("round", "batch size"),
+        Panel("round", "compute time per round (s)"),
+    ]
+    save_figure(path, panels, draw, width=5.0, title=title, dpi=90)

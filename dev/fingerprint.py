@@ -1,6 +1,7 @@
 """Fixed-seed in-process runs whose final weights a refactoring must not change.
 
-    python dev/fingerprint.py > after.jsonl     # then compare with the same before the change
+    python dev/fingerprint.py                           # the runs' lines, as JSON
+    python dev/fingerprint.py --compare dev/fingerprint.jsonl   # exit 1 on any difference
 
 Three runs on the in-process runner, one torch thread, a virtual step cost (so that the
 dynamic controller's input, and with it every plan, is exact):
@@ -16,12 +17,16 @@ dynamic controller's input, and with it every plan, is exact):
 Each line: the run, a SHA-256 of its final weights (names and float32 bytes, sorted by
 name), and its per-round plans, accuracies, codec modes and aggregated devices. The hash is
 bit-exact on one machine and torch build; across CPUs or builds, compare the rest.
+``dev/fingerprint.jsonl`` holds the lines of commit ab28955 (before the layers were split),
+made on the 2-core x86_64 development machine with torch 2.13.0+cpu.
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -76,11 +81,12 @@ def fingerprint(name: str, devices: list[VirtualDevice], overrides: dict[str, An
     )
 
 
-def main() -> None:
-    """Print the three runs' lines."""
+def lines() -> list[str]:
+    """The three runs' lines."""
     torch.set_num_threads(1)
+    out: list[str] = []
     speeds = list(zip((1, 1, 2, 4), (400, 300, 200, 150), strict=True))
-    print(
+    out.append(
         fingerprint(
             "A-default",
             [VirtualDevice(f"dev-{i}", slowdown=s, rate=r) for i, (s, r) in enumerate(speeds)],
@@ -88,7 +94,7 @@ def main() -> None:
         )
     )
     slow = list(zip((1, 1, 2, 4), (60, 40, 30, 20), strict=True))
-    print(
+    out.append(
         fingerprint(
             "B-features",
             [
@@ -115,7 +121,29 @@ def main() -> None:
         "compress": "int8",
         "controller": "static",
     }
-    print(fingerprint("C-krum", skewed, settings))
+    out.append(fingerprint("C-krum", skewed, settings))
+    return out
+
+
+def main() -> None:
+    """Print the lines, or compare them with a file of lines made before (exit 1 on a
+    difference, naming what differs)."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--compare", metavar="FILE", help="lines made before, to hold these to")
+    args = parser.parse_args()
+    now = [json.loads(line) for line in lines()]
+    if args.compare is None:
+        print("\n".join(json.dumps(run) for run in now))
+        return
+    before = [json.loads(line) for line in Path(args.compare).read_text().splitlines() if line]
+    differ = [
+        f"{b['run']}: {key} differs"
+        for b, n in zip(before, now, strict=True)
+        for key in ("sha256", "planned", "accuracy", "modes", "aggregated")
+        if b[key] != n[key]
+    ]
+    print("\n".join(differ) or f"identical to {args.compare}: {len(now)} runs")
+    sys.exit(1 if differ else 0)
 
 
 if __name__ == "__main__":

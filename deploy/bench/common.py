@@ -1,4 +1,5 @@
-"""What every benchmark scenario shares: the in-process fleet runner and the result files.
+"""What every benchmark scenario shares: the in-process fleet runner, the result files, and
+the figures' helpers (:mod:`deploy.plots`, re-exported here for the scenarios).
 
 Scenarios run the real ServerApp loop and ClientApp on :class:`deploy.inprocess.InProcessGrid`:
 times they report are on its *virtual clock* (each device charged
@@ -17,16 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt
 import torch
-from matplotlib.axes import Axes
 
 from aggregator.records import RoundRecord
 from aggregator.server_app import run_rounds
 from deploy.inprocess import InProcessGrid, VirtualDevice
+from deploy.plots import Panel, save_figure
 from edge_client.wire.run_config import RunSettings
 
 __all__ = [
@@ -82,14 +79,7 @@ def run_fleet(
     logging.getLogger("aggregator").setLevel(logging.WARNING)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="fedstream-bench-") as tmp:
-        grid = InProcessGrid(
-            devices,
-            Path(tmp),
-            settings,
-            uplink_mbps=settings.uplink_mbps,
-            seed=seed,
-            **grid_kw,
-        )
+        grid = InProcessGrid(devices, Path(tmp), settings, seed=seed, **grid_kw)
         try:
             run = FleetRun(run_rounds(grid, settings), grid.fill_log)
         finally:
@@ -111,48 +101,6 @@ def time_to_target(records: Sequence[RoundRecord], target: float) -> float | Non
 def rounds_to_target(records: Sequence[RoundRecord], target: float) -> int | None:
     """The first round whose held-out accuracy reaches ``target`` (None: never)."""
     return next((r.round for r in records if r.accuracy >= target), None)
-
-
-@dataclass(frozen=True)
-class Panel:
-    """One plot of a scenario's figure: its axes' labels and scales."""
-
-    xlabel: str
-    ylabel: str
-    xscale: str = "linear"
-    yscale: str = "linear"
-    title: str = ""
-
-
-def save_figure(
-    out: Path,
-    scenario: str,
-    panels: Sequence[Panel],
-    draw: Callable[[list[Axes]], None],
-    width: float = 6.0,
-) -> Path:
-    """Draw a row of ``panels`` and write ``<out>/<scenario>.png``.
-
-    ``draw`` plots the curves (with labels) on the axes; labels, scales, titles and legends
-    are set here from the panels.
-    """
-    fig, grid = plt.subplots(1, len(panels), figsize=(width * len(panels), 4.2), squeeze=False)
-    axes = list(grid[0])
-    draw(axes)
-    for ax, panel in zip(axes, panels, strict=True):
-        ax.set_xlabel(panel.xlabel)
-        ax.set_ylabel(panel.ylabel)
-        ax.set_xscale(panel.xscale)
-        ax.set_yscale(panel.yscale)
-        if panel.title:
-            ax.set_title(panel.title)
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=7)
-    fig.tight_layout()
-    path = out / f"{scenario}.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
 
 
 def footnote(setup: str, goals: str | None = None, virtual_clock: bool = True) -> str:

@@ -181,4 +181,4 @@ def _plot(runs: dict[str, list[RoundRecord]], out: Path) -> Path:
             axes[1].plot(cum / 1e3, acc, label=label)
 
     panels = [Panel("round", "accuracy"), Panel("cumulative kB up", "accuracy", xscale="log")]
-    return save_figure(out, "compression", panels, draw)
+    return save_figure(out / "compression.png", panels, draw)

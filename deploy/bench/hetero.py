@@ -339,4 +339,4 @@ def _plot(runs: dict[tuple[str, str], list[RoundRecord]], out: Path) -> Path:
         Panel("round (schedule HL1-2-4-8-8-4-2-1)", "slowest / fastest step time", yscale="log"),
         Panel("round (schedule, dynamic)", "planned batch"),
     ]
-    return save_figure(out, "hetero", panels, draw, width=5.3)
+    return save_figure(out / "hetero.png", panels, draw, width=5.3)

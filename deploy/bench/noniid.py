@@ -196,4 +196,4 @@ def _plot(runs: dict[tuple[str, str], list[RoundRecord]], out: Path) -> Path:
                     ax.plot([r.round for r in records], [r.accuracy for r in records], label=method)
 
     panels = [Panel("round", "accuracy", title=partition) for partition in PARTITIONS]
-    return save_figure(out, "noniid", panels, draw)
+    return save_figure(out / "noniid.png", panels, draw)

@@ -1,6 +1,7 @@
 """Reliability report: a soak with a fault injected, every sample accounted for, memory over
-time, hostile input refused, then broker, disk and aggregator faults (:mod:`bench.faults`)
-and security checks (:mod:`bench.security`).
+time, hostile input refused, then broker, disk and aggregator faults
+(:mod:`deploy.bench.faults`) and security checks (:mod:`deploy.bench.security`), with the
+probes of :mod:`deploy.probes`.
 
 8 publishers stream 1-sample QoS 1 messages (625 msg/s each, 5k msg/s together) into 8
 ``fedstream ingest`` daemons (truncation) through Mosquitto (the embedded broker when it is

@@ -61,9 +61,8 @@ def one_round(n: int, mode: str, frames: list[bytes], arrays: ArrayRecord) -> fl
     grid = StaticGrid(range(100, 100 + n))
     t0 = time.perf_counter()
     messages = list(strategy.configure_train(1, arrays, ConfigRecord(), grid))
-    for i, msg in enumerate(messages):
-        msg.metadata.__dict__["_message_id"] = f"m{i}"
-    sent = {f"m{i}": m.metadata.dst_node_id for i, m in enumerate(messages)}
+    ids = grid.push_messages(messages)
+    sent = {i: m.metadata.dst_node_id for i, m in zip(ids, messages, strict=True)}
     new, report = strategy.aggregate_train(1, _replies(messages, frames), sent)
     elapsed = time.perf_counter() - t0
     assert new is not None and len(report.replies) == n and not report.refused
@@ -178,4 +177,4 @@ def _plot(entries: list[dict[str, Any]], out: Path) -> Path:
         Panel("devices", "seconds per round", xscale="log", yscale="log"),
         Panel("devices", "peak MB", xscale="log"),
     ]
-    return save_figure(out, "scale", panels, draw, width=5.5)
+    return save_figure(out / "scale.png", panels, draw, width=5.5)

@@ -9,7 +9,8 @@ availability cap. *ScaDLES*: the dynamic controller with the availability cap (n
 asked for more than it can have: rate-aware batches), ``adapt`` (train on what is there,
 never below b-min), ``truncation`` at one round's share, sample-weighted aggregation and the
 learning rate scaled by sum(b)/B. Compute is charged from the step-time table measured at the
-start (the line fitted in ``bench.hetero``), waits at each stream's rate: all on the virtual clock.
+start (the line fitted in :mod:`deploy.bench.hetero`), waits at each stream's rate: all on the
+virtual clock.
 """
 
 from __future__ import annotations
@@ -224,4 +225,4 @@ def _plot(runs: dict[tuple[str, str], FleetRun], out: Path) -> Path:
         Panel("virtual seconds", "accuracy", xscale="log"),
         Panel("virtual seconds", "largest buffer (samples)", xscale="log", yscale="log"),
     ]
-    return save_figure(out, "streams", panels, draw)
+    return save_figure(out / "streams.png", panels, draw)

@@ -38,6 +38,11 @@ def simulated_node(
         The Flower run (buffers are kept per run under ``sim-dir``).
     settings : RunSettings
         The run's settings (``sim-*`` keys, ``seed``).
+
+    Returns
+    -------
+    NodeConfig
+        Device ``sim-<partition-id>``, its buffer under ``sim-dir``, its slowdown.
     """
     pid = int(node_config[PARTITION_ID_KEY])
     device_id = f"sim-{pid}"

@@ -161,8 +161,28 @@ def dataset_source(
     label_probs: npt.NDArray[np.float64] | None = None,
     feature_shift: float = 0.0,
 ) -> SampleSource:
-    """A device's stream of a built-in dataset, with class mix ``label_probs`` (uniform if
-    None) and, for the synthetic task, a per-device feature shift."""
+    """A device's stream of a built-in dataset.
+
+    Parameters
+    ----------
+    data : Dataset
+        The dataset (:func:`edge_client.task.datasets.load_dataset`).
+    rng : numpy.random.Generator
+        The device's randomness.
+    label_probs : ndarray, optional
+        Class mix (uniform when omitted).
+    feature_shift : float
+        Per-device sensor gain/bias scale (the synthetic task only).
+
+    Returns
+    -------
+    SampleSource
+
+    Raises
+    ------
+    ValueError
+        On a feature shift for a dataset of recorded samples.
+    """
     if data.task is not None:
         return SyntheticSource(data.task, rng, label_probs, feature_shift)
     assert data.train is not None

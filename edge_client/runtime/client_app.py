@@ -92,9 +92,11 @@ def train(msg: Message, context: Context) -> Message:
 
 
 def _node(context: Context, settings: RunSettings) -> NodeConfig:
-    """This node's device: from its node config, or a virtual one in the simulation engine."""
-    if PARTITION_ID_KEY not in context.node_config:
-        return NodeConfig.from_node_config(context.node_config)
+    """This node's device: from its node config, or a virtual one in the simulation engine
+    (a node with only Flower's ``partition-id``)."""
+    node = context.node_config
+    if NodeConfig.given_in(node) or PARTITION_ID_KEY not in node:
+        return NodeConfig.from_node_config(node)
     from edge_client.emulation.simulation import simulated_node  # the simulation engine only
 
     return simulated_node(context.node_config, context.run_id, settings)

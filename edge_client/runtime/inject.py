@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -30,7 +31,9 @@ from edge_client.runtime.device_state import DeviceStateStore
 from edge_client.runtime.outbox import Outbox
 from edge_client.wire.constants import INJECT_MAX_PAYLOAD_BYTES
 from edge_client.wire.frames import FrameError, SampleBatch, decode_payload, encode_frame
-from edge_client.wire.records import RoundPlan
+
+if TYPE_CHECKING:  # the ingest daemon imports this module: it must not load Flower
+    from edge_client.wire.records import RoundPlan
 
 __all__ = ["INJECT_REJECT_REASONS", "inject_pool_path", "open_pool", "receive", "share"]
 
@@ -126,6 +129,8 @@ def share(
         payload = encode_frame(
             taken.x[idx], taken.y[idx], taken.ts[idx], publisher=device_id, seq=seq
         )
-        outbox.put([payload])
+        # The number first: a crash between the two leaves a gap in the sequence (harmless)
+        # rather than a number used twice (receivers would drop the next frame as a repeat).
         state.set_inject_seq(seq)
+        outbox.put([payload])
     return len(payload), n

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
-from edge_client.wire.mapping import MappingError, from_mapping, to_mapping
+from edge_client.wire.mapping import MappingError, from_mapping, kebab, to_mapping
 from edge_client.wire.topics import validate_device_id
 
 __all__ = ["NodeConfig"]
@@ -52,6 +52,15 @@ class NodeConfig:
                 f"node config: {err} (flower-supernode --node-config "
                 "\"device-id='pi-1' buffer='/path/pi-1.sqlite'\")"
             ) from err
+
+    @classmethod
+    def given_in(cls, node_config: Mapping[str, Any]) -> bool:
+        """Whether ``node_config`` names a device (its required keys are there)."""
+        return all(
+            kebab(f.name) in node_config
+            for f in fields(cls)
+            if f.default is MISSING and f.default_factory is MISSING
+        )
 
     def to_node_config(self) -> dict[str, Any]:
         """The keys and values to pass as ``--node-config``."""

@@ -61,9 +61,8 @@ def _to_v1(db: sqlite3.Connection) -> None:
         db.execute(statement)
 
 
-#: MIGRATIONS[v] takes a file from layout v to v + 1.
+#: MIGRATIONS[v] takes a file from layout v to v + 1 (one per version: a test holds it).
 MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_to_v1,)
-assert len(MIGRATIONS) == SCHEMA_VERSION
 
 
 def connect(path: str | Path, *, create: bool = False) -> sqlite3.Connection:
@@ -111,14 +110,25 @@ def _migrate(db: sqlite3.Connection, path: Path) -> None:
     version = schema_version(db)
     if version == SCHEMA_VERSION:
         return  # the usual case: a reader writes nothing (full disks, read-only tools)
-    if version < SCHEMA_VERSION:
+    if version > SCHEMA_VERSION:
+        raise BufferStoreError(
+            f"{path} has buffer layout {version}; this fedstream reads up to "
+            f"{SCHEMA_VERSION}: upgrade fedstream on this device"
+        )
+    try:
         with transaction(db):  # another process may be migrating it: read again, inside
             version = schema_version(db)
             for step in MIGRATIONS[version:]:
                 step(db)
             if version < SCHEMA_VERSION:
                 db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-    if version > SCHEMA_VERSION:
+    except sqlite3.OperationalError as err:
+        raise BufferStoreError(
+            f"{path} has buffer layout {version} and must be migrated to {SCHEMA_VERSION}, "
+            f"which needs to write it ({err}): open it once as its owner, or start its ingest "
+            "daemon"
+        ) from err
+    if version > SCHEMA_VERSION:  # a newer fedstream migrated it while we waited
         raise BufferStoreError(
             f"{path} has buffer layout {version}; this fedstream reads up to "
             f"{SCHEMA_VERSION}: upgrade fedstream on this device"

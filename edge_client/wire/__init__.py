@@ -36,10 +36,22 @@ if TYPE_CHECKING:
         encode_json,
     )
     from edge_client.wire.mapping import MappingError, from_mapping, kebab, to_mapping
-    from edge_client.wire.records import DeviceReply, RecordError, ReplyMetrics, RoundPlan
+    from edge_client.wire.records import (
+        ARRAYS,
+        CONFIG,
+        DEVICE,
+        METRICS,
+        UPDATE,
+        DeviceReply,
+        RecordError,
+        ReplyMetrics,
+        RoundPlan,
+    )
     from edge_client.wire.run_config import (
         ControllerSettings,
         RunSettings,
+        check_setting,
+        default,
         knob,
         knobs,
         number_list,
@@ -47,6 +59,13 @@ if TYPE_CHECKING:
     from edge_client.wire.topics import samples_topic, status_topic, validate_device_id
 
 _EXPORTS = {
+    "check_setting": "run_config",
+    "default": "run_config",
+    "ARRAYS": "records",
+    "CONFIG": "records",
+    "DEVICE": "records",
+    "METRICS": "records",
+    "UPDATE": "records",
     "Arrivals": "frames",
     "CodecError": "codec",
     "Compressed": "codec",
@@ -78,6 +97,11 @@ _EXPORTS = {
     "validate_device_id": "topics",
 }
 __all__ = [
+    "ARRAYS",
+    "CONFIG",
+    "DEVICE",
+    "METRICS",
+    "UPDATE",
     "Arrivals",
     "CodecError",
     "Compressed",
@@ -91,9 +115,11 @@ __all__ = [
     "RoundPlan",
     "RunSettings",
     "SampleBatch",
+    "check_setting",
     "compress",
     "decode_messages",
     "decode_payload",
+    "default",
     "encode_frame",
     "encode_json",
     "from_mapping",

@@ -41,7 +41,8 @@ RECORD_VERSION: Final = 1
 # --- Run-config vocabularies (edge_client.wire.run_config) --------------------------------
 WAIT_POLICIES: Final = ("wait", "adapt")  # how a device waits for its plan's samples
 CONTROLLER_MODES: Final = ("fixed", "static", "dynamic")  # aggregator.controller
-COMPRESS_MODES: Final = (*CODEC_MODES, "adaptive")  # adaptive: the aggregator picks per round
+ADAPTIVE: Final = "adaptive"  # the compress choice that lets the aggregator pick per round
+COMPRESS_MODES: Final = (*CODEC_MODES, ADAPTIVE)
 BROADCAST_MODES: Final = ("none", "fp16")  # how the model is sent down
 # Aggregation rules (aggregator.aggregation): fedavg streams; the others are Byzantine-robust.
 AGGREGATIONS: Final = ("fedavg", "trimmed-mean", "median", "krum", "multi-krum")

@@ -24,17 +24,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Self, TypeVar
+from typing import Any, ClassVar, Self, TypeVar
 
 from flwr.app import ConfigRecord, MetricRecord, RecordDict
 
-from edge_client.wire.constants import (
-    CODEC_MODES,
-    DEFAULT_TOPK_RATIO,
-    RECORD_VERSION,
-    WAIT_POLICIES,
-)
+from edge_client.wire.constants import CODEC_MODES, RECORD_VERSION
 from edge_client.wire.mapping import from_mapping, kebab, to_mapping
+from edge_client.wire.run_config import check_setting, default
 from edge_client.wire.topics import validate_device_id
 
 __all__ = [
@@ -125,31 +121,40 @@ class RoundPlan(_Record):
     local_steps: int
     lr: float
     server_round: int = 0
-    wait_policy: str = "adapt"
-    b_min: int = 1
+    wait_policy: str = default("wait_policy")
+    b_min: int = default("b_min")
     deadline_s: float = 60.0
-    proximal_mu: float = 0.0
+    proximal_mu: float = 0.0  # off
     compress: str = "none"
-    compress_ratio: float = DEFAULT_TOPK_RATIO
-    inject_mix: float = 0.0
+    compress_ratio: float = default("compress_ratio")
+    inject_mix: float = 0.0  # off: no batch drawn from the pool
     inject_publish: bool = False
-    inject_beta: float = 0.0
-    inject_budget: int = 0
+    inject_beta: float = default("inject_beta")
+    inject_budget: int = 0  # off: nothing shared
     format_version: int = RECORD_VERSION
 
+    #: Fields that carry a run-config setting: checked as the run config checks it.
+    _SETTINGS: ClassVar[tuple[str, ...]] = (
+        "local_steps",
+        "lr",
+        "wait_policy",
+        "b_min",
+        "proximal_mu",
+        "compress_ratio",
+        "inject_mix",
+        "inject_beta",
+        "inject_budget",
+    )
+
     def __post_init__(self) -> None:
-        if self.batch_size < 1 or self.local_steps < 1 or not self.lr > 0:
-            raise ValueError(f"bad plan: {self}")
-        if self.wait_policy not in WAIT_POLICIES:
-            raise ValueError(f"wait-policy must be one of {WAIT_POLICIES}")
+        for name in self._SETTINGS:
+            check_setting(name, getattr(self, name))
+        if self.batch_size < 1:
+            raise ValueError(f"batch-size must be >= 1, got {self.batch_size}")
         if self.compress not in CODEC_MODES:
             raise ValueError(f"compress must be one of {CODEC_MODES}, got {self.compress!r}")
-        if not 0 < self.compress_ratio <= 1:
-            raise ValueError(f"compress-ratio must be in (0, 1], got {self.compress_ratio}")
-        if not (0 <= self.inject_mix < 1 and 0 <= self.inject_beta <= 1):
-            raise ValueError(f"inject-mix must be in [0, 1), inject-beta in [0, 1]: {self}")
-        if self.inject_budget < 0 or self.proximal_mu < 0 or self.deadline_s < 0:
-            raise ValueError(f"inject-budget, proximal-mu and deadline-s must be >= 0: {self}")
+        if self.deadline_s < 0:
+            raise ValueError(f"deadline-s must be >= 0, got {self.deadline_s}")
 
     def samples_to_wait_for(self) -> int:
         """How many buffered samples the device waits for before it trains (the wait rule).
@@ -291,8 +296,11 @@ _VERSION_KEY = kebab("format_version")
 def _read(cls: type[T], record: Mapping[str, Any]) -> T:
     """A record from its mapping, or a RecordError that says what is wrong."""
     name = cls.__name__.strip("_")
-    version = record.get(_VERSION_KEY, 1)
-    if isinstance(version, int) and version > RECORD_VERSION:
+    try:
+        version = int(record.get(_VERSION_KEY, 1))
+    except (TypeError, ValueError, OverflowError) as err:
+        raise RecordError("malformed", f"{name}: {_VERSION_KEY}: {err}") from err
+    if version > RECORD_VERSION:
         raise RecordError(
             "newer-format",
             f"{name} of format {version}; this side reads up to {RECORD_VERSION}: "

@@ -31,7 +31,15 @@ from edge_client.wire.constants import (
 )
 from edge_client.wire.mapping import MappingError, from_mapping, kebab, to_mapping
 
-__all__ = ["ControllerSettings", "RunSettings", "knob", "knobs", "number_list"]
+__all__ = [
+    "ControllerSettings",
+    "RunSettings",
+    "check_setting",
+    "default",
+    "knob",
+    "knobs",
+    "number_list",
+]
 
 MAX_INT = 10**7  # no count in a run config (rounds, steps, batch, samples) is anywhere near
 
@@ -200,8 +208,19 @@ class RunSettings(ControllerSettings):
 
 
 def knobs(settings: type[ControllerSettings] = RunSettings) -> dict[str, dict[str, Any]]:
-    """Every run-config key, in order: ``default``, ``help`` and ``allowed`` (the choices or
-    the bounds, as text; empty when any value of the key's type goes)."""
+    """Every run-config key and what is declared about it.
+
+    Parameters
+    ----------
+    settings : type
+        The settings class (all of a run's by default).
+
+    Returns
+    -------
+    dict
+        Key -> ``default``, ``help`` and ``allowed`` (the choices or the bounds, as text;
+        empty when any value of the key's type goes), in declaration order.
+    """
     out: dict[str, dict[str, Any]] = {}
     for f in fields(settings):
         meta = f.metadata
@@ -235,16 +254,36 @@ def number_list(text: str, key: str, minimum: float) -> list[float]:
 def _check_knobs(settings: ControllerSettings) -> None:
     """Types, bounds and choices of every declared key; the message names the key."""
     for f in fields(settings):
-        key, value, meta = kebab(f.name), getattr(settings, f.name), f.metadata
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"{key} must be finite, got {value}")
-        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
-            raise ValueError(f"{key} is out of range: {value}")
-        choices = meta.get("choices")
-        if choices and value not in choices:
-            raise ValueError(f"{key} must be one of {choices}, got {value!r}")
-        if any(b in meta and not _BOUNDS[b][0](value, meta[b]) for b in _BOUNDS):
-            raise ValueError(f"{key} must be {_span(meta)}, got {value}")
+        _check(kebab(f.name), getattr(settings, f.name), f.metadata)
+
+
+def check_setting(name: str, value: Any) -> None:
+    """Check ``value`` as run-config key ``name`` (a field name) would be checked: for
+    records that carry a setting on its way (a device's plan).
+
+    Raises
+    ------
+    ValueError
+        If it is out of the key's bounds or choices; the message names the key.
+    """
+    _check(kebab(name), value, _FIELDS[name].metadata)
+
+
+def default(name: str) -> Any:
+    """The declared default of run-config key ``name`` (a field name)."""
+    return _FIELDS[name].default
+
+
+def _check(key: str, value: Any, meta: Mapping[str, Any]) -> None:
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{key} must be finite, got {value}")
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_INT:
+        raise ValueError(f"{key} is out of range: {value}")
+    choices = meta.get("choices")
+    if choices and value not in choices:
+        raise ValueError(f"{key} must be one of {choices}, got {value!r}")
+    if any(b in meta and not _BOUNDS[b][0](value, meta[b]) for b in _BOUNDS):
+        raise ValueError(f"{key} must be {_span(meta)}, got {value}")
 
 
 # bound -> (test, sign, bracket)
@@ -264,3 +303,6 @@ def _span(meta: Mapping[str, Any]) -> str:
         return f"in {_BOUNDS[low][2]}{meta[low]:g}, {meta[high]:g}{_BOUNDS[high][2]}"
     bound = low or high
     return f"{_BOUNDS[bound][1]} {meta[bound]:g}" if bound else "valid"
+
+
+_FIELDS = {f.name: f for f in fields(RunSettings)}

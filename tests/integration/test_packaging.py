@@ -3,20 +3,33 @@ top-level packages, and the Flower app bundle (FAB) only what the apps run."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 TOP_LEVEL = {"edge_client", "aggregator", "deploy"}
 
 
-def test_the_wheel_installs_no_other_top_level_names(tmp_path: Path) -> None:
-    # Execute: the wheel `pip install .` would install (built from this checkout, offline)
+@pytest.fixture
+def app(tmp_path: Path) -> Path:
+    """A copy of the project (builds leave files behind; Flower wants the folder to be named
+    like an app)."""
+    ignore = shutil.ignore_patterns(
+        ".git", "runs", "build", "*.egg-info", "__pycache__", ".*_cache", "*.fab"
+    )
+    return Path(shutil.copytree(ROOT, tmp_path / "fedstream", ignore=ignore))
+
+
+def test_the_wheel_installs_no_other_top_level_names(tmp_path: Path, app: Path) -> None:
+    # Execute: the wheel `pip install .` would install (built from the project, offline)
     subprocess.run(
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
-         "--quiet", "--wheel-dir", str(tmp_path), str(ROOT)],
+         "--quiet", "--wheel-dir", str(tmp_path), str(app)],
         check=True,
         capture_output=True,
         timeout=300,
@@ -30,10 +43,10 @@ def test_the_wheel_installs_no_other_top_level_names(tmp_path: Path) -> None:
     assert not any(n.startswith(("tests/", "bench/")) for n in names)
 
 
-def test_the_app_bundle_carries_only_what_the_apps_run(tmp_path: Path) -> None:
+def test_the_app_bundle_carries_only_what_the_apps_run(tmp_path: Path, app: Path) -> None:
     # Execute
     subprocess.run(
-        ["flwr", "build", "--app", str(ROOT)], cwd=tmp_path, check=True, capture_output=True,
+        ["flwr", "build", "--app", str(app)], cwd=tmp_path, check=True, capture_output=True,
         timeout=120,
     )  # fmt: skip
     (fab,) = tmp_path.glob("*.fab")

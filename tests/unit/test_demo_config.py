@@ -34,3 +34,16 @@ def test_fault_options_are_checked_against_the_run_config() -> None:
     with pytest.raises(ValueError, match=r"--kill-aggregator must be in 1\.\.2"):
         DemoConfig(run_config={"num-rounds": 3}, kill_aggregator=3)
     assert DemoConfig(run_config={"num-rounds": 3}, kill_aggregator=2).kill_aggregator == 2
+
+
+def test_keys_the_demo_sets_or_cannot_honour_are_refused() -> None:
+    with pytest.raises(ValueError, match="sets \\['out-dir'\\] itself"):
+        DemoConfig(run_config={"out-dir": "/tmp/elsewhere"})
+    with pytest.raises(ValueError, match=r"cannot change \['dataset', 'num-classes'\]"):
+        DemoConfig(run_config={"dataset": "digits", "num-classes": 10})
+
+
+def test_b_min_follows_the_global_batch_the_run_asks_for() -> None:
+    # 4 devices sharing B = 16 get at most 4 each: b-min comes down with it.
+    assert DemoConfig(run_config={"global-batch": 16}).settings.b_min == 4
+    assert DemoConfig(run_config={"global-batch": 16, "b-min": 2}).settings.b_min == 2

@@ -12,18 +12,21 @@ import numpy as np
 import pytest
 from flwr.app import ConfigRecord, MetricRecord, RecordDict
 
-from edge_client.wire.codec import encode
-from edge_client.wire.constants import RECORD_VERSION
-from edge_client.wire.mapping import MappingError, from_mapping, kebab, to_mapping
-from edge_client.wire.records import (
+from edge_client.wire import (
     DEVICE,
     METRICS,
     UPDATE,
     DeviceReply,
+    MappingError,
     RecordError,
     ReplyMetrics,
     RoundPlan,
+    from_mapping,
+    kebab,
+    to_mapping,
 )
+from edge_client.wire.codec import encode
+from edge_client.wire.constants import RECORD_VERSION
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDS = ROOT / "edge_client" / "wire" / "records.py"
@@ -87,9 +90,10 @@ def test_records_of_the_previous_release_are_read() -> None:
     assert reply.metrics.num_examples == 100 and reply.metrics.compress_gap is None
 
 
-def test_a_record_of_a_newer_format_is_refused_not_misread() -> None:
+@pytest.mark.parametrize("version", [RECORD_VERSION + 1, float(RECORD_VERSION + 1)])
+def test_a_record_of_a_newer_format_is_refused_not_misread(version: float) -> None:
     record = RoundPlan(8, 1, 0.1).to_record()
-    record["format-version"] = RECORD_VERSION + 1
+    record["format-version"] = version
     with pytest.raises(RecordError) as err:
         RoundPlan.from_record(record)
     assert err.value.reason == "newer-format" and "upgrade" in str(err.value)

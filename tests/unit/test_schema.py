@@ -10,10 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from edge_client.runtime import schema
 from edge_client.runtime.buffer import BufferStore, BufferStoreError
 from edge_client.runtime.constants import SCHEMA_VERSION
 from edge_client.runtime.device_state import DeviceStateStore
 from edge_client.runtime.outbox import Outbox
+from edge_client.runtime.schema import MIGRATIONS
 from edge_client.wire.codec import FeedbackState, encode
 from edge_client.wire.frames import SampleBatch
 
@@ -124,3 +126,25 @@ def test_state_and_outbox_need_an_existing_buffer(tmp_path: Path) -> None:
     for open_it in (DeviceStateStore, Outbox):
         with pytest.raises(BufferStoreError, match="no buffer"):
             open_it(tmp_path / "missing.sqlite")
+
+
+def test_every_layout_has_its_migration() -> None:
+    assert len(MIGRATIONS) == SCHEMA_VERSION
+
+
+def test_an_old_buffer_that_cannot_be_written_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prepare: a pre-version buffer, opened by a reader that may not write it. (The file
+    # system's refusal is stood in for: these tests run as root, which writes anything.)
+    path = tmp_path / "old.sqlite"
+    previous_release_buffer(path)
+
+    def read_only(db: sqlite3.Connection) -> None:
+        raise sqlite3.OperationalError("attempt to write a readonly database")
+
+    monkeypatch.setattr(schema, "MIGRATIONS", (read_only,))
+    # Execute / Assert: the message says what is needed, not "not a fedstream buffer"
+    with pytest.raises(BufferStoreError, match="must be migrated to 1, which needs to write"):
+        BufferStore(path)
+    assert user_version(path) == 0  # left as it was

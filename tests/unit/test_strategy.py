@@ -64,9 +64,7 @@ def test_error_malformed_newer_and_missing_replies_are_counted_not_averaged(fast
     asks = plan_round(strategy, grid)
     strategy.aggregate_train(1, [mock_reply(asks[n], f"d{n}", MODEL, 10) for n in asks])
     asks = plan_round(strategy, grid, 2)
-    for i, n in enumerate(asks):
-        asks[n].metadata.__dict__["_message_id"] = f"m{i}"
-    sent = {m.metadata.message_id: n for n, m in asks.items()}
+    sent = dict(zip(grid.push_messages(list(asks.values())), asks, strict=True))
     broken = mock_reply(asks[2], "d2", MODEL, 10)
     del broken.content[DEVICE]
     newer = mock_reply(asks[3], "d3", MODEL, 10)

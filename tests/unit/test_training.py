@@ -12,7 +12,7 @@ import torch
 from flwr.app import ArrayRecord
 
 from aggregator.checkpoint import RUN_CONFIG, Checkpoint, load_checkpoint, save_checkpoint
-from aggregator.records import read_metrics
+from aggregator.records import RoundRecord, read_metrics
 from aggregator.server_app import run_rounds
 from deploy.inprocess import InProcessGrid, VirtualDevice
 from edge_client.task.constants import DEFAULT_SHAPE
@@ -60,6 +60,41 @@ def test_metrics_jsonl_holds_each_reply_as_the_device_reported_it(
     )
     assert entry["step-s"] == pytest.approx(2 * step_time(entry["batch-size"]))  # slowdown 2
     assert {"sum-b", "lr-scale", "virtual-s", "bytes-up"} <= set(line)
+
+
+#: A round as the release before format versions wrote it (device keys renamed on the way).
+FORMAT_0_LINE = (
+    '{"round": 1, "accuracy": 0.172, "loss": 1.79, "global-batch": 64, "sum-b": 64, '
+    '"lr-scale": 1.0, "planned": {"dev-1": 32}, "devices": {"dev-1": {"planned-batch": 32, '
+    '"batch": 32, "steps": 5, "num-examples": 160, "compute-s": 0.0198, "step-s": 0.00396, '
+    '"wait-s": 0.0, "rate": 200.0, "fill": 1840, "dropped": 0, "bytes": 1576, "loss": 1.81, '
+    '"gap": 0.165, "inject-used": 0, "inject-bytes": 0, "inject-samples": 0}}, "failed": {}, '
+    '"rejected": {}, "rejected-reasons": {}, "compress": "topk", "aggregation": "fedavg", '
+    '"aggregated": ["dev-1"], "bytes-up": 1576, "broadcast-bytes": 26136, '
+    '"inject-picked": [], "inject-bytes": 0, "virtual-s": 0.021061, "wall-s": 1.187, '
+    '"run-wall-s": 1.187}'
+)
+
+
+def test_a_metrics_file_resumed_across_an_upgrade_reads_as_one(
+    tmp_path: Path, fast: Fast, fleet: Fleet
+) -> None:
+    # Prepare: round 1 written by the previous release, then a run appends round 2.
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "metrics.jsonl").write_text(FORMAT_0_LINE + "\n")
+    grid = InProcessGrid(fleet(1), tmp_path / "buffers")
+    run_rounds(grid, fast(num_rounds=1, out_dir=str(out)))
+    # Execute
+    old, new = read_metrics(out / "metrics.jsonl")
+    # Assert: the old line reads with today's names; a newer format is refused by name
+    assert old.round == 1 and new.format_version == 1
+    metrics = old.devices["dev-1"]
+    assert (metrics.batch_size, metrics.local_steps, metrics.bytes_up) == (32, 5, 1576)
+    assert (metrics.stream_rate, metrics.buffer_fill, metrics.compress_gap) == (200.0, 1840, 0.165)
+    newer = new.to_json().replace('"format-version": 1', '"format-version": 9')
+    with pytest.raises(ValueError, match="format 9"):
+        RoundRecord.from_json(newer)
 
 
 def test_a_device_that_drops_out_is_left_out_and_the_run_goes_on(
