@@ -118,14 +118,14 @@ class DemoConfig:
             raise ValueError(
                 f"the demo streams the synthetic sensor task: it cannot change {streamed}"
             )
-        merged = {**{kebab(k): v for k, v in DEMO_SETTINGS.items()}, **self.run_config}
-        defaults = RunSettings.from_run_config(merged)
-        # Every device gets at least b-min: lower it for a fleet that B cannot give that.
-        merged.setdefault(
-            kebab("b_min"), max(1, min(defaults.b_min, defaults.global_batch // self.devices))
+        asked = RunSettings.from_run_config(
+            {**{kebab(k): v for k, v in DEMO_SETTINGS.items()}, **self.run_config}
         )
-        merged[kebab("min_nodes")] = self.devices
-        self.settings = RunSettings.from_run_config(merged)
+        # Every device gets at least b-min: lower it for a fleet that B cannot give that.
+        b_min = asked.b_min
+        if kebab("b_min") not in self.run_config:
+            b_min = max(1, min(b_min, asked.global_batch // self.devices))
+        self.settings = replace(asked, b_min=b_min, min_nodes=self.devices)
         rounds = self.settings.num_rounds
         unknown = set(self.kill) - set(_device_ids(self.devices))
         if unknown:

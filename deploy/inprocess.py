@@ -196,6 +196,7 @@ class InProcessGrid(LocalGrid):
         super().__init__()
         self.devices = {FIRST_NODE_ID + i: d for i, d in enumerate(devices)}
         self.settings = settings or RunSettings()
+        self._run_config = self.settings.to_run_config()  # what every ClientApp is handed
         self.client_app = client_app or default_client_app
         self.step_time = step_time
         self.on_round = on_round
@@ -274,7 +275,7 @@ class InProcessGrid(LocalGrid):
                 node_id=node,
                 node_config=node_config.to_node_config(),
                 state=RecordDict(),
-                run_config=self.settings.to_run_config(),
+                run_config=self._run_config,
             )
             reply = self.client_app(msg, context)
             if reply.has_content():

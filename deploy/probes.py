@@ -37,6 +37,7 @@ __all__ = [
     "publish_report",
     "small_disk",
     "start_ingest",
+    "start_publisher",
     "supernode_admission",
 ]
 
@@ -175,6 +176,18 @@ def start_ingest(
     if not wait_until(buffer.exists, 20):
         raise RuntimeError(f"ingest for {device_id} made no buffer:\n{log.read_text()}")
     return proc
+
+
+def start_publisher(
+    procs: ProcessGroup, url: str, device_id: str = "dev-a", *extra: str, name: str = "pub"
+) -> subprocess.Popen[bytes]:
+    """Start ``fedstream publish --json`` to ``device_id`` as a real child process; read its
+    final report with :func:`publish_report`.
+
+    ``extra`` are more ``fedstream publish`` options (rate, count, credentials, ...).
+    """
+    cmd = fedstream_command("publish", "--broker", url, "--device-id", device_id, "--json", *extra)
+    return procs.start(name, cmd, stdout_pipe=True)
 
 
 def buffer_stats(buffer: Path) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """Builders the tests share: mock replies for strategy tests (as Flower's own strategy tests
-build them), and the command lines of ``fedstream demo`` and ``publish``."""
+build them), and ``fedstream demo`` as a user runs it."""
 
 from __future__ import annotations
 
@@ -56,8 +56,3 @@ def demo(tmp_path: Path, *args: str, timeout: float = 400) -> tuple[int, str, di
     summary = json.loads(summaries[0].read_text()) if summaries else {}
     # rich wraps long lines at the terminal width: compare text with whitespace collapsed
     return proc.returncode, " ".join((proc.stdout + proc.stderr).split()), summary
-
-
-def publish_cmd(url: str, *args: str, device: str = "dev-a") -> list[str]:
-    """``fedstream publish`` to ``device`` with a JSON report on stdout."""
-    return fedstream_command("publish", "--broker", url, "--device-id", device, "--json", *args)

@@ -35,6 +35,7 @@ from deploy.probes import (
     publish_report,
     small_disk,
     start_ingest,
+    start_publisher,
 )
 from deploy.secure import make_run_secrets
 from edge_client.wire.run_config import RunSettings
@@ -63,10 +64,9 @@ def _ingest(group: ProcessGroup, args: list[str], dev: str, buffer: Path) -> Non
 def _publish(
     group: ProcessGroup, args: list[str], dev: str, *extra: str
 ) -> subprocess.Popen[bytes]:
-    return group.start(
-        f"pub-{dev}",
-        fedstream_command("publish", *args, "--device-id", dev, "--json", "--batch", "4", *extra),
-        stdout_pipe=True,
+    """``args`` as for :func:`_ingest`."""
+    return start_publisher(
+        group, args[1], dev, *args[2:], "--batch", "4", *extra, name=f"pub-{dev}"
     )
 
 

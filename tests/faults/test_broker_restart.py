@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from deploy.brokers import BROKER_CONFIG_DIR, MosquittoBroker
-from deploy.local import ProcessGroup, fedstream_command, wait_until
+from deploy.local import ProcessGroup, wait_until
 from deploy.probes import buffer_stats as stats
-from deploy.probes import publish_report, start_ingest
+from deploy.probes import publish_report, start_ingest, start_publisher
 from deploy.secure import RunSecrets, make_run_secrets
 
 pytestmark = pytest.mark.mosquitto
@@ -42,11 +42,8 @@ def client_args(broker: MosquittoBroker, secrets: RunSecrets) -> list[str]:
 
 
 def publish(procs: ProcessGroup, args: list[str], *extra: str) -> subprocess.Popen[bytes]:
-    return procs.start(
-        "pub",
-        fedstream_command("publish", *args, "--device-id", DEVICE, "--json", *extra),
-        stdout_pipe=True,
-    )
+    """``args``: ``--broker URL`` first, then the credentials."""
+    return start_publisher(procs, args[1], DEVICE, *args[2:], *extra)
 
 
 def test_qos1_samples_published_around_a_broker_crash_all_arrive(

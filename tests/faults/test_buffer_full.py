@@ -11,9 +11,8 @@ import pytest
 
 from deploy.local import ProcessGroup, wait_until
 from deploy.probes import buffer_stats as stats
-from deploy.probes import publish_report, start_ingest
+from deploy.probes import publish_report, start_ingest, start_publisher
 from edge_client.runtime.buffer import BufferStore
-from tests.helpers import publish_cmd
 
 CAPACITY = 500
 
@@ -26,10 +25,8 @@ def test_a_full_buffer_drops_by_its_policy_and_counts_every_sample(
     buf = tmp_path / "dev-a.sqlite"
     start_ingest(procs, broker.url, buf, "dev-a", "--policy", policy, "--capacity", str(CAPACITY))
     # Execute
-    pub = procs.start(
-        "pub",
-        publish_cmd(broker.url, "--count", "2000", "--rate", "4000", "--batch", "10"),
-        stdout_pipe=True,
+    pub = start_publisher(
+        procs, broker.url, "dev-a", "--count", "2000", "--rate", "4000", "--batch", "10"
     )
     report = publish_report(pub)
     assert wait_until(lambda: stats(buf)["received"] == 2000, 30)
@@ -43,10 +40,19 @@ def test_a_full_buffer_drops_by_its_policy_and_counts_every_sample(
         kept = store.take(CAPACITY)
     ts = kept.ts.tolist()
     assert ts == sorted(ts) and len(ts) == CAPACITY
-    pub2 = procs.start(
-        "pub2",
-        publish_cmd(broker.url, "--count", "100", "--rate", "1000", "--batch", "10", "--seed", "1"),
-        stdout_pipe=True,
+    pub2 = start_publisher(
+        procs,
+        broker.url,
+        "dev-a",
+        "--count",
+        "100",
+        "--rate",
+        "1000",
+        "--batch",
+        "10",
+        "--seed",
+        "1",
+        name="pub2",
     )
     publish_report(pub2)
     # the daemon is up and, now that the buffer was emptied, takes new samples again

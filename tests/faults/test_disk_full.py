@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from deploy.brokers import EmbeddedBroker, MosquittoBroker
-from deploy.local import ProcessGroup, fedstream_command, wait_until
+from deploy.local import ProcessGroup, wait_until
 from deploy.probes import (
     DISK_FULL_S,
     SMALL_DISK_MB,
@@ -20,6 +20,7 @@ from deploy.probes import (
     publish_report,
     small_disk,
     start_ingest,
+    start_publisher,
 )
 from deploy.probes import buffer_stats as stats
 from edge_client.wire.topics import status_topic
@@ -42,14 +43,9 @@ def test_a_full_disk_holds_messages_with_a_clear_error_and_recovers(
     start_ingest(procs, broker.url, buf)
     watcher = MqttProbe(broker.url, "watcher")
     watcher.subscribe(status_topic("dev-a"))
-    pub = procs.start(
-        "pub",
-        fedstream_command(
-            "publish", "--broker", broker.url, "--device-id", "dev-a", "--json",
-            "--rate", "400", "--batch", "4", "--duration", "10",
-        ),
-        stdout_pipe=True,
-    )  # fmt: skip
+    pub = start_publisher(
+        procs, broker.url, "dev-a", "--rate", "400", "--batch", "4", "--duration", "10"
+    )
     assert wait_until(lambda: stats(buf)["accepted"] >= 400, 20)
     # Execute: the disk fills up; 3 s after the daemon reports it, the ballast is deleted.
     ballast = fill_disk(disk)

@@ -15,7 +15,7 @@ import numpy as np
 
 from deploy.brokers import EmbeddedBroker, MosquittoBroker
 from deploy.local import ProcessGroup, fedstream_command, wait_until
-from deploy.probes import MqttProbe, publish_report, start_ingest
+from deploy.probes import MqttProbe, publish_report, start_ingest, start_publisher
 from deploy.probes import buffer_stats as stats
 from edge_client.runtime.buffer import BufferStore
 from edge_client.runtime.inject import inject_pool_path
@@ -23,7 +23,6 @@ from edge_client.runtime.outbox import Outbox
 from edge_client.wire.constants import INJECT_TOPIC
 from edge_client.wire.frames import FrameError, decode_payload, encode_frame, encode_json
 from edge_client.wire.topics import samples_topic, status_topic
-from tests.helpers import publish_cmd
 
 Broker = EmbeddedBroker | MosquittoBroker
 
@@ -33,10 +32,8 @@ def test_counts_match_exactly_at_qos1(broker: Broker, procs: ProcessGroup, tmp_p
     buf = tmp_path / "dev-a.sqlite"
     start_ingest(procs, broker.url, buf)
     # Execute
-    pub = procs.start(
-        "pub",
-        publish_cmd(broker.url, "--count", "3000", "--rate", "3000", "--batch", "5"),
-        stdout_pipe=True,
+    pub = start_publisher(
+        procs, broker.url, "dev-a", "--count", "3000", "--rate", "3000", "--batch", "5"
     )
     report = publish_report(pub)
     # Assert
@@ -59,10 +56,8 @@ def test_kill9_restart_loses_and_duplicates_nothing(
     # Prepare: a stream of 4000 samples over ~8 s.
     buf = tmp_path / "dev-a.sqlite"
     start_ingest(procs, broker.url, buf)
-    pub = procs.start(
-        "pub",
-        publish_cmd(broker.url, "--count", "4000", "--rate", "500", "--batch", "4"),
-        stdout_pipe=True,
+    pub = start_publisher(
+        procs, broker.url, "dev-a", "--count", "4000", "--rate", "500", "--batch", "4"
     )
     assert wait_until(lambda: stats(buf)["accepted"] >= 600, 30)
     # Execute: kill -9 mid-stream, stay down ~1.5 s while publishing goes on, restart.
@@ -88,10 +83,8 @@ def test_stream_rate_is_estimated_within_10_percent(
 ) -> None:
     buf = tmp_path / "dev-a.sqlite"
     start_ingest(procs, broker.url, buf)
-    pub = procs.start(
-        "pub",
-        publish_cmd(broker.url, "--duration", "9", "--rate", "200", "--batch", "4"),
-        stdout_pipe=True,
+    pub = start_publisher(
+        procs, broker.url, "dev-a", "--duration", "9", "--rate", "200", "--batch", "4"
     )
     time.sleep(7.5)
     rate = stats(buf)["rate"]
@@ -149,10 +142,8 @@ def test_sigterm_flushes_and_exits_zero_and_status_is_retained(
     buf = tmp_path / "dev-a.sqlite"
     start_ingest(procs, broker.url, buf)
     report = publish_report(
-        procs.start(
-            "pub",
-            publish_cmd(broker.url, "--count", "1000", "--rate", "2000", "--batch", "10"),
-            stdout_pipe=True,
+        start_publisher(
+            procs, broker.url, "dev-a", "--count", "1000", "--rate", "2000", "--batch", "10"
         )
     )
     watcher = MqttProbe(broker.url, "watcher")
