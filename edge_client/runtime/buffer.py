@@ -26,6 +26,7 @@ own (:mod:`edge_client.runtime.schema`).
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import sqlite3
@@ -107,55 +108,60 @@ class BufferStore(SqliteStore):
             raise BufferStoreError(f"capacity must be >= 1 sample, got {capacity}")
         if capacity_bytes is not None and capacity_bytes < 1:
             raise BufferStoreError(f"capacity-bytes must be >= 1, got {capacity_bytes}")
-        super().__init__(path, create=shape is not None)
+        settle = functools.partial(self._settle, shape, policy, capacity, capacity_bytes)
+        super().__init__(path, create=shape is not None, initialise=settle)
         try:
-            self._configure(shape, policy, capacity, capacity_bytes)
+            with self._write() as db:
+                meta = settle(db)
         except sqlite3.DatabaseError as err:
             self._db.close()
             raise BufferStoreError(f"{self.path} is not a fedstream buffer: {err}") from err
         except BufferStoreError:
             self._db.close()
             raise
+        self.shape: tuple[int, ...] = tuple(json.loads(meta["shape"]))
+        self.policy: str = meta["policy"]
+        self.sample_bytes = 4 * math.prod(self.shape) + 16  # features + label + timestamp
+        cap = int(meta["capacity"])
+        if "capacity-bytes" in meta:
+            cap = min(cap, int(meta["capacity-bytes"]) // self.sample_bytes)
+        self.capacity: int = max(cap, 1)
 
     # -- set-up ---------------------------------------------------------------------------
 
-    def _configure(
+    def _settle(
         self,
         shape: Sequence[int] | None,
         policy: str | None,
         capacity: int | None,
         capacity_bytes: int | None,
-    ) -> None:
-        with self._write() as db:
-            meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
-            stored_meta = dict(meta)
-            if "shape" not in meta:
-                if shape is None:
-                    raise BufferStoreError(f"{self.path} is not an initialised fedstream buffer")
-                meta["shape"] = json.dumps([int(d) for d in shape])
-                meta["created"] = repr(time.time())
-            stored = tuple(json.loads(meta["shape"]))
-            if shape is not None and tuple(int(d) for d in shape) != stored:
-                raise BufferStoreError(
-                    f"{self.path} holds samples of shape {stored}, not {tuple(shape)}"
-                )
-            if policy is not None:
-                meta["policy"] = policy
-            meta.setdefault("policy", POLICY_TRUNCATION)
-            if capacity is not None:
-                meta["capacity"] = str(capacity)
-            meta.setdefault("capacity", str(2**62))
-            if capacity_bytes is not None:
-                meta["capacity-bytes"] = str(capacity_bytes)
-            if meta != stored_meta:  # a reader (`fedstream status`) must not write: full disks
-                db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", meta.items())
-        self.shape: tuple[int, ...] = stored
-        self.policy: str = meta["policy"]
-        self.sample_bytes = 4 * math.prod(stored) + 16  # features + label + timestamp
-        cap = int(meta["capacity"])
-        if "capacity-bytes" in meta:
-            cap = min(cap, int(meta["capacity-bytes"]) // self.sample_bytes)
-        self.capacity: int = max(cap, 1)
+        db: sqlite3.Connection,
+    ) -> dict[str, str]:
+        """The file's configuration, with what was asked for written in (inside the caller's
+        transaction); a reader that asks for nothing writes nothing (full disks)."""
+        meta = dict(db.execute("SELECT key, value FROM meta").fetchall())
+        stored_meta = dict(meta)
+        if "shape" not in meta:
+            if shape is None:
+                raise BufferStoreError(f"{self.path} is not an initialised fedstream buffer")
+            meta["shape"] = json.dumps([int(d) for d in shape])
+            meta["created"] = repr(time.time())
+        stored = tuple(json.loads(meta["shape"]))
+        if shape is not None and tuple(int(d) for d in shape) != stored:
+            raise BufferStoreError(
+                f"{self.path} holds samples of shape {stored}, not {tuple(shape)}"
+            )
+        if policy is not None:
+            meta["policy"] = policy
+        meta.setdefault("policy", POLICY_TRUNCATION)
+        if capacity is not None:
+            meta["capacity"] = str(capacity)
+        meta.setdefault("capacity", str(2**62))
+        if capacity_bytes is not None:
+            meta["capacity-bytes"] = str(capacity_bytes)
+        if meta != stored_meta:
+            db.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)", meta.items())
+        return meta
 
     def _write(self) -> AbstractContextManager[sqlite3.Connection]:
         return transaction(self._db)

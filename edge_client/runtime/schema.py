@@ -22,6 +22,7 @@ a message that says so, rather than misread.
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -65,8 +66,18 @@ def _to_v1(db: sqlite3.Connection) -> None:
 MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_to_v1,)
 
 
-def connect(path: str | Path, *, create: bool = False) -> sqlite3.Connection:
+Initialise = Callable[[sqlite3.Connection], object]
+
+
+def connect(
+    path: str | Path, *, create: bool = False, initialise: Initialise | None = None
+) -> sqlite3.Connection:
     """Open (or, with ``create``, make) a buffer file, migrated to the current layout.
+
+    A new file is made whole before it appears: built under a temporary name (layout,
+    then ``initialise`` in the same transaction) and renamed into place, so that a file at
+    ``path`` is always a complete buffer (the ingest daemon makes it while others wait for
+    it to exist and open it).
 
     Raises
     ------
@@ -75,10 +86,23 @@ def connect(path: str | Path, *, create: bool = False) -> sqlite3.Connection:
         has a newer layout than this fedstream reads.
     """
     path = Path(path)
-    if not create and not path.exists():
-        raise BufferStoreError(f"no buffer at {path} (start `fedstream ingest` first)")
-    if create:
-        path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.exists():
+        if not create:
+            raise BufferStoreError(f"no buffer at {path} (start `fedstream ingest` first)")
+        _create(path, initialise)
+    db = _open(path)
+    try:
+        _migrate(db, path)
+    except sqlite3.DatabaseError as err:
+        db.close()
+        raise BufferStoreError(f"{path} is not a fedstream buffer: {err}") from err
+    except BufferStoreError:
+        db.close()
+        raise
+    return db
+
+
+def _open(path: Path) -> sqlite3.Connection:
     db = sqlite3.connect(
         path,
         timeout=SQLITE_BUSY_TIMEOUT_S,
@@ -91,14 +115,27 @@ def connect(path: str | Path, *, create: bool = False) -> sqlite3.Connection:
         db.execute("PRAGMA journal_mode=WAL")
         # NORMAL survives a killed process (only power loss can lose the last commits).
         db.execute("PRAGMA synchronous=NORMAL")
-        _migrate(db, path)
     except sqlite3.DatabaseError as err:
         db.close()
         raise BufferStoreError(f"{path} is not a fedstream buffer: {err}") from err
-    except BufferStoreError:
-        db.close()
-        raise
     return db
+
+
+def _create(path: Path, initialise: Initialise | None) -> None:
+    """Build a new buffer file under a temporary name, then rename it into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    draft = path.with_name(f".{path.name}.{os.getpid()}.new")
+    db = _open(draft)
+    try:
+        with transaction(db):
+            for step in MIGRATIONS:
+                step(db)
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            if initialise is not None:
+                initialise(db)
+    finally:
+        db.close()  # the last connection: SQLite folds the WAL into the file and removes it
+    os.replace(draft, path)
 
 
 def schema_version(db: sqlite3.Connection) -> int:
@@ -156,6 +193,8 @@ class SqliteStore:
         The buffer file.
     create : bool
         Make the file if it does not exist (otherwise it must).
+    initialise : callable, optional
+        Writes what a new file starts with, in the transaction that makes it.
 
     Raises
     ------
@@ -163,9 +202,11 @@ class SqliteStore:
         If the file is missing (and not to be made), not a buffer, or of a newer layout.
     """
 
-    def __init__(self, path: str | Path, *, create: bool = False) -> None:
+    def __init__(
+        self, path: str | Path, *, create: bool = False, initialise: Initialise | None = None
+    ) -> None:
         self.path = Path(path)
-        self._db = connect(self.path, create=create)
+        self._db = connect(self.path, create=create, initialise=initialise)
 
     def close(self) -> None:
         """Close the connection (idempotent)."""

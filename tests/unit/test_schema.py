@@ -3,8 +3,10 @@ installed on the device and a ClientApp that arrives with each run may differ in
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -63,7 +65,7 @@ def previous_release_buffer(path: Path) -> None:
 
 
 def user_version(path: Path) -> int:
-    with sqlite3.connect(path) as db:
+    with contextlib.closing(sqlite3.connect(path)) as db:
         return int(db.execute("PRAGMA user_version").fetchone()[0])
 
 
@@ -148,3 +150,42 @@ def test_an_old_buffer_that_cannot_be_written_says_why(
     with pytest.raises(BufferStoreError, match="must be migrated to 1, which needs to write"):
         BufferStore(path)
     assert user_version(path) == 0  # left as it was
+
+
+def test_a_new_buffer_appears_only_once_it_is_whole(tmp_path: Path) -> None:
+    # Prepare: a new file, watched from inside the transaction that makes it (others wait
+    # for the file to exist and then open it: the ingest daemon makes it while they wait).
+    path = tmp_path / "new.sqlite"
+    seen: list[bool] = []
+    # Execute
+    db = schema.connect(path, create=True, initialise=lambda _db: seen.append(path.exists()))
+    db.close()
+    # Assert: not there while being made; there, stamped and alone, afterwards
+    assert seen == [False]
+    assert user_version(path) == SCHEMA_VERSION
+    assert [p.name for p in tmp_path.iterdir()] == ["new.sqlite"]
+
+
+def test_readers_racing_the_daemon_never_see_half_a_buffer(tmp_path: Path) -> None:
+    # Prepare / Execute: each time, a reader opens the buffer as soon as it exists.
+    failures = []
+    for i in range(30):
+        path = tmp_path / f"b{i}.sqlite"
+        done = threading.Event()
+
+        def read(path: Path = path, done: threading.Event = done) -> None:
+            while not done.is_set():
+                if path.exists():
+                    try:
+                        BufferStore(path).close()
+                    except BufferStoreError as err:
+                        failures.append(str(err))
+                    return
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        BufferStore(path, shape=(2,)).close()
+        done.set()
+        reader.join()
+    # Assert
+    assert failures == []
