@@ -9,13 +9,17 @@ per sample (``t_i / b_i``): the same law, but a batch change does not bias the a
 
 Around the law:
 
-* **deadband**: a device whose batch would change by no more than ``deadband`` (relative)
-  keeps it; the others share what is left of ``B``. Timing noise does not churn the plan.
+* **deadband**: when the predicted step times at the current batches are within ``deadband``
+  (relative) of each other, the plan is kept; otherwise every device is re-planned. Timing
+  noise does not churn the plan, and a plan is never held short of balance (holding some
+  devices and re-solving the others around them can stick there for good).
 * **bounds**: every batch in ``[b_min, b_max]``; what a clamped device cannot take goes to
   the unclamped ones in proportion to their throughput (water filling).
-* **availability (ScaDLES)**: a device never gets more than it can have in its buffer by the
-  end of the round, ``fill + rate * t_round``. If the batches then cannot reach ``B``, the
-  learning rate is scaled by ``sum(b) / B`` (linear scaling rule).
+* **availability (ScaDLES)**: a device's batch never asks for more than it can have in its
+  buffer by the end of the round, ``(fill + rate * t_round) / K`` per step for ``K`` local
+  steps (the cap is computed by the strategy and passed in per step). If the batches then
+  cannot reach ``B``, the learning rate is scaled by ``sum(b) / B`` (linear scaling rule);
+  a device that trains a smaller batch than planned scales its own rate down the same way.
 * **integers**: rounded with largest remainders so that ``sum(b) == B`` exactly (or the
   capped total).
 
@@ -133,6 +137,16 @@ class BatchController:
                 state.history = []  # the device changed speed: old timings would mislead
         state.history = [*state.history, [float(batch), float(step_seconds)]][-HISTORY:]
 
+    def calibrate(self, device_id: str, timings: Sequence[tuple[int, float]]) -> None:
+        """Start a device's timings from a probe: ``(batch, step seconds)`` pairs, largest
+        batch first (its throughput is the static mode's). Replaces what was known of it."""
+        points = [[float(b), float(t)] for b, t in timings if b > 0 and math.isfinite(t) and t > 0]
+        if not points:
+            return
+        state = self.devices.setdefault(device_id, DeviceState(batch=int(points[0][0])))
+        state.history = points[::-1][-HISTORY:]  # newest last: the largest batch weighs most
+        state.first_throughput = points[0][0] / points[0][1]
+
     def plan(
         self,
         device_ids: Sequence[str],
@@ -148,7 +162,8 @@ class BatchController:
         server_round : int
             1-based round; the dynamic law is applied every ``period`` rounds.
         available : mapping of str to float, optional
-            Samples each device can have by the end of the round (availability cap).
+            Samples per step each device can have by the end of the round (availability
+            cap: a batch is never planned above it).
 
         Returns
         -------
@@ -202,30 +217,22 @@ class BatchController:
             return _water_fill(cfg.global_batch, {d: 1.0 for d in ids}, {}, cfg.b_min, upper)
         # Equal step times T: b_i = (T - a_i) / c_i, i.e. weight 1/c_i and offset -a_i/c_i.
         # With a_i = 0 this is OmniLearn's law b_i' = b_i * t_mean / t_i, normalised to B.
-        speed = {d: 1.0 / m[1] for d, m in models.items() if m is not None}
-        offset = {d: -m[0] / m[1] for d, m in models.items() if m is not None}
+        fitted = {d: m for d, m in models.items() if m is not None}
+        speed = {d: 1.0 / m[1] for d, m in fitted.items()}
+        offset = {d: -m[0] / m[1] for d, m in fitted.items()}
         if unknown:  # a newcomer gets an equal share until it has timings; the rest follow
             share = cfg.global_batch / len(ids)
             fixed = {d: min(float(upper[d]), max(float(cfg.b_min), share)) for d in unknown}
             self.updates += 1
             return _water_fill(cfg.global_batch, speed, fixed, cfg.b_min, upper, offset)
-        if not due and _fits(current, cfg.global_batch, cfg.b_min, upper):
+        fits = _fits(current, cfg.global_batch, cfg.b_min, upper)
+        if not due and fits:
             return current
         ideal = _water_fill(cfg.global_batch, speed, {}, cfg.b_min, upper, offset)
-        held = {
-            d: current[d]
-            for d in ids
-            if abs(ideal[d] - current[d]) <= cfg.deadband * current[d] and current[d] <= upper[d]
-        }
-        if len(held) == len(ids):
-            if _fits(current, cfg.global_batch, cfg.b_min, upper):
-                return current  # everyone within the deadband: keep the plan
-            held = {}
+        if fits and _balanced(current, ideal, fitted, cfg.b_min, upper, cfg.deadband):
+            return current  # step times already within the deadband: keep the plan
         self.updates += 1
-        result = _water_fill(cfg.global_batch, speed, held, cfg.b_min, upper, offset)
-        if held and not _fits(result, cfg.global_batch, cfg.b_min, upper):
-            result = _water_fill(cfg.global_batch, speed, {}, cfg.b_min, upper, offset)
-        return result
+        return ideal  # every device re-planned: holding some would stick short of balance
 
     def forget(self, device_id: str) -> None:
         """Drop what is known of a device (a placeholder name once its real id is known)."""
@@ -250,6 +257,26 @@ class BatchController:
             devices={d: DeviceState(**s) for d, s in state["devices"].items()},
             updates=int(state.get("updates", 0)),
         )
+
+
+def _balanced(
+    current: Mapping[str, float],
+    ideal: Mapping[str, float],
+    models: Mapping[str, tuple[float, float]],
+    lower: int,
+    upper: Mapping[str, int],
+    deadband: float,
+) -> bool:
+    """Whether the current batches are as good as a re-plan: the devices the law governs
+    (those the ideal plan puts strictly between the bounds) have predicted step times within
+    ``deadband`` of each other, and each device the ideal pins at a bound is there (to the
+    sample)."""
+    governed = [d for d in ideal if lower < ideal[d] < upper[d]]
+    pinned = [d for d in ideal if d not in governed]
+    if any(abs(current[d] - ideal[d]) > 1.0 for d in pinned):
+        return False
+    times = [models[d][0] + models[d][1] * current[d] for d in governed]
+    return len(times) < 2 or max(times) <= (1.0 + deadband) * min(times)
 
 
 def _fits(batches: Mapping[str, float], total: int, b_min: int, upper: Mapping[str, int]) -> bool:

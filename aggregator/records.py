@@ -105,6 +105,12 @@ class RoundRecord:
     run_wall_s: float = 0.0
     format_version: int = FORMAT_VERSION
 
+    @property
+    def sum_trained(self) -> int:
+        """Sum of the batches the devices actually trained (below ``sum_b`` when a device
+        trained less than planned; each such device scaled its learning rate to match)."""
+        return sum(m.batch_size for m in self.devices.values() if m.num_examples > 0)
+
     def to_json(self) -> str:
         """The record as one line of ``metrics.jsonl``."""
         return json.dumps(to_mapping(self))

@@ -2,7 +2,10 @@
 
 It drives the rounds itself (rather than Flower's ``Strategy.start``) so that it can
 checkpoint after every round, resume from the last checkpoint, and record per-device
-metrics. A round: wait for nodes, :meth:`~aggregator.strategy.StreamStrategy.configure_train`,
+metrics. Before the first round of a fresh run, a timing probe
+(:meth:`~aggregator.strategy.StreamStrategy.configure_probe`) gives the batch controller each
+device's speed. A round: wait for nodes,
+:meth:`~aggregator.strategy.StreamStrategy.configure_train`,
 :func:`exchange` the messages, :meth:`~aggregator.strategy.StreamStrategy.aggregate_train`,
 evaluate, checkpoint, then append a :class:`~aggregator.records.RoundRecord` to
 ``metrics.jsonl``.
@@ -80,6 +83,8 @@ def run_rounds(grid: Grid, settings: RunSettings) -> list[RoundRecord]:
         out.mkdir(parents=True, exist_ok=True)
     records: list[RoundRecord] = []
     t_run = time.monotonic()
+    if start == 1:
+        _probe(grid, strategy, settings)
     for server_round in range(start, settings.num_rounds + 1):
         wait_for_nodes(grid, settings.min_nodes, settings.round_timeout)
         t0 = time.monotonic()
@@ -118,6 +123,23 @@ def run_rounds(grid: Grid, settings: RunSettings) -> list[RoundRecord]:
         if out is not None:
             append_record(out / "metrics.jsonl", record)
     return records
+
+
+def _probe(grid: Grid, strategy: StreamStrategy, settings: RunSettings) -> None:
+    """Before round 1: time each device's steps so that the first plan follows its speed."""
+    wait_for_nodes(grid, settings.min_nodes, settings.round_timeout)
+    messages = strategy.configure_probe(grid)
+    if not messages:
+        return
+    t0 = time.monotonic()
+    done = exchange(grid, messages, settings.round_timeout)
+    probed = strategy.read_probe(done.replies, done.sent)
+    log.info(
+        "probed %d of %d devices' step times in %.1f s",
+        len(probed),
+        len(messages),
+        time.monotonic() - t0,
+    )
 
 
 #: Settings a checkpoint's model depends on: a resume must not change them.

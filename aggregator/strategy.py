@@ -38,6 +38,8 @@ from edge_client.wire.records import (
     ARRAYS,
     CONFIG,
     DeviceReply,
+    ProbePlan,
+    ProbeReply,
     RecordError,
     ReplyMetrics,
     RoundPlan,
@@ -137,6 +139,49 @@ class StreamStrategy:
         self._round_s = 0.0  # the last round's duration: the availability cap's horizon
         self._round: _Round | None = None
 
+    # -- the first round's timings ------------------------------------------------------------
+
+    def configure_probe(self, grid: Grid) -> list[Message]:
+        """Query messages that ask every live node to time a few SGD steps at two batch
+        sizes (the equal share and a quarter of it), so that the controller's first plan
+        follows the devices' speeds. None when the run does not probe (``controller-probe``
+        0) or its controller does not use timings (``fixed``)."""
+        s = self.settings
+        nodes = list(self.fleet.live_nodes(grid.get_node_ids()))
+        if s.controller_probe == 0 or s.controller == "fixed" or not nodes:
+            return []
+        share = max(s.b_min, min(s.b_max, s.global_batch // len(nodes)))
+        batches = sorted({share, max(s.b_min, share // 4)}, reverse=True)
+        record = ProbePlan(batches, s.controller_probe).to_record()
+        return [
+            Message(RecordDict({CONFIG: record}), node, MessageType.QUERY, group_id="probe")
+            for node in nodes
+        ]
+
+    def read_probe(self, replies: Iterable[Message], sent: Mapping[str, int]) -> list[str]:
+        """Give the controller the probed timings; return the devices that answered.
+
+        A device that sent an error or an unreadable answer is left to the controller's
+        equal share, as before any probe.
+        """
+        probed = []
+        for msg in replies:
+            node = sent.get(msg.metadata.reply_to_message_id, msg.metadata.src_node_id)
+            if msg.has_error():
+                continue
+            try:
+                reply = ProbeReply.from_content(msg.content)
+            except RecordError:
+                continue
+            placeholder = self.fleet.learn(node, reply.device_id)
+            if placeholder is not None:
+                self.controller.forget(placeholder)
+            self.controller.calibrate(
+                reply.device_id, list(zip(reply.batches, reply.step_s, strict=True))
+            )
+            probed.append(reply.device_id)
+        return probed
+
     # -- training ---------------------------------------------------------------------------
 
     def configure_train(
@@ -202,13 +247,16 @@ class StreamStrategy:
         return arrays
 
     def _available(self) -> dict[str, float]:
-        """ScaDLES cap: what each device can have by the end of the round (none when the
-        run asks for conventional, stream-blind batches)."""
+        """ScaDLES cap, per step: what each device can have by the end of the round (its
+        fill plus its rate times the last round's duration) over the ``K`` steps that share
+        it. None when the run asks for conventional, stream-blind batches."""
         if not self.settings.availability_cap:
             return {}
         horizon = self._round_s or self.settings.round_timeout / 2
+        steps = self.settings.local_steps
         return {
-            d: m.buffer_fill + m.stream_rate * horizon for d, m in self.fleet.last_replies.items()
+            d: (m.buffer_fill + m.stream_rate * horizon) / steps
+            for d, m in self.fleet.last_replies.items()
         }
 
     def record_round_time(self, seconds: float) -> None:

@@ -2,25 +2,24 @@
 
 For tests and benchmarks. :class:`InProcessGrid` is a Flower ``Grid`` that hands each
 message straight to the ClientApp of a *virtual device*: a buffer store of its own, fed by a
-replayed synthetic stream at the device's rate on the virtual clock, and a slowdown charged
-on that clock instead of slept. It also plays the broker for data injection: after each
-round it delivers every opted-in device's outbox to the other opted-in devices' pools
+replayed synthetic stream whose deliveries are a function of its rate and the virtual time
+(:class:`~edge_client.emulation.virtual_stream.VirtualStream`), and a slowdown charged on that
+clock instead of slept. It also plays the broker for data injection: after each round it
+delivers every opted-in device's outbox to the other opted-in devices' pools
 (:func:`edge_client.runtime.inject.receive`, as their ingest daemons would). A round costs
 the slowest device's ``compute * slowdown + wait + bytes / bandwidth`` (synchronous rounds).
-The virtual streams are :class:`~edge_client.emulation.virtual_stream.VirtualStream` s.
 Every time it reports is virtual-clock time; say so wherever it is printed.
 """
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from uuid import uuid4
 
-from flwr.app import Context, Error, Message, RecordDict
+from flwr.app import Context, Error, Message, MessageType, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.serverapp import Grid
@@ -43,6 +42,8 @@ from edge_client.wire.records import (
     CONFIG,
     METRICS,
     DeviceReply,
+    ProbePlan,
+    ProbeReply,
     RecordError,
     ReplyMetrics,
     RoundPlan,
@@ -204,7 +205,6 @@ class InProcessGrid(LocalGrid):
         self.clock = 0.0  # virtual seconds
         self.round = 0
         self.round_times: list[float] = []
-        self._last_round_s = 0.0
         data = load_dataset(self.settings.dataset, self.settings.num_classes)
         self._classes = data.num_classes
         self.stores: dict[int, BufferStore] = {}
@@ -226,8 +226,9 @@ class InProcessGrid(LocalGrid):
             if dev.inject:
                 self.pools[node] = open_pool(path, data.shape)
             source = dataset_source(data, rng, probs, dev.feature_shift)
-            self.streams[node] = VirtualStream(self.stores[node], source, dev.rate)
-            self.streams[node].feed(dev.initial, self.clock)
+            self.streams[node] = VirtualStream(
+                self.stores[node], source, dev.rate, initial=dev.initial, start=self.clock
+            )
 
     # -- Grid API ---------------------------------------------------------------------------
 
@@ -238,7 +239,9 @@ class InProcessGrid(LocalGrid):
         """Run each device's ClientApp now (one push = one round); keep the replies."""
         messages = list(messages)
         ids = self.assign_ids(messages)
-        for reply in self._round(messages):
+        queries = [m for m in messages if m.metadata.message_type == MessageType.QUERY]
+        run = self._probe(queries) if queries else self._round(messages)
+        for reply in run:
             self._replies[reply.metadata.reply_to_message_id] = reply
         return ids
 
@@ -251,10 +254,8 @@ class InProcessGrid(LocalGrid):
         self.round += 1
         if self.on_round is not None:
             self.on_round(self.round, self)
-        for node, dev in self.devices.items():  # what streamed in during the last round
-            self.streams[node].rate = dev.rate
-            if math.isfinite(dev.rate):
-                self.streams[node].feed(dev.rate * self._last_round_s, self.clock)
+        for node, dev in self.devices.items():  # a rate on_round changed applies from now
+            self.streams[node].set_rate(dev.rate, self.clock)
         replies: list[Message] = []
         replied: list[ReplyMetrics] = []  # as charged on the virtual clock
         fills: dict[str, int] = {}
@@ -269,15 +270,7 @@ class InProcessGrid(LocalGrid):
             # The wait was charged on the virtual clock; the ClientApp must not sleep it again.
             msg.content.config_records[CONFIG][kebab("deadline_s")] = 0.0
             fills[dev.device_id] = self.stores[node].fill
-            node_config = NodeConfig(dev.device_id, str(self.stores[node].path), inject=dev.inject)
-            context = Context(
-                run_id=1,
-                node_id=node,
-                node_config=node_config.to_node_config(),
-                state=RecordDict(),
-                run_config=self._run_config,
-            )
-            reply = self.client_app(msg, context)
+            reply = self.client_app(msg, self._context(node, dev))
             if reply.has_content():
                 try:
                     charged = self._charge(
@@ -292,10 +285,45 @@ class InProcessGrid(LocalGrid):
         round_s = virtual_round_s(replied, self.settings.uplink_mbps)
         self._deliver_injections()
         self.fill_log.append(fills)
-        self._last_round_s = round_s
         self.round_times.append(round_s)
         self.clock += round_s
+        for stream in self.streams.values():  # what arrived while the round ran
+            stream.advance_to(self.clock)
         return replies
+
+    def _probe(self, messages: list[Message]) -> list[Message]:
+        """Answer the timing probe; charge its steps (warm-up included) on the virtual clock,
+        timed as the rounds' steps are (the step-time model's, when given, x slowdown)."""
+        replies, spent = [], 0.0
+        for msg in messages:
+            node = msg.metadata.dst_node_id
+            dev = self.devices[node]
+            reply = self.client_app(msg, self._context(node, dev))
+            if reply.has_content():
+                probe = ProbeReply.from_content(reply.content)
+                steps = ProbePlan.from_record(msg.content.config_records[CONFIG]).steps
+                step_s = [
+                    (self.step_time(b) if self.step_time is not None else t) * dev.slowdown
+                    for b, t in zip(probe.batches, probe.step_s, strict=True)
+                ]
+                reply.content = replace(probe, step_s=step_s).to_content()
+                spent = max(spent, (steps + 1) * sum(step_s))
+            replies.append(reply)
+        self.clock += spent
+        for stream in self.streams.values():
+            stream.advance_to(self.clock)
+        return replies
+
+    def _context(self, node: int, dev: VirtualDevice) -> Context:
+        """The Context a device's ClientApp is called with."""
+        node_config = NodeConfig(dev.device_id, str(self.stores[node].path), inject=dev.inject)
+        return Context(
+            run_id=1,
+            node_id=node,
+            node_config=node_config.to_node_config(),
+            state=RecordDict(),
+            run_config=self._run_config,
+        )
 
     def _charge(self, reply: DeviceReply, dev: VirtualDevice, wait_s: float) -> ReplyMetrics:
         """The reply's timings on the virtual clock: compute (the step-time model's, when

@@ -1,9 +1,10 @@
 """Replayed streams: virtual devices (Flower simulation) fed into the same buffer store.
 
 In Flower's simulation engine there is no MQTT: each virtual device's ClientApp tops its
-buffer up, before training, with what its stream would have delivered since the last
-top-up at its configured rate (wall clock), from the same synthetic task the publisher
-uses. The ClientApp then trains exactly as on a real device.
+buffer up, before training, with what its stream has delivered since it started at its
+configured rate (wall clock, :func:`~edge_client.emulation.virtual_stream.arrived`) less
+what earlier top-ups stored, from the same synthetic task the publisher uses. The ClientApp
+then trains exactly as on a real device.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from edge_client.emulation.sources import SyntheticSource, label_distribution
+from edge_client.emulation.virtual_stream import arrived
 from edge_client.runtime.buffer import BufferStore
 from edge_client.runtime.seeding import device_rng
 from edge_client.task.constants import DEFAULT_NUM_CLASSES, DEFAULT_SHAPE
@@ -23,8 +25,9 @@ from edge_client.wire.frames import SampleBatch
 
 __all__ = ["replay_into"]
 
-_LAST = "replay-at"
-_COUNT = "replay-count"
+_START = "replay-start"  # wall time of the first top-up: the stream's start
+_DELIVERED = "replay-delivered"  # samples delivered so far (stored or dropped)
+_COUNT = "replay-count"  # top-ups so far: seeds each top-up's samples
 _SKEW_STREAM = 1_000_003  # seed stream of a device's label mix and feature shift
 
 
@@ -41,7 +44,8 @@ def replay_into(
     dirichlet: float | None = None,
     feature_shift: float = 0.0,
 ) -> int:
-    """Append what ``device_id``'s stream delivered since the last call; return how many.
+    """Append what ``device_id``'s stream delivered since the last call; return how many
+    arrived (some may have been dropped by the capacity).
 
     Parameters
     ----------
@@ -65,11 +69,14 @@ def replay_into(
     """
     now = time.time() if now is None else now
     with BufferStore(path, shape=DEFAULT_SHAPE, capacity=capacity) as store:
-        last = store.get_meta(_LAST)
+        start = float(store.get_meta(_START) or now)
+        delivered = int(store.get_meta(_DELIVERED) or 0)
         count = int(store.get_meta(_COUNT) or 0)
-        due = initial if last is None else int(rate * max(0.0, now - float(last)))
-        due = min(due, capacity)  # older ones would be truncated anyway
-        if due > 0:
+        due = arrived(rate, now - start, initial) - delivered
+        kept = min(due, capacity)  # older ones would be truncated by these anyway
+        if due > kept:
+            store.count_discarded(due - kept)
+        if kept > 0:
             task = SensorTask(DEFAULT_SHAPE, DEFAULT_NUM_CLASSES)
             probs = label_distribution(
                 task.num_classes, device_rng(seed, device_id, _SKEW_STREAM), labels, dirichlet
@@ -78,8 +85,9 @@ def replay_into(
             if feature_shift:
                 shift_rng = device_rng(seed, device_id, _SKEW_STREAM + 1)
                 source.shift = task.device_shift(shift_rng, feature_shift)
-            x, y = source.next(due)
-            store.append([SampleBatch(x=x, y=y, ts=np.full(due, now))], rate=rate)
-        store.set_meta(_LAST, repr(now))
+            x, y = source.next(kept)
+            store.append([SampleBatch(x=x, y=y, ts=np.full(kept, now))], rate=rate)
+        store.set_meta(_START, repr(start))
+        store.set_meta(_DELIVERED, str(delivered + max(0, due)))
         store.set_meta(_COUNT, str(count + 1))
     return due

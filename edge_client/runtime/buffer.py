@@ -258,6 +258,12 @@ class BufferStore(SqliteStore):
                 )
         return AppendResult(received, accepted, dropped, duplicates)
 
+    def count_discarded(self, n: int) -> None:
+        """Count ``n`` samples that arrived and that the policy discarded without storing
+        them (an emulated stream skips generating what a full buffer would drop)."""
+        with self._write() as db:
+            self._add(db, {"received": n, "dropped": n})
+
     @staticmethod
     def _window(db: sqlite3.Connection, publisher: str, seq: int) -> SeqWindow:
         """The publisher's de-duplication window as stored (new: starting at ``seq``)."""

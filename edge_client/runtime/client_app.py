@@ -1,4 +1,5 @@
-"""The fedstream ClientApp: one Flower message = one round of training from the buffer.
+"""The fedstream ClientApp: one Flower message = one round of training from the buffer (or,
+once before the first round, a timing probe: a ``query`` message).
 
 Flower 1.42 starts a fresh process per message, so everything that must outlive a round
 lives in the device's buffer file (samples fed by ``fedstream ingest``, the device state,
@@ -28,13 +29,21 @@ from edge_client.runtime.device_state import DeviceStateStore
 from edge_client.runtime.inject import inject_pool_path, share
 from edge_client.runtime.node_config import NodeConfig
 from edge_client.runtime.seeding import device_rng
-from edge_client.runtime.trainer import pick_device, train_local
+from edge_client.runtime.trainer import pick_device, probe_step_times, train_local
 from edge_client.task.models import build_model
 from edge_client.wire.codec import compress, encode
-from edge_client.wire.records import ARRAYS, CONFIG, DeviceReply, ReplyMetrics, RoundPlan
+from edge_client.wire.records import (
+    ARRAYS,
+    CONFIG,
+    DeviceReply,
+    ProbePlan,
+    ProbeReply,
+    ReplyMetrics,
+    RoundPlan,
+)
 from edge_client.wire.run_config import RunSettings
 
-__all__ = ["app", "train"]
+__all__ = ["app", "probe", "train"]
 
 app = ClientApp()
 
@@ -78,6 +87,7 @@ def train(msg: Message, context: Context) -> Message:
         step_s=result.step_s,
         wait_s=result.wait_s,
         train_loss=result.train_loss,
+        lr=result.lr,
         stream_rate=float(buffer["rate"]),
         buffer_fill=int(buffer["fill"]),
         buffer_dropped=int(buffer["dropped"]),
@@ -89,6 +99,31 @@ def train(msg: Message, context: Context) -> Message:
         inject_samples=shared[1],
     )
     return Message(DeviceReply(node.device_id, metrics, frame).to_content(), reply_to=msg)
+
+
+@app.query()
+def probe(msg: Message, context: Context) -> Message:
+    """Time SGD steps of the run's model at the probe's batch sizes (the controller's first
+    timings); reply with :class:`~edge_client.wire.records.ProbeReply`."""
+    settings = RunSettings.from_run_config(context.run_config)
+    node = _node(context, settings)
+    if node.threads > 0:
+        torch.set_num_threads(node.threads)
+    probe_plan = ProbePlan.from_record(msg.content.config_records[CONFIG])
+    with BufferStore(node.buffer) as store:
+        shape = store.shape
+    model = build_model(settings.model, shape, settings.num_classes)
+    step_s = probe_step_times(
+        model,
+        shape,
+        settings.num_classes,
+        probe_plan.batches,
+        probe_plan.steps,
+        slowdown=node.slowdown,
+        device=pick_device(),
+    )
+    reply = ProbeReply(node.device_id, probe_plan.batches, step_s)
+    return Message(reply.to_content(), reply_to=msg)
 
 
 def _node(context: Context, settings: RunSettings) -> NodeConfig:

@@ -14,7 +14,7 @@ from edge_client.runtime.buffer import BufferStore
 from edge_client.wire.frames import SampleBatch
 from edge_client.wire.records import RoundPlan
 
-__all__ = ["TrainResult", "pick_device", "train_local"]
+__all__ = ["TrainResult", "pick_device", "probe_step_times", "train_local"]
 
 POLL_S = 0.05
 
@@ -30,6 +30,7 @@ class TrainResult:
     step_s: float  # median steady-state seconds per step
     wait_s: float
     train_loss: float
+    lr: float = 0.0  # the learning rate it trained with
     inject_used: int = 0  # samples of num_examples that came from the injection pool
     taken: SampleBatch | None = field(default=None, repr=False)  # own samples consumed
 
@@ -41,6 +42,56 @@ def pick_device() -> torch.device:
     if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
         return torch.device("mps")
     return torch.device("cpu")
+
+
+def _emulate_slowdown(elapsed: float, slowdown: float) -> float:
+    """Stretch a step that took ``elapsed`` seconds to ``slowdown`` times as long (a slower
+    device, emulated); return the stretched time."""
+    if slowdown > 1.0:
+        time.sleep(elapsed * (slowdown - 1.0))
+        return elapsed * slowdown
+    return elapsed
+
+
+def probe_step_times(
+    model: nn.Module,
+    shape: tuple[int, ...],
+    num_classes: int,
+    batches: list[int],
+    steps: int,
+    *,
+    slowdown: float = 1.0,
+    device: torch.device | None = None,
+) -> list[float]:
+    """Median seconds of one SGD step of ``model`` at each batch (the controller's first
+    timings, before any round has been trained).
+
+    Inputs are random samples of ``shape``: the step's cost does not depend on the values.
+    The model is trained on them, so pass a copy that is thrown away afterwards. One extra
+    step per batch warms up and is not counted.
+    """
+    device = device or torch.device("cpu")
+    model.to(device).train()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    loss_fn = nn.CrossEntropyLoss()
+    gen = torch.Generator().manual_seed(0)
+    medians = []
+    for b in batches:
+        x = torch.randn(b, *shape, generator=gen).to(device)
+        y = torch.randint(0, num_classes, (b,), generator=gen).to(device)
+        times = []
+        for k in range(steps + 1):
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            loss_fn(model(x), y).backward()
+            opt.step()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            elapsed = _emulate_slowdown(time.perf_counter() - t0, slowdown)
+            if k > 0:
+                times.append(elapsed)
+        medians.append(float(np.median(times)))
+    return medians
 
 
 def _gather(store: BufferStore, plan: RoundPlan) -> tuple[int, float]:
@@ -71,7 +122,8 @@ def train_local(
 
     With ``wait`` the device blocks until ``b*K`` samples are buffered (up to the deadline);
     with ``adapt`` it trains on what is there, lowering its batch but never below ``b_min``
-    (it waits for ``b_min*K`` samples if needed). Step times exclude the first (warm-up)
+    (it waits for ``b_min*K`` samples if needed), scaling its learning rate by the batch it
+    trains over the planned one (linear scaling rule). Step times exclude the first (warm-up)
     step; ``slowdown`` > 1 really stretches each step's wall time to emulate a slower device.
     With a ``pool`` of injected samples and ``plan.inject_mix`` > 0, each batch holds
     ``round(mix * b)`` samples drawn from the pool (not consumed) and the rest from the buffer.
@@ -97,11 +149,14 @@ def train_local(
         x_np = np.concatenate([x_np, injected.x.reshape(k_steps, mixed, *data.x.shape[1:])], 1)
         y_np = np.concatenate([y_np, injected.y.reshape(k_steps, mixed)], 1)
     batch = own + mixed
+    # Linear scaling rule: a batch smaller than planned (a starved stream under `adapt`, or
+    # the deadline) trains at the plan's rate scaled by the batch actually trained.
+    lr = plan.lr * min(1.0, batch / plan.batch_size) if plan.batch_size > 0 else plan.lr
     x = torch.from_numpy(np.ascontiguousarray(x_np.reshape(-1, *x_np.shape[2:]))).to(device)
     y = torch.from_numpy(np.ascontiguousarray(y_np.reshape(-1))).to(device)
     model.to(device).train()
     global_params = [p.detach().clone() for p in model.parameters()]
-    opt = torch.optim.SGD(model.parameters(), lr=plan.lr, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
     times: list[float] = []
     losses: list[float] = []
@@ -119,10 +174,7 @@ def train_local(
         opt.step()
         if device.type == "cuda":
             torch.cuda.synchronize()
-        elapsed = time.perf_counter() - t0
-        if slowdown > 1.0:
-            time.sleep(elapsed * (slowdown - 1.0))
-            elapsed *= slowdown
+        elapsed = _emulate_slowdown(time.perf_counter() - t0, slowdown)
         if k > 0 or plan.local_steps == 1:
             times.append(elapsed)
         losses.append(float(loss.item()))
@@ -135,6 +187,7 @@ def train_local(
         step_s=step_s,
         wait_s=wait_s,
         train_loss=float(np.mean(losses)),
+        lr=lr,
         inject_used=mixed * k_steps,
         taken=data,
     )

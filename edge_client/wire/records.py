@@ -13,6 +13,11 @@ Device -> server, the reply (:class:`DeviceReply`):
 - ``device`` (ConfigRecord): ``device-id`` and the reply's ``format-version`` (metric records
   hold numbers only).
 
+Before the first round, when the controller has no timings yet, the aggregator may send a
+query (:class:`ProbePlan` in ``config``, no model) that a device answers with
+:class:`ProbeReply` (``metrics``, and ``device``): the seconds one SGD step of the run's
+model takes it at a few batch sizes, on inputs of its buffer's shape.
+
 Keys are the fields' names in kebab case (:mod:`edge_client.wire.mapping`), as Flower's are.
 Both records carry a ``format-version`` (:data:`~edge_client.wire.constants.RECORD_VERSION`);
 a record without one is of version 1, the layout before the key existed. A reader takes any
@@ -40,6 +45,8 @@ __all__ = [
     "METRICS",
     "UPDATE",
     "DeviceReply",
+    "ProbePlan",
+    "ProbeReply",
     "RecordError",
     "ReplyMetrics",
     "RoundPlan",
@@ -187,6 +194,9 @@ class ReplyMetrics(_Record):
         Median steady-state seconds per step (no imports, warm-up or waiting).
     train_loss : float
         Mean training loss (NaN when nothing was trained).
+    lr : float
+        The learning rate it trained with: the plan's, scaled by the batch it trained over
+        the planned batch when that was smaller (0 when nothing was trained).
     compute_s : float
         Steady-state compute of the round (``step_s * local_steps``).
     wait_s : float
@@ -212,6 +222,7 @@ class ReplyMetrics(_Record):
     step_s: float
     train_loss: float
     local_steps: int = 0
+    lr: float = 0.0
     compute_s: float = 0.0
     wait_s: float = 0.0
     stream_rate: float = 0.0
@@ -227,6 +238,63 @@ class ReplyMetrics(_Record):
     def to_record(self) -> MetricRecord:
         """The ``metrics`` record (an unknown gap is left out)."""
         return MetricRecord(to_mapping(self))
+
+
+@dataclass(frozen=True)
+class ProbePlan(_Record):
+    """A timing probe (the ``config`` record of a query): time ``steps`` SGD steps of the
+    run's model at each batch in ``batches``."""
+
+    batches: list[int]
+    steps: int
+    format_version: int = RECORD_VERSION
+
+    def __post_init__(self) -> None:
+        if not self.batches or min(self.batches) < 1:
+            raise ValueError(f"probe batches must be >= 1, got {self.batches}")
+        if self.steps < 1:
+            raise ValueError(f"probe steps must be >= 1, got {self.steps}")
+
+    def to_record(self) -> ConfigRecord:
+        """The ``config`` record of the query."""
+        return ConfigRecord(to_mapping(self))
+
+
+@dataclass(frozen=True)
+class ProbeReply:
+    """A device's answer to a probe: the median seconds per step at each probed batch."""
+
+    device_id: str
+    batches: list[int]
+    step_s: list[float]
+
+    def to_content(self) -> RecordDict:
+        """The reply's records, as a ClientApp returns them."""
+        timings = MetricRecord({kebab("batches"): self.batches, kebab("step_s"): self.step_s})
+        return RecordDict(
+            {METRICS: timings, DEVICE: ConfigRecord(to_mapping(_DeviceTag(self.device_id)))}
+        )
+
+    @classmethod
+    def from_content(cls, content: RecordDict) -> ProbeReply:
+        """Read a probe reply.
+
+        Raises
+        ------
+        RecordError
+            If a record or key is missing or ill-typed, the lists differ in length, or the
+            reply is of a newer format.
+        """
+        tag = _read(_DeviceTag, _record(content, DEVICE, ConfigRecord))
+        timings = _record(content, METRICS, MetricRecord)
+        try:
+            batches = [int(b) for b in timings[kebab("batches")]]  # type: ignore[union-attr]
+            step_s = [float(t) for t in timings[kebab("step_s")]]  # type: ignore[union-attr]
+        except (KeyError, TypeError, ValueError) as err:
+            raise RecordError("malformed", f"ProbeReply: {err}") from err
+        if len(batches) != len(step_s):
+            raise RecordError("malformed", "ProbeReply: batches and step-s differ in length")
+        return cls(tag.device_id, batches, step_s)
 
 
 @dataclass(frozen=True)

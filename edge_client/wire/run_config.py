@@ -86,7 +86,10 @@ class ControllerSettings:
     b_min: int = knob(8, "smallest batch a device is given", ge=1)
     b_max: int = knob(256, "largest batch a device is given", ge=1)
     deadband: float = knob(
-        0.1, "relative change of a batch below which the plan is kept", ge=0, lt=1
+        0.05,
+        "spread of the devices' step times (relative) below which the plan is kept",
+        ge=0,
+        lt=1,
     )
     controller_period: int = knob(1, "rounds between controller updates", ge=1)
     controller: str = knob(
@@ -96,6 +99,12 @@ class ControllerSettings:
     )
     controller_smoothing: float = knob(
         0.5, "weight of the newest step-time measurement against older ones", gt=0, le=1
+    )
+    controller_probe: int = knob(
+        3,
+        "timed SGD steps per batch size each device runs before round 1, so that the first "
+        "plan follows its speed instead of splitting B equally (0: no probe)",
+        ge=0,
     )
 
     def __post_init__(self) -> None:

@@ -209,3 +209,56 @@ def test_too_many_devices_for_b_min() -> None:
     ctrl = BatchController(ControllerSettings(global_batch=16, b_min=8))
     with pytest.raises(ValueError, match="exceed global-batch"):
         ctrl.plan(["a", "b", "c"], 1)
+
+
+LEVELS = {  # OmniLearn's heterogeneity levels: cores per device, slowdown = max / cores
+    "HL1": (12, 12, 12, 12),
+    "HL2": (12, 12, 8, 16),
+    "HL4": (9, 9, 6, 24),
+    "HL8": (6, 6, 4, 32),
+}
+
+
+def affine_noisy(b: int, slowdown: float, rng: np.random.Generator, noise: float) -> float:
+    """1 ms of fixed cost + 0.02 ms per sample, times the slowdown, times +-noise."""
+    return (1e-3 + 2e-5 * b) * slowdown * (1.0 + rng.uniform(-noise, noise))
+
+
+@pytest.mark.parametrize(("seed", "noise"), [(0, 0.0), (1, 0.03), (2, 0.03), (3, 0.03)])
+def test_each_heterogeneity_level_is_balanced_within_three_periods(seed: int, noise: float) -> None:
+    # Prepare: OmniLearn's schedule HL1 -> HL2 -> HL4 -> HL8, steps with a fixed cost and
+    # timing noise, the default deadband and period. (Holding each device within the
+    # deadband of its own ideal batch stuck at 1.22 from HL2 on.)
+    ctrl = BatchController(ControllerSettings(global_batch=512, b_min=8, b_max=512))
+    rng = np.random.default_rng(seed)
+    rounds = 1 + 3 * ctrl.config.controller_period  # the change is seen, then 3 periods
+    server_round = 0
+    for level, cores in LEVELS.items():
+        slow = {f"d{i}": max(cores) / c for i, c in enumerate(cores)}
+        # Execute
+        for _ in range(rounds):
+            server_round += 1
+            plan = ctrl.plan(list(slow), server_round)
+            for d, b in plan.batches.items():
+                ctrl.observe(d, b, affine_noisy(b, slow[d], rng, noise))
+        final = ctrl.plan(list(slow), server_round + 1)
+        # Assert: the plan's true (noise-free) step times are within 10 % of each other.
+        times = [affine_noisy(b, slow[d], rng, 0.0) for d, b in final.batches.items()]
+        assert max(times) / min(times) < 1.1, level
+        assert final.total == 512
+
+
+def test_a_slope_lost_in_noise_falls_back_to_the_proportional_law() -> None:
+    # Prepare: steps dominated by a fixed cost, timings that only noise tells apart.
+    rng = np.random.default_rng(3)
+    ctrl = BatchController(ControllerSettings(global_batch=128, b_min=4, b_max=128))
+    for r in range(1, 9):
+        plan = ctrl.plan(["a", "b"], r)
+        for d, b in plan.batches.items():
+            ctrl.observe(d, b, 0.05 * (1.0 + rng.uniform(-0.2, 0.2)) + 1e-7 * b)
+    # Execute
+    models = {d: s.cost_model(ctrl.config.controller_smoothing) for d, s in ctrl.devices.items()}
+    plan = ctrl.plan(["a", "b"], 9)
+    # Assert: no fitted intercept (the law's t = c * b), and no device handed all of B.
+    assert all(m is not None and m[0] == 0.0 for m in models.values())
+    assert plan.total == 128 and all(20 <= b <= 108 for b in plan.batches.values())

@@ -121,8 +121,8 @@ def test_a_robust_rule_leaves_out_an_outlier_the_mean_would_take(fast: Fast) -> 
 
 def test_plans_follow_the_reported_gaps_opt_ins_and_streams(fast: Fast) -> None:
     # Prepare: adaptive compression, injection among opted-in devices, the availability cap.
-    # Round 1 reports small top-k gaps, d1 opted in, and streams that can deliver 10 + 5 x 2
-    # (d1) and 0 + 10 x 2 (d2) samples per step by the end of a 2 s round.
+    # Round 1 reports small top-k gaps, d1 opted in, and streams that can deliver 90 + 5 x 2
+    # (d1) and 80 + 10 x 2 (d2) samples by the end of a 2 s round: 20 per step of 5.
     settings = fast(compress="adaptive", compress_delta=0.5, inject_alpha=1.0)
     strategy = StreamStrategy(settings)
     grid = StaticGrid([1, 2])
@@ -132,8 +132,8 @@ def test_plans_follow_the_reported_gaps_opt_ins_and_streams(fast: Fast) -> None:
         1,
         [
             mock_reply(asks[1], "d1", MODEL, 32, compress_gap=0.1, inject_opt_in=1,
-                       buffer_fill=10, stream_rate=5.0),
-            mock_reply(asks[2], "d2", MODEL, 32, compress_gap=0.2, buffer_fill=0,
+                       buffer_fill=90, stream_rate=5.0),
+            mock_reply(asks[2], "d2", MODEL, 32, compress_gap=0.2, buffer_fill=80,
                        stream_rate=10.0),
         ],
     )  # fmt: skip

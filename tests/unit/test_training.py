@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable
 from dataclasses import replace
@@ -115,21 +116,21 @@ def test_a_device_that_drops_out_is_left_out_and_the_run_goes_on(
 def test_resume_continues_rounds_and_controller_state(
     tmp_path: Path, fast: Fast, fleet: Fleet
 ) -> None:
-    # Prepare: run 2 rounds with checkpoints.
+    # Prepare: run 2 rounds with checkpoints; the static controller keeps the split it
+    # measured in round 1, so a resumed run that lost the state would plan another one.
     ckpt = str(tmp_path / "ckpt")
-    grid = InProcessGrid(fleet(1, 3), tmp_path / "buffers")
-    first = run_rounds(grid, fast(num_rounds=2, checkpoint_dir=ckpt))
+    settings = fast(num_rounds=2, checkpoint_dir=ckpt, controller="static")
+    grid = InProcessGrid(fleet(1, 3), tmp_path / "buffers", step_time=step_time)
+    first = run_rounds(grid, settings)
     saved = json.loads((tmp_path / "ckpt" / "state.json").read_text())
     # Execute: the same run, 4 rounds, resumed.
-    resumed = run_rounds(grid, fast(num_rounds=4, checkpoint_dir=ckpt, resume=True))
+    resumed = run_rounds(grid, replace(settings, num_rounds=4, resume=True))
     # Assert
     assert [r.round for r in first] == [1, 2] and [r.round for r in resumed] == [3, 4]
     assert saved["server-round"] == 2
-    assert set(saved["controller"]["devices"]) == {"dev-0", "dev-1"}
-    assert (
-        resumed[0].planned == {d: s["batch"] for d, s in saved["controller"]["devices"].items()}
-        or resumed[0].sum_b == 64
-    )
+    kept = {d: s["batch"] for d, s in saved["controller"]["devices"].items()}
+    assert set(kept) == {"dev-0", "dev-1"} and kept["dev-1"] < kept["dev-0"]
+    assert resumed[0].planned == first[-1].planned == kept
 
 
 def test_a_resumed_run_ends_with_the_model_of_an_uninterrupted_one(
@@ -216,13 +217,24 @@ def test_starved_streams_cap_batches_and_scale_the_learning_rate(
     tmp_path: Path, fast: Fast, fleet: Fleet
 ) -> None:
     # Prepare: two devices whose streams deliver far less than the plan asks (ScaDLES cap).
+    settings = fast(num_rounds=5, wait_policy="adapt")
     grid = InProcessGrid(fleet(1, 1, rate=50, initial=100), tmp_path / "buffers")
     # Execute
-    records = run_rounds(grid, fast())
-    # Assert
-    assert records[-1].sum_b < 64 and records[-1].lr_scale < 1.0
-    last = records[-1]
-    assert all(m.batch_size <= last.planned[d] for d, m in last.devices.items())
+    records = run_rounds(grid, settings)
+    # Assert: from round 2 on, no device is asked for more than its buffer held after the
+    # last round plus what its stream brings in a round as long, over the K steps (b_min
+    # aside); the learning rate follows the plan's total and each device's actual batch.
+    k = settings.local_steps
+    for prev, now in itertools.pairwise(records):
+        assert now.sum_b < settings.global_batch
+        assert now.lr_scale == pytest.approx(now.sum_b / settings.global_batch)
+        for d, b in now.planned.items():
+            can = prev.devices[d].buffer_fill + 50 * prev.virtual_s
+            assert b * k <= max(can, settings.b_min * k), (now.round, d)
+        for d, m in now.devices.items():
+            share = m.batch_size / now.planned[d]
+            assert m.lr == pytest.approx(settings.lr * now.lr_scale * share)
+        assert now.sum_trained <= now.sum_b
 
 
 def test_wait_policy_waits_for_the_full_batch_and_adapt_does_not(
@@ -257,3 +269,28 @@ def test_a_checkpoint_interrupted_mid_write_leaves_the_previous_one(tmp_path: Pa
     # Assert
     assert loaded is not None and loaded.server_round == 1
     torch.testing.assert_close(loaded.arrays.to_torch_state_dict()["w"], torch.tensor([1.0]))
+
+
+def test_the_first_round_follows_the_speeds_a_probe_measured(
+    tmp_path: Path, fast: Fast, fleet: Fleet
+) -> None:
+    # Prepare: a device 4x slower than the other, steps that cost mostly per sample; the same
+    # run with and without the probe.
+    def per_sample(b: int) -> float:
+        return 1e-4 + 1e-4 * b
+
+    settings = fast(num_rounds=1, global_batch=64, b_max=64)
+    probed = InProcessGrid(fleet(1, 4), tmp_path / "a", step_time=per_sample)
+    blind = InProcessGrid(fleet(1, 4), tmp_path / "b", step_time=per_sample)
+    # Execute
+    first = run_rounds(probed, settings)[0]
+    equal = run_rounds(blind, replace(settings, controller_probe=0))[0]
+    # Assert: without timings B is split equally; with the probe the slow device gets the
+    # share its speed earns (step times within 10 %), and the probe's steps cost virtual time.
+    assert equal.planned == {"dev-0": 32, "dev-1": 32}
+    b0, b1 = first.planned["dev-0"], first.planned["dev-1"]
+    assert b0 + b1 == 64 and b1 < b0
+    assert per_sample(b1) * 4 / per_sample(b0) == pytest.approx(1.0, abs=0.1)
+    assert probed.clock > first.virtual_s
+    probed.close()
+    blind.close()
