@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,7 +47,11 @@ def main(grid: Grid, context: Context) -> None:
     run_rounds(grid, RunSettings.from_run_config(context.run_config))
 
 
-def run_rounds(grid: Grid, settings: RunSettings) -> list[RoundRecord]:
+def run_rounds(
+    grid: Grid,
+    settings: RunSettings,
+    stop: Callable[[RoundRecord], bool] | None = None,
+) -> list[RoundRecord]:
     """Run (or resume) the federated training; return the records of the rounds run.
 
     Parameters
@@ -55,6 +60,9 @@ def run_rounds(grid: Grid, settings: RunSettings) -> list[RoundRecord]:
         Flower's grid (deployment, simulation, or the in-process runner).
     settings : RunSettings
         The run's tunables.
+    stop : callable, optional
+        Called with each round's record once it is checkpointed and logged; True ends the
+        run there (e.g. a benchmark that runs for a declared length of virtual time).
     """
     data = load_dataset(settings.dataset, settings.num_classes)
     x_eval, y_eval = data.eval_set(settings.eval_samples, settings.seed)
@@ -122,6 +130,8 @@ def run_rounds(grid: Grid, settings: RunSettings) -> list[RoundRecord]:
             )
         if out is not None:
             append_record(out / "metrics.jsonl", record)
+        if stop is not None and stop(record):
+            break
     return records
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import statistics
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -27,19 +28,26 @@ from deploy.plots import Panel, save_figure
 from edge_client.wire.run_config import RunSettings
 
 __all__ = [
+    "HOLD",
+    "SEEDS",
     "VIRTUAL_CLOCK_NOTE",
     "FleetRun",
     "Panel",
     "Result",
     "footnote",
     "markdown_table",
+    "mean_or_none",
     "rounds_to_target",
     "run_fleet",
     "save_figure",
+    "spread",
     "time_to_target",
     "verdict",
     "write_result",
 ]
+
+#: The seeds every scenario's full run repeats over (its quick run takes the first).
+SEEDS = (0, 1, 2)
 
 VIRTUAL_CLOCK_NOTE = (
     "Times are on the in-process runner's virtual clock (compute x slowdown + wait + "
@@ -64,6 +72,7 @@ class FleetRun:
 
     records: list[RoundRecord]  # the ServerApp's rounds
     fill_log: list[dict[str, int]]  # per round: each buffer's fill before training
+    buffers: dict[str, dict[str, Any]] = field(default_factory=dict)  # counters at the end
 
 
 def run_fleet(
@@ -71,36 +80,84 @@ def run_fleet(
     devices: Sequence[VirtualDevice],
     settings: RunSettings,
     seed: int = 0,
+    until_s: float | None = None,
     **grid_kw: Any,
 ) -> FleetRun:
     """Run the real ServerApp loop on a virtual fleet (``grid_kw``: InProcessGrid options);
-    print ``label`` and the wall time it took, as progress."""
+    print ``label`` and the wall time it took, as progress.
+
+    ``until_s`` ends the run at the first round that ends at or after that much virtual time
+    (``num-rounds`` still bounds it).
+    """
     torch.set_num_threads(1)  # deterministic and fair on a shared 2-core machine
     logging.getLogger("aggregator").setLevel(logging.WARNING)
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="fedstream-bench-") as tmp:
         grid = InProcessGrid(devices, Path(tmp), settings, seed=seed, **grid_kw)
+        stop = None if until_s is None else (lambda _: grid.clock >= until_s)
         try:
-            run = FleetRun(run_rounds(grid, settings), grid.fill_log)
+            run = FleetRun(run_rounds(grid, settings, stop), grid.fill_log, _stats(grid))
         finally:
             grid.close()
     print(f"  {label}: {time.monotonic() - started:.1f} s", flush=True)
     return run
 
 
-def time_to_target(records: Sequence[RoundRecord], target: float) -> float | None:
-    """Virtual seconds until the held-out accuracy first reaches ``target`` (None: never)."""
-    clock = 0.0
+def _stats(grid: InProcessGrid) -> dict[str, dict[str, Any]]:
+    """Each device's buffer counters at the end of a run, and what its stream delivered."""
+    return {
+        grid.devices[node].device_id: {**store.stats(), "arrived": grid.streams[node].arrived}
+        for node, store in grid.stores.items()
+    }
+
+
+#: Evaluations in a row at or above the target before a run counts as having reached it:
+#: one evaluation that pokes above the target and falls back is noise, not convergence.
+HOLD = 2
+
+
+def time_to_target(records: Sequence[RoundRecord], target: float, hold: int = HOLD) -> float | None:
+    """Virtual seconds until the held-out accuracy reaches ``target`` and stays there for
+    ``hold`` evaluations in a row (the time of the first of them; None: never)."""
+    clock, streak, first = 0.0, 0, 0.0
     for r in records:
         clock += r.virtual_s
-        if r.accuracy >= target:
-            return clock
+        streak = streak + 1 if r.accuracy >= target else 0
+        if streak == 1:
+            first = clock
+        if streak >= hold:
+            return first
     return None
 
 
-def rounds_to_target(records: Sequence[RoundRecord], target: float) -> int | None:
-    """The first round whose held-out accuracy reaches ``target`` (None: never)."""
-    return next((r.round for r in records if r.accuracy >= target), None)
+def rounds_to_target(records: Sequence[RoundRecord], target: float, hold: int = HOLD) -> int | None:
+    """The first round of ``hold`` in a row whose held-out accuracy reaches ``target``."""
+    streak = 0
+    for r in records:
+        streak = streak + 1 if r.accuracy >= target else 0
+        if streak >= hold:
+            return r.round - hold + 1
+    return None
+
+
+def spread(values: Sequence[float | None], fmt: str = "{:.2f}") -> str:
+    """``mean (min-max, n)`` of the seeds' values; a seed that never got one is named."""
+    got = [v for v in values if v is not None]
+    missing = len(values) - len(got)
+    if not got:
+        return f"none of {len(values)} seeds"
+    text = fmt.format(statistics.mean(got))
+    if len(got) > 1:
+        text += f" ({fmt.format(min(got))}-{fmt.format(max(got))})"
+    if missing:
+        text += f", {missing} of {len(values)} seeds never"
+    return text
+
+
+def mean_or_none(values: Sequence[float | None]) -> float | None:
+    """The mean of the values that exist (None when none does)."""
+    got = [v for v in values if v is not None]
+    return statistics.mean(got) if got else None
 
 
 def footnote(setup: str, goals: str | None = None, virtual_clock: bool = True) -> str:

@@ -10,7 +10,14 @@ import numpy as np
 from flwr.app import Array, ArrayRecord
 
 from aggregator.records import RoundRecord
-from deploy.bench.common import Result, markdown_table, time_to_target, write_result
+from deploy.bench.common import (
+    Result,
+    markdown_table,
+    rounds_to_target,
+    spread,
+    time_to_target,
+    write_result,
+)
 from deploy.bench.hetero import ideal_speedup, slowdowns
 from deploy.bench.reliability import _fault_summary, _samples
 from deploy.bench.scale import MODEL_SHAPES, one_round
@@ -27,11 +34,20 @@ def record(round_: int, accuracy: float, virtual_s: float) -> RoundRecord:
     )  # fmt: skip
 
 
-def test_time_to_target_sums_the_virtual_clock_until_the_target() -> None:
-    records = [record(i, a, 2.0) for i, a in enumerate((0.5, 0.7, 0.9, 0.95), 1)]
+def test_time_to_target_needs_the_target_held_for_two_evaluations() -> None:
+    # Prepare: a run that pokes above 0.9 once (round 2), then reaches it for good at round 4.
+    records = [record(i, a, 2.0) for i, a in enumerate((0.5, 0.91, 0.7, 0.9, 0.95), 1)]
+    # Execute / Assert: the time of the first of two evaluations in a row at the target.
+    assert time_to_target(records, 0.9) == 8.0
+    assert rounds_to_target(records, 0.9) == 4
+    assert time_to_target(records, 0.9, hold=1) == 4.0
+    assert time_to_target(records, 0.99) is None and rounds_to_target(records, 0.99) is None
 
-    assert time_to_target(records, 0.9) == 6.0
-    assert time_to_target(records, 0.99) is None
+
+def test_seed_spreads_name_the_seeds_that_never_got_there() -> None:
+    assert spread([1.0, 2.0, 3.0]) == "2.00 (1.00-3.00)"
+    assert spread([4.0, None, None], "{:.0f}") == "4, 2 of 3 seeds never"
+    assert spread([None]) == "none of 1 seeds"
 
 
 def test_omnilearn_levels_give_the_papers_ideal_speedups() -> None:
