@@ -66,7 +66,9 @@ def run_rounds(
     """
     data = load_dataset(settings.dataset, settings.num_classes)
     x_eval, y_eval = data.eval_set(settings.eval_samples, settings.seed)
-    model = build_model(settings.model, data.shape, settings.num_classes, seed=settings.seed)
+    model = build_model(
+        settings.model, data.shape, settings.num_classes, settings.seed, settings.model_width
+    )
     arrays = ArrayRecord(model.state_dict())
     controller = BatchController(settings)
     fleet = FleetRegistry()
@@ -153,7 +155,7 @@ def _probe(grid: Grid, strategy: StreamStrategy, settings: RunSettings) -> None:
 
 
 #: Settings a checkpoint's model depends on: a resume must not change them.
-MODEL_SETTINGS = ("model", "num_classes", "dataset")
+MODEL_SETTINGS = ("model", "model_width", "num_classes", "dataset")
 
 
 def _check_resumable(ckpt: Checkpoint, settings: RunSettings) -> None:

@@ -57,7 +57,9 @@ def train(msg: Message, context: Context) -> Message:
         torch.set_num_threads(node.threads)
     plan = RoundPlan.from_record(msg.content.config_records[CONFIG])
     with BufferStore(node.buffer) as store:
-        model = build_model(settings.model, store.shape, settings.num_classes)
+        model = build_model(
+            settings.model, store.shape, settings.num_classes, width=settings.model_width
+        )
         received = msg.content.array_records[ARRAYS].to_torch_state_dict()
         model.load_state_dict({k: v.float() for k, v in received.items()})  # fp16 broadcast too
         start = _numpy_state(model)
@@ -112,7 +114,7 @@ def probe(msg: Message, context: Context) -> Message:
     probe_plan = ProbePlan.from_record(msg.content.config_records[CONFIG])
     with BufferStore(node.buffer) as store:
         shape = store.shape
-    model = build_model(settings.model, shape, settings.num_classes)
+    model = build_model(settings.model, shape, settings.num_classes, width=settings.model_width)
     step_s = probe_step_times(
         model,
         shape,

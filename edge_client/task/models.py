@@ -53,7 +53,9 @@ class SensorMLP(nn.Module):
         return self.net(x)  # type: ignore[no-any-return]
 
 
-def build_model(name: str, shape: Sequence[int], num_classes: int, seed: int = 0) -> nn.Module:
+def build_model(
+    name: str, shape: Sequence[int], num_classes: int, seed: int = 0, width: int = 0
+) -> nn.Module:
     """A freshly initialised model (deterministic for a seed).
 
     Parameters
@@ -66,12 +68,16 @@ def build_model(name: str, shape: Sequence[int], num_classes: int, seed: int = 0
         Output classes.
     seed : int
         Initialisation seed.
+    width : int
+        Channels of the CNN's convolutions or units of the MLP's hidden layer (0: 32 and 64,
+        the defaults); a wider model has about ``5 * width**2`` (CNN) or
+        ``width * (inputs + classes)`` (MLP) parameters.
     """
     torch.manual_seed(seed)
     if name == "cnn":
         if len(shape) != 2:
             raise ValueError(f"the cnn model needs (channels, steps) samples, got {tuple(shape)}")
-        return SensorCNN(shape[0], num_classes)
+        return SensorCNN(shape[0], num_classes, *([width] if width else []))
     if name == "mlp":
-        return SensorMLP(math.prod(shape), num_classes)
+        return SensorMLP(math.prod(shape), num_classes, *([width] if width else []))
     raise ValueError(f"model must be one of {MODELS}, got {name!r}")

@@ -127,6 +127,9 @@ class RunSettings(ControllerSettings):
     local_steps: int = knob(20, "SGD steps a device trains per round (K)", ge=1)
     lr: float = knob(0.05, "learning rate (scaled by sum(b)/B when streams cap batches)", gt=0)
     model: str = knob("cnn", "cnn (1D-CNN over windows) or mlp", choices=MODELS)
+    model_width: int = knob(
+        0, "CNN channels or MLP hidden units (0: the model's default, 32 or 64)", ge=0
+    )
     num_classes: int = knob(DEFAULT_NUM_CLASSES, "classes of the task", ge=2)
     dataset: str = knob(
         "synthetic",
