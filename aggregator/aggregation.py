@@ -6,6 +6,12 @@ had any weight).
 
 - :class:`WeightedMean` (``aggregation = "fedavg"``): the sample-weighted mean, kept as one
   running float64 sum, so the aggregator's memory is O(model) whatever the fleet's size.
+- :class:`NormalisedMean` (``aggregation = "fednova"``): FedNova's normalised averaging:
+  each device's update divided by its local steps, devices weighted equally, scaled back by
+  the mean number of steps. With per-device batches (OmniLearn) a sample-weighted mean gives
+  a fast device many times a slow one's weight, so under label skew the model leans to the
+  fast devices' classes (the objective inconsistency FedNova corrects); here each device's
+  objective counts once. Streaming, O(model) too.
 - :class:`RobustRule` (``trimmed-mean``, ``median``, ``krum``, ``multi-krum``): keeps every
   update (O(devices x model)) and applies Flower's Byzantine-robust rule at the end
   (:func:`aggregator.robust.robust_aggregate`).
@@ -21,7 +27,7 @@ import numpy as np
 from aggregator.robust import robust_aggregate
 from edge_client.wire.run_config import RunSettings
 
-__all__ = ["Accumulator", "RobustRule", "WeightedMean", "make_accumulator"]
+__all__ = ["Accumulator", "NormalisedMean", "RobustRule", "WeightedMean", "make_accumulator"]
 
 Delta = dict[str, np.ndarray]
 
@@ -29,8 +35,10 @@ Delta = dict[str, np.ndarray]
 class Accumulator(Protocol):
     """What the strategy feeds a round's updates to."""
 
-    def update(self, delta: Mapping[str, np.ndarray], weight: int, device: str) -> None:
-        """Add one device's update, trained on ``weight`` samples (> 0)."""
+    def update(
+        self, delta: Mapping[str, np.ndarray], weight: int, device: str, steps: int = 1
+    ) -> None:
+        """Add one device's update, trained on ``weight`` samples (> 0) in ``steps`` steps."""
         ...
 
     def result(self) -> tuple[Delta, list[str]] | None:
@@ -52,7 +60,9 @@ class WeightedMean:
         self._total = 0
         self._devices: list[str] = []
 
-    def update(self, delta: Mapping[str, np.ndarray], weight: int, device: str) -> None:
+    def update(
+        self, delta: Mapping[str, np.ndarray], weight: int, device: str, steps: int = 1
+    ) -> None:
         """Add ``weight * delta`` to the running sum (the update itself is not kept)."""
         for k, d in delta.items():
             self._sum[k] += weight * d.astype(np.float64)
@@ -64,6 +74,45 @@ class WeightedMean:
         if self._total == 0:
             return None
         return {k: a / self._total for k, a in self._sum.items()}, list(self._devices)
+
+
+class NormalisedMean:
+    """FedNova's normalised average with equal device weights:
+    ``mean_i(steps_i) * mean_i(delta_i / steps_i)``.
+
+    With plain local SGD this is FedNova's rule for ``p_i = 1/n``; fedstream's devices use
+    momentum, whose exact normaliser FedNova also gives, but every device runs the same ``K``
+    steps (a device never trains more steps, only smaller batches), so the normaliser
+    cancels and the rule is the equal-weight mean of the updates.
+
+    Parameters
+    ----------
+    shapes : mapping of str to shape
+        The model's tensors.
+    """
+
+    def __init__(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
+        self._sum = {k: np.zeros(s, np.float64) for k, s in shapes.items()}
+        self._steps = 0
+        self._devices: list[str] = []
+
+    def update(
+        self, delta: Mapping[str, np.ndarray], weight: int, device: str, steps: int = 1
+    ) -> None:
+        """Add ``delta / steps`` to the running sum (the sample count does not weigh)."""
+        steps = max(1, steps)
+        for k, d in delta.items():
+            self._sum[k] += d.astype(np.float64) / steps
+        self._steps += steps
+        self._devices.append(device)
+
+    def result(self) -> tuple[Delta, list[str]] | None:
+        """The mean normalised update times the mean number of steps."""
+        n = len(self._devices)
+        if n == 0:
+            return None
+        scale = self._steps / n / n
+        return {k: a * scale for k, a in self._sum.items()}, list(self._devices)
 
 
 class RobustRule:
@@ -85,7 +134,9 @@ class RobustRule:
         self.malicious = malicious
         self._kept: list[tuple[Mapping[str, np.ndarray], int, str]] = []
 
-    def update(self, delta: Mapping[str, np.ndarray], weight: int, device: str) -> None:
+    def update(
+        self, delta: Mapping[str, np.ndarray], weight: int, device: str, steps: int = 1
+    ) -> None:
         """Keep the update for the end of the round."""
         self._kept.append((delta, weight, device))
 
@@ -107,4 +158,6 @@ def make_accumulator(settings: RunSettings, shapes: Mapping[str, tuple[int, ...]
     """The accumulator of the run's ``aggregation`` rule, for a model of these tensors."""
     if settings.aggregation == "fedavg":
         return WeightedMean(shapes)
+    if settings.aggregation == "fednova":
+        return NormalisedMean(shapes)
     return RobustRule(settings.aggregation, settings.trim_fraction, settings.krum_malicious)

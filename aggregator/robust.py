@@ -24,7 +24,7 @@ from flwr.app import Array, ArrayRecord, RecordDict
 from flwr.serverapp.strategy.fedtrimmedavg import trim_mean
 from flwr.serverapp.strategy.multikrum import select_multikrum
 
-from edge_client.wire.constants import AGGREGATIONS
+from edge_client.wire.constants import ROBUST_AGGREGATIONS
 
 __all__ = ["robust_aggregate"]
 
@@ -64,8 +64,8 @@ def robust_aggregate(
     ValueError
         On an unknown rule, no updates, or a bad parameter.
     """
-    if rule not in AGGREGATIONS or rule == "fedavg":
-        raise ValueError(f"robust rule must be one of {AGGREGATIONS[1:]}, got {rule!r}")
+    if rule not in ROBUST_AGGREGATIONS:
+        raise ValueError(f"robust rule must be one of {ROBUST_AGGREGATIONS}, got {rule!r}")
     if not deltas or len(deltas) != len(weights) or min(weights) <= 0:
         raise ValueError("need at least one update and one positive weight per update")
     names = list(deltas[0])

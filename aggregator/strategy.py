@@ -332,7 +332,7 @@ class StreamStrategy:
             report.replies[device] = metrics
             report.planned[device] = current.planned.get(node, 0)
             if metrics.num_examples > 0:
-                accumulator.update(delta, metrics.num_examples, device)
+                accumulator.update(delta, metrics.num_examples, device, metrics.local_steps)
                 report.num_examples += metrics.num_examples
                 loss += metrics.train_loss * metrics.num_examples
                 self.controller.observe(device, metrics.batch_size, metrics.step_s)

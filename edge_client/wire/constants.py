@@ -44,5 +44,7 @@ CONTROLLER_MODES: Final = ("fixed", "static", "dynamic")  # aggregator.controlle
 ADAPTIVE: Final = "adaptive"  # the compress choice that lets the aggregator pick per round
 COMPRESS_MODES: Final = (*CODEC_MODES, ADAPTIVE)
 BROADCAST_MODES: Final = ("none", "fp16")  # how the model is sent down
-# Aggregation rules (aggregator.aggregation): fedavg streams; the others are Byzantine-robust.
-AGGREGATIONS: Final = ("fedavg", "trimmed-mean", "median", "krum", "multi-krum")
+# Aggregation rules (aggregator.aggregation): fedavg and fednova stream; the others are
+# Byzantine-robust and keep every update of the round.
+ROBUST_AGGREGATIONS: Final = ("trimmed-mean", "median", "krum", "multi-krum")
+AGGREGATIONS: Final = ("fedavg", "fednova", *ROBUST_AGGREGATIONS)

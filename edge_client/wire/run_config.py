@@ -177,7 +177,8 @@ class RunSettings(ControllerSettings):
     )
     aggregation: str = knob(
         "fedavg",
-        "fedavg (streaming) | trimmed-mean | median | krum | multi-krum",
+        "fedavg (weighted by samples trained) | fednova (each device's steps weigh the same, "
+        "whatever its batch) | trimmed-mean | median | krum | multi-krum",
         choices=AGGREGATIONS,
     )
     trim_fraction: float = knob(0.2, "trimmed-mean: cut at each end", ge=0, lt=0.5)
