@@ -142,16 +142,17 @@ class StreamStrategy:
     # -- the first round's timings ------------------------------------------------------------
 
     def configure_probe(self, grid: Grid) -> list[Message]:
-        """Query messages that ask every live node to time a few SGD steps at two batch
-        sizes (the equal share and a quarter of it), so that the controller's first plan
-        follows the devices' speeds. None when the run does not probe (``controller-probe``
+        """Query messages that ask every live node to time a few SGD steps at three batch
+        sizes (the equal share, a half and a quarter of it: three, so that the controller
+        can tell a real slope from timing noise), so that its first plan follows the
+        devices' speeds. None when the run does not probe (``controller-probe``
         0) or its controller does not use timings (``fixed``)."""
         s = self.settings
         nodes = list(self.fleet.live_nodes(grid.get_node_ids()))
         if s.controller_probe == 0 or s.controller == "fixed" or not nodes:
             return []
         share = max(s.b_min, min(s.b_max, s.global_batch // len(nodes)))
-        batches = sorted({share, max(s.b_min, share // 4)}, reverse=True)
+        batches = sorted({max(s.b_min, share // d) for d in (1, 2, 4)}, reverse=True)
         record = ProbePlan(batches, s.controller_probe).to_record()
         return [
             Message(RecordDict({CONFIG: record}), node, MessageType.QUERY, group_id="probe")

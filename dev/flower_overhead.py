@@ -52,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -514,6 +515,8 @@ def measure(rounds: int, nodes: int, workdir: Path) -> dict[str, Any]:
         "isolation": "subprocess",
         "round_definition": "FedAvg configure_train start to aggregate_train end, train only",
         "steady_rounds": f"2..{rounds}",
+        "cpus": os.cpu_count(),
+        "loadavg_start": os.getloadavg(),  # other work on the machine skews the numbers
         "sizes": {},
     }
     with ProcessGroup(grace=5.0) as group:
@@ -535,6 +538,7 @@ def measure(rounds: int, nodes: int, workdir: Path) -> dict[str, Any]:
                 **result,
             }
             print(f"{label}: done ({result['status']})", file=sys.stderr)
+    out["loadavg_end"] = os.getloadavg()
     tiny, big = out["sizes"]["tiny"], out["sizes"]["1M"]
     extra_mb = big["model_mb"] - tiny["model_mb"]
     delta = big["steady"]["wall_s"]["median"] - tiny["steady"]["wall_s"]["median"]
@@ -558,7 +562,11 @@ def print_table(result: dict[str, Any]) -> None:
         f"Flower {result['flwr']}, {result['nodes']} SuperNodes (--isolation subprocess), "
         f"{result['rounds']} rounds; seconds over rounds {result['steady_rounds']}"
     )
-    print(f"deployment startup {result['deployment_startup_s']:.1f} s")
+    load = ", ".join(f"{x:.1f}" for x in result["loadavg_start"])
+    print(
+        f"deployment startup {result['deployment_startup_s']:.1f} s; load average at start "
+        f"{load} on {result['cpus']} CPUs"
+    )
     header = f"{'model':>6} {'params':>9} {'MB':>6} {'quantity':>15} {'median':>7} "
     print(header + f"{'min':>7} {'max':>7}")
     for label, size in result["sizes"].items():

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from aggregator.records import RoundRecord
@@ -34,9 +35,11 @@ __all__ = [
     "FleetRun",
     "Panel",
     "Result",
+    "StepCost",
     "footnote",
     "markdown_table",
     "mean_or_none",
+    "measure_step_cost",
     "rounds_to_target",
     "run_fleet",
     "save_figure",
@@ -103,6 +106,87 @@ def run_fleet(
     return run
 
 
+@dataclass(frozen=True)
+class StepCost:
+    """What one SGD step of a model costs on this machine: the line fitted to the measured
+    step times, and the measured spread around it.
+
+    Attributes
+    ----------
+    a, c : float
+        The fitted step time ``a + c * b`` seconds at batch ``b`` (intercept >= 0).
+    table : dict of int to float
+        The least disturbed (minimum) measured step time per batch size.
+    ratios : tuple of float
+        The measured step times over their batch size's median, the central 90 % of them:
+        the noise, as measured.
+    """
+
+    a: float
+    c: float
+    table: dict[int, float]
+    ratios: tuple[float, ...]
+
+    def line(self, b: int) -> float:
+        """The fitted step time at batch ``b`` (no noise)."""
+        return self.a + self.c * b
+
+    def noisy(self, seed: int) -> Callable[[int], float]:
+        """Step times as the grid charges them: the line times a ratio drawn (with
+        replacement, seeded) from the measured ones, so the controller sees the timing noise
+        a real device shows rather than the exact line it fits."""
+        rng = np.random.default_rng(seed)
+        ratios = np.array(self.ratios)
+        return lambda b: self.line(b) * float(rng.choice(ratios))
+
+    def describe(self) -> str:
+        """The fit and its noise in words, for a table's footnote."""
+        return (
+            f"t(b) = {self.a * 1e3:.3f} ms + {self.c * 1e6:.2f} us x b, times a ratio drawn "
+            f"from the central 90 % of the measured step times over their batch's median "
+            f"({len(self.ratios)} kept, {min(self.ratios):.2f}-{max(self.ratios):.2f})"
+        )
+
+
+def measure_step_cost(
+    model: torch.nn.Module,
+    shape: Sequence[int],
+    num_classes: int,
+    batches: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+    repeats: int = 40,
+) -> StepCost:
+    """Time SGD steps of ``model`` (one thread) at each batch size and fit the line.
+
+    The line, not the raw table, is what is charged: the table has plateaus and jumps
+    (caches, the timer's floor) that would make a comparison about this CPU. The first 5
+    steps of each batch size warm up and are not kept.
+    """
+    torch.set_num_threads(1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    table: dict[int, float] = {}
+    ratios: list[float] = []
+    for b in batches:
+        x = torch.randn(b, *shape)
+        y = torch.randint(0, num_classes, (b,))
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            loss_fn(model(x), y).backward()
+            opt.step()
+            times.append(time.perf_counter() - t0)
+        kept = np.array(times[5:])
+        table[b] = float(kept.min())
+        ratios += list(kept / np.median(kept))
+    # The central 90 %: a step that another process on this host held up 4x says something
+    # about the host, not about a device's own variation.
+    lo, hi = np.percentile(ratios, [5, 95])
+    ratios = [r for r in ratios if lo <= r <= hi]
+    c, a = np.polyfit(np.array(list(table)), np.array(list(table.values())), 1)
+    return StepCost(max(float(a), 0.0), float(c), table, tuple(ratios))
+
+
 def _stats(grid: InProcessGrid) -> dict[str, dict[str, Any]]:
     """Each device's buffer counters at the end of a run, and what its stream delivered."""
     return {
@@ -144,6 +228,8 @@ def spread(values: Sequence[float | None], fmt: str = "{:.2f}") -> str:
     """``mean (min-max, n)`` of the seeds' values; a seed that never got one is named."""
     got = [v for v in values if v is not None]
     missing = len(values) - len(got)
+    if not values:
+        return "-"
     if not got:
         return f"none of {len(values)} seeds"
     text = fmt.format(statistics.mean(got))

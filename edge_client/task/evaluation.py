@@ -6,7 +6,7 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["evaluate"]
+__all__ = ["evaluate", "per_class_accuracy"]
 
 
 @torch.no_grad()
@@ -21,3 +21,16 @@ def evaluate(
     loss = nn.functional.cross_entropy(logits, target).item()
     acc = (logits.argmax(1) == target).float().mean().item()
     return float(acc), float(loss)
+
+
+@torch.no_grad()
+def per_class_accuracy(
+    model: nn.Module, x: np.ndarray, y: np.ndarray, num_classes: int
+) -> list[float | None]:
+    """Accuracy of ``model`` on the samples of each class (None for a class with none)."""
+    model.eval()
+    predicted = model(torch.from_numpy(x)).argmax(1).numpy()
+    return [
+        float(np.mean(predicted[y == c] == c)) if np.any(y == c) else None
+        for c in range(num_classes)
+    ]

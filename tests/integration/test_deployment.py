@@ -27,7 +27,7 @@ def test_short_run_finishes_and_the_slower_device_gets_the_smaller_batch(tmp_pat
     assert summary["status"] == "finished:completed" and summary["rounds"] == 2
     batches = summary["devices"]
     assert batches["dev-1"]["batch_size"][-1] < batches["dev-0"]["batch_size"][-1]
-    assert summary["final_accuracy"] > 1 / 6
+    assert summary["final_accuracy"] > 0.25  # chance is 1/6; 2 short rounds reach about 0.3
     run_dir = next(tmp_path.glob("run-*"))
     assert (run_dir / "report.png").stat().st_size > 10_000
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
