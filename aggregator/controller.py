@@ -58,8 +58,20 @@ class DeviceState:
     batch: int
     history: list[list[float]] = field(default_factory=list)  # [batch, step seconds], newest last
     first_throughput: float | None = None  # samples/s at the first measurement (static mode)
+    # The last fit and what it was fitted to: a round asks for it in observe and in plan.
+    _fit: tuple[Any, tuple[float, float] | None] = field(
+        default=(None, None), repr=False, compare=False
+    )
 
     def cost_model(self, smoothing: float) -> tuple[float, float] | None:
+        """``(a, c)`` of the step time ``t(b) = a + c * b`` (see :meth:`_cost_model`),
+        remembered until the history or the smoothing changes."""
+        key = (smoothing, tuple(map(tuple, self.history)))
+        if self._fit[0] != key:
+            self._fit = (key, self._cost_model(smoothing))
+        return self._fit[1]
+
+    def _cost_model(self, smoothing: float) -> tuple[float, float] | None:
         """``(a, c)`` of the step time ``t(b) = a + c * b``, or None before any measurement.
 
         A weighted least-squares fit over the recent measurements (weight
@@ -243,7 +255,10 @@ class BatchController:
     def state_dict(self) -> dict[str, Any]:
         """JSON-ready state (for the aggregator's checkpoint); the config is the run's."""
         return {
-            "devices": {d: asdict(s) for d, s in self.devices.items()},
+            "devices": {
+                d: {k: v for k, v in asdict(s).items() if not k.startswith("_")}
+                for d, s in self.devices.items()
+            },
             "updates": self.updates,
         }
 

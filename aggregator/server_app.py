@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
@@ -37,6 +37,9 @@ __all__ = ["Exchange", "app", "exchange", "run_rounds", "wait_for_nodes"]
 
 log = logging.getLogger(__name__)
 PULL_INTERVAL_S = 0.2
+#: Message ids per pull: a pull's replies are held together until each is handed over, so
+#: this bounds the replies in memory at once (Flower's grids return a pull's replies as a list).
+PULL_BATCH = 32
 
 app = ServerApp()
 
@@ -198,42 +201,67 @@ def wait_for_nodes(grid: Grid, count: int, timeout: float) -> None:
         log.warning("only %d of %d nodes connected; going on with them", len(nodes), count)
 
 
-@dataclass
 class Exchange:
-    """What one round's message exchange brought back.
+    """One round's message exchange: the messages pushed, and their replies as they come.
+
+    Iterating over :attr:`replies` pulls from the grid, at most :data:`PULL_BATCH` message
+    ids at a time, and hands each reply over as it is pulled, until every message has its
+    reply or the timeout has passed (a pull started after it is the last). Nothing keeps a
+    reply once it is handed over, so a consumer that adds each reply in before it reads the
+    next (:meth:`~aggregator.strategy.StreamStrategy.aggregate_train`) holds one pull's worth
+    of replies at most, however large the fleet. The replies can be read once.
 
     Attributes
     ----------
-    replies : list of Message
-        The replies that came before the timeout (error replies included).
     sent : dict of str to int
         Message id -> destination node of every message pushed.
+    pending : dict of str to int
+        The messages still without a reply (all of :attr:`sent` before the replies are
+        read; those that timed out after).
+    replies : iterator of Message
+        The replies (error replies included), pulled as they are read.
     """
 
-    replies: list[Message]
-    sent: dict[str, int]
+    def __init__(self, grid: Grid, sent: dict[str, int], timeout: float) -> None:
+        self.sent = sent
+        self.pending = dict(sent)
+        self.replies: Iterator[Message] = self._pull(grid, time.monotonic() + timeout)
+
+    def __iter__(self) -> Iterator[Message]:
+        return self.replies
+
+    def _pull(self, grid: Grid, deadline: float) -> Iterator[Message]:
+        while self.pending:
+            started = time.monotonic()
+            ids = list(self.pending)
+            for first in range(0, len(ids), PULL_BATCH):
+                batch = deque(grid.pull_messages(ids[first : first + PULL_BATCH]))
+                while batch:  # popped: a reply handed over is no longer held here
+                    reply = batch.popleft()
+                    answers = reply.metadata.reply_to_message_id
+                    if self.pending.pop(answers, None) is None:
+                        log.warning("dropped a message that answers none pending: %r", answers)
+                        continue
+                    yield reply
+            if not self.pending or started >= deadline:
+                return
+            time.sleep(max(0.0, min(PULL_INTERVAL_S, deadline - time.monotonic())))
 
 
 def exchange(grid: Grid, messages: list[Message], timeout: float) -> Exchange:
-    """Push the round's messages and pull replies until all are in or ``timeout`` passes.
+    """Push the round's messages; their replies are pulled as :attr:`Exchange.replies` is
+    read, until all are in or ``timeout`` (from now) passes.
 
     Unlike ``Grid.send_and_receive`` this keeps the message ids (an error reply names
-    the SuperLink as its source, so the ids are how a failed device is found) and polls
-    every 0.2 s instead of every 3 s.
+    the SuperLink as its source, so the ids are how a failed device is found), polls
+    every 0.2 s instead of every 3 s, and never holds all the replies at once: each is
+    handed to the strategy as it is pulled (a message without a reply by the timeout is
+    in :attr:`Exchange.sent` and not answered: a failure of its device).
     """
     ids = list(grid.push_messages(messages))
-    sent = {i: m.metadata.dst_node_id for i, m in zip(ids, messages, strict=True)}
-    replies: list[Message] = []
-    pending = set(ids)
-    deadline = time.monotonic() + timeout
-    while pending:
-        for reply in grid.pull_messages(list(pending)):
-            pending.discard(reply.metadata.reply_to_message_id)
-            replies.append(reply)
-        if not pending or time.monotonic() >= deadline:
-            break
-        time.sleep(PULL_INTERVAL_S)
-    return Exchange(replies, sent)
+    return Exchange(
+        grid, {i: m.metadata.dst_node_id for i, m in zip(ids, messages, strict=True)}, timeout
+    )
 
 
 def _round_record(

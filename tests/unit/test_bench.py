@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import tracemalloc
 from pathlib import Path
 
 import numpy as np
 from flwr.app import Array, ArrayRecord
 
 from aggregator.records import RoundRecord
+from aggregator.server_app import PULL_BATCH
 from deploy.bench.common import (
     Result,
     markdown_table,
@@ -20,7 +20,7 @@ from deploy.bench.common import (
 )
 from deploy.bench.hetero import ideal_speedup, slowdowns
 from deploy.bench.reliability import _fault_summary, _samples
-from deploy.bench.scale import MODEL_SHAPES, one_round
+from deploy.bench.scale import MODEL_SHAPES, rounds
 from edge_client.wire.codec import encode
 
 
@@ -73,23 +73,23 @@ def test_results_are_written_as_json_markdown_and_plots(tmp_path: Path) -> None:
 
 
 def test_the_aggregators_memory_does_not_grow_with_the_fleet() -> None:
-    # Prepare: a 100k-parameter model and real update frames
+    # Prepare: a 100k-parameter model and a real update frame (each reply gets its own copy,
+    # as bytes off the wire); fleets of one pull's worth of devices and of four times that
     rng = np.random.default_rng(0)
     arrays = ArrayRecord(
         {k: Array(rng.standard_normal(s).astype(np.float32)) for k, s in MODEL_SHAPES.items()}
     )
-    frames = [encode({k: np.full(s, 0.01, np.float32) for k, s in MODEL_SHAPES.items()})]
+    delta = {k: (rng.standard_normal(s) * 0.01).astype(np.float32) for k, s in MODEL_SHAPES.items()}
+    frames = [encode(delta)]  # noise: about as large as the raw floats
+    small, large = PULL_BATCH, 4 * PULL_BATCH
 
-    def peak(n: int) -> float:
-        tracemalloc.start()
-        one_round(n, "none", frames, arrays)
-        _, top = tracemalloc.get_traced_memory()
-        tracemalloc.stop()
-        return top
+    # Execute: one round each through the ServerApp's exchange, under tracemalloc
+    peak_small = rounds(small, "none", frames, arrays, count=1, trace_from=1).peak
+    peak_large = rounds(large, "none", frames, arrays, count=1, trace_from=1).peak
 
-    # Execute / Assert: 10x the devices, about the same peak (replies are streamed)
-    small, large = peak(20), peak(200)
-    assert large < 1.5 * small
+    # Assert: the extra devices cost bookkeeping, not their replies: an exchange that kept
+    # every reply until the round's end would add a frame per device
+    assert peak_large - peak_small < 0.1 * (large - small) * len(frames[0])
 
 
 def test_the_reliability_report_counts_a_fault_with_a_loss_as_not_survived() -> None:
