@@ -92,8 +92,7 @@ LOCAL_STEPS = 20
 #: torch imported, per message. Charged per round in the "with overhead" figures.
 FLOWER_ROUND_S = 13.4
 FLOWER_ROUND_NOTE = (
-    "median round of a plain Flower 1.42 app, 4 SuperNodes, this machine: "
-    "dev/flower_overhead.py"
+    "median round of a plain Flower 1.42 app, 4 SuperNodes, this machine: dev/flower_overhead.py"
 )
 GOALS = {"efficiency": 0.85, "HL2": 0.14, "HL8": 0.60, "periods": 3}
 
