@@ -117,34 +117,35 @@ class StepCost:
         The fitted step time ``a + c * b`` seconds at batch ``b`` (intercept >= 0).
     table : dict of int to float
         The least disturbed (minimum) measured step time per batch size.
-    ratios : tuple of float
-        The measured step times over their batch size's median, the central 90 % of them:
-        the noise, as measured.
+    sigma : float
+        The measured noise: a robust standard deviation (1.4826 x the median absolute
+        deviation) of the log of each step time over its batch size's median. Robust, so
+        that steps another process on a shared host held up, which say something about the
+        host and not about a device, do not set it.
     """
 
     a: float
     c: float
     table: dict[int, float]
-    ratios: tuple[float, ...]
+    sigma: float
 
     def line(self, b: int) -> float:
         """The fitted step time at batch ``b`` (no noise)."""
         return self.a + self.c * b
 
     def noisy(self, seed: int) -> Callable[[int], float]:
-        """Step times as the grid charges them: the line times a ratio drawn (with
-        replacement, seeded) from the measured ones, so the controller sees the timing noise
-        a real device shows rather than the exact line it fits."""
+        """Step times as the grid charges them: the line times a log-normal ratio of the
+        measured spread (seeded), so the controller sees the timing noise a device shows
+        rather than the exact line it fits."""
         rng = np.random.default_rng(seed)
-        ratios = np.array(self.ratios)
-        return lambda b: self.line(b) * float(rng.choice(ratios))
+        return lambda b: self.line(b) * float(np.exp(rng.normal(0.0, self.sigma)))
 
     def describe(self) -> str:
         """The fit and its noise in words, for a table's footnote."""
         return (
-            f"t(b) = {self.a * 1e3:.3f} ms + {self.c * 1e6:.2f} us x b, times a ratio drawn "
-            f"from the central 90 % of the measured step times over their batch's median "
-            f"({len(self.ratios)} kept, {min(self.ratios):.2f}-{max(self.ratios):.2f})"
+            f"t(b) = {self.a * 1e3:.3f} ms + {self.c * 1e6:.2f} us x b (fitted to the minimum "
+            f"step time per batch size), times a log-normal ratio of the measured spread "
+            f"(robust sigma of log(step time / its batch's median) = {self.sigma:.3f})"
         )
 
 
@@ -165,7 +166,7 @@ def measure_step_cost(
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     loss_fn = torch.nn.CrossEntropyLoss()
     table: dict[int, float] = {}
-    ratios: list[float] = []
+    logs: list[float] = []
     for b in batches:
         x = torch.randn(b, *shape)
         y = torch.randint(0, num_classes, (b,))
@@ -178,13 +179,11 @@ def measure_step_cost(
             times.append(time.perf_counter() - t0)
         kept = np.array(times[5:])
         table[b] = float(kept.min())
-        ratios += list(kept / np.median(kept))
-    # The central 90 %: a step that another process on this host held up 4x says something
-    # about the host, not about a device's own variation.
-    lo, hi = np.percentile(ratios, [5, 95])
-    ratios = [r for r in ratios if lo <= r <= hi]
+        logs += list(np.log(kept / np.median(kept)))
+    deviations = np.abs(np.array(logs) - np.median(logs))
+    sigma = 1.4826 * float(np.median(deviations))
     c, a = np.polyfit(np.array(list(table)), np.array(list(table.values())), 1)
-    return StepCost(max(float(a), 0.0), float(c), table, tuple(ratios))
+    return StepCost(max(float(a), 0.0), float(c), table, sigma)
 
 
 def _stats(grid: InProcessGrid) -> dict[str, dict[str, Any]]:
