@@ -13,6 +13,7 @@ Every time it reports is virtual-clock time; say so wherever it is printed.
 
 from __future__ import annotations
 
+import statistics
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -177,9 +178,10 @@ class InProcessGrid(LocalGrid):
         Seeds the replayed streams (default: the settings' seed). The uplink charged for
         ``bytes-up`` on the virtual clock is the settings' ``uplink-mbps``.
     step_time : callable, optional
-        Seconds per training step at a batch size on a reference device. When given, each
-        device is charged ``step_time(b) * slowdown`` per step on the virtual clock instead
-        of its measured time, which makes results independent of the host's load.
+        Seconds per training step at a batch size on a reference device (called once per
+        step: it may draw noise). When given, each device is charged ``step_time(b) *
+        slowdown`` per step on the virtual clock instead of its measured time, which makes
+        results independent of the host's load.
     on_round : callable, optional
         Called with ``(round, grid)`` before each round (e.g. to change slowdowns).
     """
@@ -327,12 +329,18 @@ class InProcessGrid(LocalGrid):
 
     def _charge(self, reply: DeviceReply, dev: VirtualDevice, wait_s: float) -> ReplyMetrics:
         """The reply's timings on the virtual clock: compute (the step-time model's, when
-        given) times the device's slowdown, and the virtual wait."""
+        given) times the device's slowdown, and the virtual wait.
+
+        With a step-time model each of the round's steps is drawn from it: the round costs
+        their sum and the device reports their median past the first (as the trainer
+        measures it), so a noisy model is as noisy per step as it says, no more per round.
+        """
         m = reply.metrics
         step_s, compute_s = m.step_s, m.compute_s
         if self.step_time is not None and m.batch_size > 0:
-            step_s = self.step_time(m.batch_size)
-            compute_s = step_s * m.local_steps
+            steps = [self.step_time(m.batch_size) for _ in range(max(1, m.local_steps))]
+            step_s = float(statistics.median(steps[1:] or steps))
+            compute_s = sum(steps)
         return replace(
             m, step_s=step_s * dev.slowdown, compute_s=compute_s * dev.slowdown, wait_s=wait_s
         )

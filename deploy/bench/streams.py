@@ -103,6 +103,7 @@ def _arm(method: str, rate_list: list[float], seed: int) -> tuple[list[VirtualDe
         controller="dynamic" if scadles else "fixed",
         wait_policy="adapt" if scadles else "wait",
         availability_cap=scadles,
+        aggregation="fedavg",  # ScaDLES weighs updates by the samples they used
         controller_probe=0,  # equal speeds: nothing to probe
         eval_samples=2000,
         seed=seed,

@@ -25,7 +25,11 @@ from edge_client.runtime.constants import POLICY_PERSISTENCE
 from edge_client.wire.frames import SampleBatch
 from edge_client.wire.records import RoundPlan
 
-__all__ = ["VirtualStream", "arrived"]
+__all__ = ["ALWAYS_AHEAD_RATE", "VirtualStream", "arrived"]
+
+#: The rate an infinite-rate stream publishes in its buffer: far above anything a plan takes,
+#: so that the availability cap never binds it (a buffer with no rate reads as 0: starved).
+ALWAYS_AHEAD_RATE = 1e9
 
 # Rates and times are floats: rate * elapsed may land a hair under a whole sample it should
 # reach (10 * 0.3 = 2.9999999999999996). Far below a sample at any rate and duration used here.
@@ -147,7 +151,7 @@ class VirtualStream:
         if kept > 0:
             x, y = self.source.next(kept)
             batch = SampleBatch(x=x, y=y, ts=np.full(kept, at, dtype=np.float64))
-            store.append([batch], rate=self._rate if math.isfinite(self._rate) else None)
+            store.append([batch], rate=min(self._rate, ALWAYS_AHEAD_RATE))
 
     def wait_for(self, plan: RoundPlan, at: float) -> float:
         """Advance through the wait ``plan`` asks for from virtual time ``at``.

@@ -176,7 +176,7 @@ class RunSettings(ControllerSettings):
         0.25, "fraction of each batch drawn from a device's injection pool", ge=0, lt=1
     )
     aggregation: str = knob(
-        "fedavg",
+        "fednova",
         "fedavg (weighted by samples trained) | fednova (each device's steps weigh the same, "
         "whatever its batch) | trimmed-mean | median | krum | multi-krum",
         choices=AGGREGATIONS,

@@ -59,7 +59,7 @@ def test_the_aggregate_is_built_from_decoded_updates_and_a_corrupt_one_is_left_o
 ) -> None:
     # Prepare: top-k 5 % updates; dev-1's frame gets a flipped bit in round 2.
     spy = Spy(corrupt=("dev-1", 2))
-    settings = fast(controller="fixed", compress="topk", compress_ratio=0.05)
+    settings = fast(controller="fixed", compress="topk", compress_ratio=0.05, aggregation="fedavg")
     grid = InProcessGrid(fleet(1, 1, 1, rate=20_000), tmp_path / "buffers", client_app=spy.app)
     # Execute
     records = run_rounds(grid, settings)

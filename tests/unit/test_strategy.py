@@ -36,7 +36,7 @@ def plan_round(
 
 def test_aggregate_is_the_sample_weighted_average_of_valid_updates(fast: Fast) -> None:
     # Prepare: three devices; z's update holds a NaN and must be left out.
-    strategy = StreamStrategy(fast())
+    strategy = StreamStrategy(fast(aggregation="fedavg"))
     asks = plan_round(strategy, StaticGrid([1, 2, 3]))
     replies = [
         mock_reply(asks[1], "x", {"w": [1.0, 2.0], "b": [0.0]}, 10),

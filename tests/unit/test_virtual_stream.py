@@ -208,3 +208,17 @@ def test_replay_delivers_rate_times_wall_time_without_losing_fractions(tmp_path:
     with BufferStore(path) as store:
         assert store.fill == 37
     assert math.isclose(0.15 * 20, 3.0)
+
+
+def test_a_stream_always_ahead_is_never_capped(tmp_path: Path, fast: Fast) -> None:
+    # Prepare: streams that always have what a round takes, the availability cap on (the
+    # default). (Before they published no rate, read as starved: batches fell to b-min.)
+    devices = [VirtualDevice(f"d{i}", rate=math.inf, initial=0) for i in range(2)]
+    settings = fast(num_rounds=4, eval_samples=100)
+    grid = InProcessGrid(devices, tmp_path / "buffers", settings, step_time=step_time)
+    # Execute
+    records = run_rounds(grid, settings)
+    grid.close()
+    # Assert
+    assert settings.availability_cap
+    assert [r.sum_b for r in records] == [settings.global_batch] * 4

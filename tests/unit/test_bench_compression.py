@@ -1,0 +1,159 @@
+"""The compression benchmark's accounting (traffic both ways, bytes to a target, the broadcast
+on the virtual clock), a short run of the scenario end to end, and ScaDLES' adaptive rule
+deciding by majority in a real run."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from itertools import pairwise
+from pathlib import Path
+
+import pytest
+
+from aggregator.compression import choose_mode
+from aggregator.records import RoundRecord
+from aggregator.server_app import run_rounds
+from deploy.bench import compression
+from deploy.bench.common import time_to_target
+from deploy.bench.compression import (
+    ModelCase,
+    bytes_to_target,
+    per_device_traffic,
+    with_downlink,
+)
+from deploy.inprocess import InProcessGrid, VirtualDevice
+from edge_client.wire.records import ReplyMetrics
+from edge_client.wire.run_config import RunSettings
+
+Fast = Callable[..., RunSettings]
+Fleet = Callable[..., list[VirtualDevice]]
+
+
+def record(
+    round_: int, accuracy: float, up: dict[str, int], planned: list[str], down: int = 100
+) -> RoundRecord:
+    """A round in which ``planned`` devices were sent ``down`` bytes of model and the devices
+    of ``up`` replied with frames of those sizes; 1 virtual second."""
+    devices = {d: ReplyMetrics(num_examples=1, batch_size=1, step_s=0.0, train_loss=0.0,
+                               bytes_up=n) for d, n in up.items()}  # fmt: skip
+    return RoundRecord(
+        round=round_, accuracy=accuracy, loss=0.0, global_batch=2, sum_b=2, lr_scale=1.0,
+        planned={d: 1 for d in planned}, devices=devices, failed={}, rejected={},
+        rejected_reasons={}, compress="none", aggregation="fedavg", aggregated=list(up),
+        bytes_up=sum(up.values()), broadcast_bytes=down, inject_picked=[], inject_bytes=0,
+        virtual_s=1.0, wall_s=0.0,
+    )  # fmt: skip
+
+
+def test_each_device_gets_the_model_down_every_round_it_is_sent_the_plan() -> None:
+    # Prepare: b is sent the plan in round 2 but its reply never comes.
+    records = [
+        record(1, 0.5, {"a": 10, "b": 20}, ["a", "b"]),
+        record(2, 0.6, {"a": 12}, ["a", "b"]),
+        record(3, 0.7, {"a": 14, "b": 24}, ["a", "b"], down=50),
+    ]
+    # Execute
+    traffic = per_device_traffic(records)
+    # Assert: up counts the frames received; down every copy sent, answered or not.
+    assert traffic == {"a": {"up": 36, "down": 250}, "b": {"up": 44, "down": 250}}
+
+
+def test_bytes_to_target_stop_at_the_first_round_of_the_two_that_hold_it() -> None:
+    # Prepare: 0.9 is touched in round 2, lost, then held from round 4.
+    accuracies = (0.5, 0.91, 0.7, 0.9, 0.95)
+    records = [record(i, a, {"a": 10 * i}, ["a", "b"]) for i, a in enumerate(accuracies, 1)]
+    # Execute
+    up, down = bytes_to_target(records, 0.9)
+    # Assert: rounds 1-4: frames 10+20+30+40 up, the model to two devices 4 times down.
+    assert (up, down) == (100, 800)
+    assert bytes_to_target(records, 0.99) == (None, None)
+
+
+def test_the_broadcast_is_charged_once_per_round_on_the_virtual_clock() -> None:
+    # Prepare: 1.25 MB down per round at 10 Mbit/s is 1 s per round.
+    records = [record(i, a, {"a": 1}, ["a", "b"], down=1_250_000) for i, a in
+               enumerate((0.5, 0.95, 0.95), 1)]  # fmt: skip
+    # Execute
+    charged = with_downlink(records, 10.0)
+    # Assert: both devices receive in parallel: 1 s more per round, not 2.
+    assert [r.virtual_s for r in charged] == pytest.approx([2.0, 2.0, 2.0])
+    assert time_to_target(charged, 0.9) == pytest.approx(4.0)
+    assert time_to_target(records, 0.9) == pytest.approx(2.0)  # the originals are untouched
+
+
+def test_a_short_run_of_the_scenario_reports_traffic_both_ways_per_model(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Prepare: two tiny model cases of two modes, 2 rounds x 2 steps; no 1M-value timing.
+    tiny = ModelCase("cnn", "cnn", 0, 2, 2, ("none", "topk-1%"), ("none", "topk-1%"))
+    wide = ModelCase("cnn-64", "cnn", 64, 2, 2, ("none", "int8+fp16-down"), ("none",))
+    monkeypatch.setattr(compression, "MODELS", (tiny, wide))
+    monkeypatch.setattr(compression, "LOCAL_STEPS", 2)
+    monkeypatch.setattr(compression, "EVAL_SAMPLES", 200)
+    fake_speed: dict[str, float] = {"encode_mbps": 200, "decode_mbps": 400, "roundtrip_mbps": 130}
+    monkeypatch.setattr(compression, "codec_speed", lambda mode, ratio: fake_speed)
+    # Execute
+    result = compression.run(seeds=(0, 1))
+    # Assert
+    entries = {(e["model"], e["mode"]): e for e in result.entries}
+    assert set(entries) == {
+        ("cnn", "none"), ("cnn", "topk-1%"), ("cnn-64", "none"), ("cnn-64", "int8+fp16-down")
+    }  # fmt: skip
+    none, topk = entries[("cnn", "none")], entries[("cnn", "topk-1%")]
+    assert none["ratio"] == 1.0 and none["accuracy_delta_per_seed"] == [0.0, 0.0]
+    assert topk["bytes_up"] < none["bytes_up"] / 5 and topk["topk_rounds"] == 2
+    assert len(topk["bytes_up_per_seed"]) == 2
+    # The model goes down to each of the 4 devices every round, as broadcast.
+    assert none["down_per_device_round"] == none["bytes_down"] / 8
+    assert set(none["per_device_first_seed"]) == {"dev-0", "dev-1", "dev-2", "dev-3"}
+    wide_none, half = entries[("cnn-64", "none")], entries[("cnn-64", "int8+fp16-down")]
+    assert half["down_per_device_round"] < 0.6 * wide_none["down_per_device_round"]
+    assert wide_none["parameters"] > none["parameters"]
+    assert [m["parameters"] for m in result.meta["models"]] == [
+        none["parameters"],
+        wide_none["parameters"],
+    ]
+    # Each coding's speed once, in the order first used; every figure names seeds and clock.
+    assert [(s["codec"], s["compress_ratio"]) for s in result.meta["codec_speed"]] == [
+        ("none", None), ("topk", 0.01), ("int8", None)
+    ]  # fmt: skip
+    assert "Seeds 0, 1" in result.table and "virtual clock" in result.table
+    assert "wall clock" in result.table
+
+
+def test_the_adaptive_rule_follows_the_majority_of_the_reported_gaps(
+    tmp_path: Path, fast: Fast, fleet: Fleet
+) -> None:
+    # Prepare: round 1 goes dense everywhere (no reports yet) whatever delta is, so its gaps
+    # are the same in every run; delta is then put between them, not only at 0 or 1.
+    def adaptive(delta: float, name: str) -> list[RoundRecord]:
+        grid = InProcessGrid(fleet(1, 1, 1, rate=20_000), tmp_path / name)
+        settings = fast(
+            controller="fixed",
+            num_rounds=4,
+            compress="adaptive",
+            compress_ratio=0.1,
+            compress_delta=delta,
+        )
+        try:
+            return run_rounds(grid, settings)
+        finally:
+            grid.close()
+
+    def gaps(r: RoundRecord) -> list[float]:
+        return [g for m in r.devices.values() if (g := m.compress_gap) is not None]
+
+    probe = adaptive(1.0, "probe")
+    low, middle, high = sorted(gaps(probe[0]))
+    assert low < middle < high  # three distinct gaps: the majority is a real decision
+    deltas = {"2 of 3 within": (middle + high) / 2, "1 of 3 within": (low + middle) / 2}
+    # Execute
+    runs = {name: adaptive(delta, name.replace(" ", "-")) for name, delta in deltas.items()}
+    # Assert: round 2 follows the majority of round 1's gaps ...
+    assert [r.compress for r in runs["2 of 3 within"]][:2] == ["none", "topk"]
+    assert [r.compress for r in runs["1 of 3 within"]][:2] == ["none", "none"]
+    # ... and every later round the majority of the gap EWMAs its devices last reported.
+    for name, records in runs.items():
+        for before, after in pairwise(records):
+            expected = choose_mode(gaps(before), deltas[name])
+            assert after.compress == expected, (name, after.round)
