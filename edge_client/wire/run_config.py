@@ -170,7 +170,10 @@ class RunSettings(ControllerSettings):
         0.25, "... each shares this fraction of the samples it just trained on", ge=0, le=1
     )
     inject_budget: int = knob(
-        16_384, "... all of them together in at most this many bytes per round", ge=0
+        16_384,
+        "... all of them together queue at most this many bytes per round (the broker then "
+        "delivers each frame to every other opted-in device)",
+        ge=0,
     )
     inject_mix: float = knob(
         0.25, "fraction of each batch drawn from a device's injection pool", ge=0, lt=1

@@ -5,14 +5,10 @@ deciding by majority in a real run."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from itertools import pairwise
-from pathlib import Path
 
 import pytest
 
-from aggregator.compression import choose_mode
 from aggregator.records import RoundRecord
-from aggregator.server_app import run_rounds
 from deploy.bench import compression
 from deploy.bench.common import time_to_target
 from deploy.bench.compression import (
@@ -21,7 +17,7 @@ from deploy.bench.compression import (
     per_device_traffic,
     with_downlink,
 )
-from deploy.inprocess import InProcessGrid, VirtualDevice
+from deploy.inprocess import VirtualDevice
 from edge_client.wire.records import ReplyMetrics
 from edge_client.wire.run_config import RunSettings
 
@@ -119,41 +115,3 @@ def test_a_short_run_of_the_scenario_reports_traffic_both_ways_per_model(
     ]  # fmt: skip
     assert "Seeds 0, 1" in result.table and "virtual clock" in result.table
     assert "wall clock" in result.table
-
-
-def test_the_adaptive_rule_follows_the_majority_of_the_reported_gaps(
-    tmp_path: Path, fast: Fast, fleet: Fleet
-) -> None:
-    # Prepare: round 1 goes dense everywhere (no reports yet) whatever delta is, so its gaps
-    # are the same in every run; delta is then put between them, not only at 0 or 1.
-    def adaptive(delta: float, name: str) -> list[RoundRecord]:
-        grid = InProcessGrid(fleet(1, 1, 1, rate=20_000), tmp_path / name)
-        settings = fast(
-            controller="fixed",
-            num_rounds=4,
-            compress="adaptive",
-            compress_ratio=0.1,
-            compress_delta=delta,
-        )
-        try:
-            return run_rounds(grid, settings)
-        finally:
-            grid.close()
-
-    def gaps(r: RoundRecord) -> list[float]:
-        return [g for m in r.devices.values() if (g := m.compress_gap) is not None]
-
-    probe = adaptive(1.0, "probe")
-    low, middle, high = sorted(gaps(probe[0]))
-    assert low < middle < high  # three distinct gaps: the majority is a real decision
-    deltas = {"2 of 3 within": (middle + high) / 2, "1 of 3 within": (low + middle) / 2}
-    # Execute
-    runs = {name: adaptive(delta, name.replace(" ", "-")) for name, delta in deltas.items()}
-    # Assert: round 2 follows the majority of round 1's gaps ...
-    assert [r.compress for r in runs["2 of 3 within"]][:2] == ["none", "topk"]
-    assert [r.compress for r in runs["1 of 3 within"]][:2] == ["none", "none"]
-    # ... and every later round the majority of the gap EWMAs its devices last reported.
-    for name, records in runs.items():
-        for before, after in pairwise(records):
-            expected = choose_mode(gaps(before), deltas[name])
-            assert after.compress == expected, (name, after.round)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,8 @@ import pytest
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
+from aggregator.compression import choose_mode
+from aggregator.records import RoundRecord
 from aggregator.server_app import run_rounds
 from deploy.inprocess import InProcessGrid, VirtualDevice
 from edge_client.runtime.buffer import BufferStore
@@ -151,3 +154,41 @@ def test_a_new_run_starts_without_the_old_runs_residual(tmp_path: Path) -> None:
         assert state.feedback(7, like).gap == 0.2
         assert state.feedback(8, like).residual is None  # another run
         assert state.feedback(7, {"v": np.zeros(3, np.float32)}).residual is None  # other model
+
+
+def test_the_adaptive_rule_follows_the_majority_of_the_reported_gaps(
+    tmp_path: Path, fast: Fast, fleet: Fleet
+) -> None:
+    # Prepare: round 1 goes dense everywhere (no reports yet) whatever delta is, so its gaps
+    # are the same in every run; delta is then put between them, not only at 0 or 1.
+    def adaptive(delta: float, name: str) -> list[RoundRecord]:
+        grid = InProcessGrid(fleet(1, 1, 1, rate=20_000), tmp_path / name)
+        settings = fast(
+            controller="fixed",
+            num_rounds=4,
+            compress="adaptive",
+            compress_ratio=0.1,
+            compress_delta=delta,
+        )
+        try:
+            return run_rounds(grid, settings)
+        finally:
+            grid.close()
+
+    def gaps(r: RoundRecord) -> list[float]:
+        return [g for m in r.devices.values() if (g := m.compress_gap) is not None]
+
+    probe = adaptive(1.0, "probe")
+    low, middle, high = sorted(gaps(probe[0]))
+    assert low < middle < high  # three distinct gaps: the majority is a real decision
+    deltas = {"2 of 3 within": (middle + high) / 2, "1 of 3 within": (low + middle) / 2}
+    # Execute
+    runs = {name: adaptive(delta, name.replace(" ", "-")) for name, delta in deltas.items()}
+    # Assert: round 2 follows the majority of round 1's gaps ...
+    assert [r.compress for r in runs["2 of 3 within"]][:2] == ["none", "topk"]
+    assert [r.compress for r in runs["1 of 3 within"]][:2] == ["none", "none"]
+    # ... and every later round the majority of the gap EWMAs its devices last reported.
+    for name, records in runs.items():
+        for before, after in pairwise(records):
+            expected = choose_mode(gaps(before), deltas[name])
+            assert after.compress == expected, (name, after.round)
