@@ -20,7 +20,13 @@ from typing import TYPE_CHECKING
 from edge_client.lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from aggregator.aggregation import Accumulator, RobustRule, WeightedMean, make_accumulator
+    from aggregator.aggregation import (
+        Accumulator,
+        NormalisedMean,
+        RobustRule,
+        WeightedMean,
+        make_accumulator,
+    )
     from aggregator.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
     from aggregator.compression import choose_mode, round_mode
     from aggregator.controller import BatchController, Plan
@@ -41,6 +47,7 @@ _EXPORTS = {
     "Checkpoint": "checkpoint",
     "FleetRegistry": "fleet",
     "Plan": "controller",
+    "NormalisedMean": "aggregation",
     "RobustRule": "aggregation",
     "RoundRecord": "records",
     "RoundReport": "strategy",
@@ -63,6 +70,7 @@ __all__ = [
     "Checkpoint",
     "Exchange",
     "FleetRegistry",
+    "NormalisedMean",
     "Plan",
     "RobustRule",
     "RoundRecord",

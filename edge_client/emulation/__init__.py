@@ -33,7 +33,7 @@ if TYPE_CHECKING:
         load_file,
         pick_classes,
     )
-    from edge_client.emulation.virtual_stream import VirtualStream
+    from edge_client.emulation.virtual_stream import VirtualStream, arrived
 
 _EXPORTS = {
     "ArraySource": "sources",
@@ -43,6 +43,7 @@ _EXPORTS = {
     "SyntheticSource": "sources",
     "VirtualStream": "virtual_stream",
     "arrival_offsets": "schedule",
+    "arrived": "virtual_stream",
     "dataset_source": "sources",
     "draw_rate": "schedule",
     "label_distribution": "sources",
@@ -60,6 +61,7 @@ __all__ = [
     "SyntheticSource",
     "VirtualStream",
     "arrival_offsets",
+    "arrived",
     "dataset_source",
     "draw_rate",
     "label_distribution",
