@@ -233,7 +233,8 @@ def spread(values: Sequence[float | None], fmt: str = "{:.2f}") -> str:
         return f"none of {len(values)} seeds"
     text = fmt.format(statistics.mean(got))
     if len(got) > 1:
-        text += f" ({fmt.format(min(got))}-{fmt.format(max(got))})"
+        dash = " to " if min(got) < 0 else "-"  # "-14-7" would read as a subtraction
+        text += f" ({fmt.format(min(got))}{dash}{fmt.format(max(got))})"
     if missing:
         text += f", {missing} of {len(values)} seeds never"
     return text
