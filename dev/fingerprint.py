@@ -17,8 +17,11 @@ dynamic controller's input, and with it every plan, is exact):
 Each line: the run, a SHA-256 of its final weights (names and float32 bytes, sorted by
 name), and its per-round plans, accuracies, codec modes and aggregated devices. The hash is
 bit-exact on one machine and torch build; across CPUs or builds, compare the rest.
-``dev/fingerprint.jsonl`` holds the lines of commit ab28955 (before the layers were split),
-made on the 2-core x86_64 development machine with torch 2.13.0+cpu.
+``dev/fingerprint.jsonl`` holds the lines of the honest-seed-reproductions change (the
+virtual clock's stream accounting, the availability cap per step, the deadband on the spread
+of step times, the timing probe and ``fednova`` as the default changed every run on
+purpose; the lines of commit ab28955, which the layer split kept bit for bit, are in git
+history), made on the 2-core x86_64 development machine with torch 2.13.0+cpu.
 """
 
 from __future__ import annotations

@@ -18,14 +18,18 @@ from tests.helpers import demo
 
 
 def test_short_run_finishes_and_the_slower_device_gets_the_smaller_batch(tmp_path: Path) -> None:
-    # Execute
+    # Execute: with the timing probe (the demo leaves it off by default).
     rc, out, summary = demo(
-        tmp_path, "--devices", "2", "--rounds", "2", "--local-steps", "10", "--slowdowns", "1,4"
+        tmp_path,
+        *("--devices", "2", "--rounds", "2", "--local-steps", "10", "--slowdowns", "1,4"),
+        *("--run-config", "controller-probe=3"),
     )
-    # Assert
+    # Assert: the probe's query went through the real SuperNodes, so the 4x slower device
+    # already has the smaller batch in round 1.
     assert rc == 0, out[-3000:]
     assert summary["status"] == "finished:completed" and summary["rounds"] == 2
     batches = summary["devices"]
+    assert batches["dev-1"]["batch_size"][0] < batches["dev-0"]["batch_size"][0]
     assert batches["dev-1"]["batch_size"][-1] < batches["dev-0"]["batch_size"][-1]
     assert summary["final_accuracy"] > 0.25  # chance is 1/6; 2 short rounds reach about 0.3
     run_dir = next(tmp_path.glob("run-*"))
