@@ -46,7 +46,30 @@ class Accumulator(Protocol):
         ...
 
 
-class WeightedMean:
+class _RunningSum:
+    """What the streaming rules share: one float64 sum per tensor, the devices added, and a
+    scale applied at the end (the update itself is not kept: memory O(model))."""
+
+    def __init__(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
+        self._sum = {k: np.zeros(s, np.float64) for k, s in shapes.items()}
+        self._devices: list[str] = []
+
+    def _empty(self) -> bool:
+        """Whether no update had any weight."""
+        return not self._devices
+
+    def _finish(self, total: np.ndarray) -> np.ndarray:
+        """One tensor of the combined update, from its running sum."""
+        raise NotImplementedError
+
+    def result(self) -> tuple[Delta, list[str]] | None:
+        """The combined update, and the devices it was made of."""
+        if self._empty():
+            return None
+        return {k: self._finish(a) for k, a in self._sum.items()}, list(self._devices)
+
+
+class WeightedMean(_RunningSum):
     """The streaming sample-weighted mean of the updates (FedAvg on deltas).
 
     Parameters
@@ -56,27 +79,27 @@ class WeightedMean:
     """
 
     def __init__(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
-        self._sum = {k: np.zeros(s, np.float64) for k, s in shapes.items()}
+        super().__init__(shapes)
         self._total = 0
-        self._devices: list[str] = []
 
     def update(
         self, delta: Mapping[str, np.ndarray], weight: int, device: str, steps: int = 1
     ) -> None:
-        """Add ``weight * delta`` to the running sum (the update itself is not kept)."""
+        """Add ``weight * delta`` to the running sum."""
         for k, d in delta.items():
             self._sum[k] += weight * d.astype(np.float64)
         self._total += weight
         self._devices.append(device)
 
-    def result(self) -> tuple[Delta, list[str]] | None:
-        """The sum divided by the total weight."""
-        if self._total == 0:
-            return None
-        return {k: a / self._total for k, a in self._sum.items()}, list(self._devices)
+    def _empty(self) -> bool:
+        return self._total == 0
+
+    def _finish(self, total: np.ndarray) -> np.ndarray:
+        """The sum over the total weight."""
+        return total / self._total
 
 
-class NormalisedMean:
+class NormalisedMean(_RunningSum):
     """FedNova's normalised average with equal device weights:
     ``mean_i(steps_i) * mean_i(delta_i / steps_i)``.
 
@@ -92,9 +115,8 @@ class NormalisedMean:
     """
 
     def __init__(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
-        self._sum = {k: np.zeros(s, np.float64) for k, s in shapes.items()}
+        super().__init__(shapes)
         self._steps = 0
-        self._devices: list[str] = []
 
     def update(
         self, delta: Mapping[str, np.ndarray], weight: int, device: str, steps: int = 1
@@ -106,13 +128,10 @@ class NormalisedMean:
         self._steps += steps
         self._devices.append(device)
 
-    def result(self) -> tuple[Delta, list[str]] | None:
+    def _finish(self, total: np.ndarray) -> np.ndarray:
         """The mean normalised update times the mean number of steps."""
         n = len(self._devices)
-        if n == 0:
-            return None
-        scale = self._steps / n / n
-        return {k: a * scale for k, a in self._sum.items()}, list(self._devices)
+        return total * (self._steps / n / n)
 
 
 class RobustRule:

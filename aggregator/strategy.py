@@ -174,9 +174,7 @@ class StreamStrategy:
                 reply = ProbeReply.from_content(msg.content)
             except RecordError:
                 continue
-            placeholder = self.fleet.learn(node, reply.device_id)
-            if placeholder is not None:
-                self.controller.forget(placeholder)
+            self._learn(node, reply.device_id)
             self.controller.calibrate(
                 reply.device_id, list(zip(reply.batches, reply.step_s, strict=True))
             )
@@ -320,9 +318,7 @@ class StreamStrategy:
                 self._refuse(report, self.fleet.device_of(node), err.reason)
                 continue
             device = reply.device_id
-            placeholder = self.fleet.learn(node, device)
-            if placeholder is not None:
-                self.controller.forget(placeholder)
+            self._learn(node, device)
             try:
                 delta = decode(reply.frame, current.shapes, cap)
             except CodecError as err:
@@ -347,6 +343,13 @@ class StreamStrategy:
         report.train_loss = loss / report.num_examples
         new = {k: (g + step[k]).astype(np.float32) for k, g in current.model.items()}
         return ArrayRecord({k: Array(v) for k, v in new.items()}), report
+
+    def _learn(self, node: int, device: str) -> None:
+        """A node named its device: the fleet maps it, and the controller forgets the
+        placeholder name it knew the node by."""
+        placeholder = self.fleet.learn(node, device)
+        if placeholder is not None:
+            self.controller.forget(placeholder)
 
     def _fail(self, report: RoundReport, device: str) -> None:
         self.fleet.record_failure(device)

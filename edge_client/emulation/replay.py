@@ -14,14 +14,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 
 from edge_client.emulation.sources import SyntheticSource, label_distribution
-from edge_client.emulation.virtual_stream import arrived
+from edge_client.emulation.virtual_stream import arrived, store_arrivals
 from edge_client.runtime.buffer import BufferStore
 from edge_client.runtime.seeding import device_rng
 from edge_client.task.constants import DEFAULT_NUM_CLASSES, DEFAULT_SHAPE
 from edge_client.task.synthetic import SensorTask
-from edge_client.wire.frames import SampleBatch
 
 __all__ = ["replay_into"]
 
@@ -73,10 +73,8 @@ def replay_into(
         delivered = int(store.get_meta(_DELIVERED) or 0)
         count = int(store.get_meta(_COUNT) or 0)
         due = arrived(rate, now - start, initial) - delivered
-        kept = min(due, capacity)  # older ones would be truncated by these anyway
-        if due > kept:
-            store.count_discarded(due - kept)
-        if kept > 0:
+
+        def draw(k: int) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
             task = SensorTask(DEFAULT_SHAPE, DEFAULT_NUM_CLASSES)
             probs = label_distribution(
                 task.num_classes, device_rng(seed, device_id, _SKEW_STREAM), labels, dirichlet
@@ -85,8 +83,9 @@ def replay_into(
             if feature_shift:
                 shift_rng = device_rng(seed, device_id, _SKEW_STREAM + 1)
                 source.shift = task.device_shift(shift_rng, feature_shift)
-            x, y = source.next(kept)
-            store.append([SampleBatch(x=x, y=y, ts=np.full(kept, now))], rate=rate)
+            return source.next(k)
+
+        store_arrivals(store, due, now, rate, draw)
         store.set_meta(_START, repr(start))
         store.set_meta(_DELIVERED, str(delivered + max(0, due)))
         store.set_meta(_COUNT, str(count + 1))

@@ -16,8 +16,10 @@ simulation engine's replay (:mod:`edge_client.emulation.replay`).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
+import numpy.typing as npt
 
 from edge_client.emulation.sources import SampleSource
 from edge_client.runtime.buffer import BufferStore
@@ -25,7 +27,7 @@ from edge_client.runtime.constants import POLICY_PERSISTENCE
 from edge_client.wire.frames import SampleBatch
 from edge_client.wire.records import RoundPlan
 
-__all__ = ["ALWAYS_AHEAD_RATE", "VirtualStream", "arrived"]
+__all__ = ["ALWAYS_AHEAD_RATE", "VirtualStream", "arrived", "store_arrivals"]
 
 #: The rate an infinite-rate stream publishes in its buffer: far above anything a plan takes,
 #: so that the availability cap never binds it (a buffer with no rate reads as 0: starved).
@@ -54,6 +56,35 @@ def arrived(rate: float, elapsed: float, initial: int = 0) -> int:
         ``initial + floor(rate * elapsed)``.
     """
     return initial + math.floor(rate * max(0.0, elapsed) + _EPS)
+
+
+def store_arrivals(
+    store: BufferStore,
+    n: int,
+    at: float,
+    rate: float,
+    draw: Callable[[int], tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]],
+) -> int:
+    """Put ``n`` samples that arrived at time ``at`` into ``store`` as its policy would,
+    drawing (``draw(k)``: ``k`` samples) only those it keeps: what a full buffer would drop
+    is counted as received and dropped, never generated. Return how many were stored.
+
+    ``truncation`` keeps the newest ``capacity`` (the older would be evicted by them);
+    ``persistence`` takes what fits and refuses the newest.
+    """
+    if n <= 0:
+        return 0
+    if store.policy == POLICY_PERSISTENCE:
+        kept = max(0, min(n, store.capacity - store.fill))
+    else:
+        kept = min(n, store.capacity)
+    if kept < n:
+        store.count_discarded(n - kept)
+    if kept > 0:
+        x, y = draw(kept)
+        batch = SampleBatch(x=x, y=y, ts=np.full(kept, at, dtype=np.float64))
+        store.append([batch], rate=rate)
+    return kept
 
 
 class VirtualStream:
@@ -138,20 +169,9 @@ class VirtualStream:
 
     def _deliver(self, n: int, at: float) -> None:
         """Store what the policy keeps of ``n`` arrivals; count the rest as dropped."""
-        if n <= 0:
-            return
-        store = self.store
-        if store.policy == POLICY_PERSISTENCE:
-            kept = max(0, min(n, store.capacity - store.fill))  # the newest are refused
-        else:
-            kept = min(n, store.capacity)  # older ones would be evicted by these
-        self.arrived += n
-        if kept < n:
-            store.count_discarded(n - kept)
-        if kept > 0:
-            x, y = self.source.next(kept)
-            batch = SampleBatch(x=x, y=y, ts=np.full(kept, at, dtype=np.float64))
-            store.append([batch], rate=min(self._rate, ALWAYS_AHEAD_RATE))
+        if n > 0:
+            self.arrived += n
+            store_arrivals(self.store, n, at, min(self._rate, ALWAYS_AHEAD_RATE), self.source.next)
 
     def wait_for(self, plan: RoundPlan, at: float) -> float:
         """Advance through the wait ``plan`` asks for from virtual time ``at``.

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 import torch
@@ -17,6 +19,7 @@ from edge_client.wire.records import RoundPlan
 __all__ = ["TrainResult", "pick_device", "probe_step_times", "train_local"]
 
 POLL_S = 0.05
+_LOSS = nn.CrossEntropyLoss()
 
 
 @dataclass(frozen=True)
@@ -44,13 +47,32 @@ def pick_device() -> torch.device:
     return torch.device("cpu")
 
 
-def _emulate_slowdown(elapsed: float, slowdown: float) -> float:
-    """Stretch a step that took ``elapsed`` seconds to ``slowdown`` times as long (a slower
-    device, emulated); return the stretched time."""
+def _sgd_step(
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    device: torch.device,
+    slowdown: float,
+    penalty: Callable[[], torch.Tensor] | None = None,
+) -> tuple[float, float]:
+    """One timed SGD step on ``(x, y)``: its loss and seconds. ``slowdown`` > 1 stretches
+    the step's wall time to that many times as long (a slower device, emulated)."""
+    t0 = time.perf_counter()
+    opt.zero_grad()
+    loss = _LOSS(model(x), y)
+    if penalty is not None:
+        loss = loss + penalty()
+    loss.backward()
+    opt.step()
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    elapsed = time.perf_counter() - t0
     if slowdown > 1.0:
         time.sleep(elapsed * (slowdown - 1.0))
-        return elapsed * slowdown
-    return elapsed
+        elapsed *= slowdown
+    return float(loss.item()), elapsed
 
 
 def probe_step_times(
@@ -73,24 +95,16 @@ def probe_step_times(
     device = device or torch.device("cpu")
     model.to(device).train()
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    loss_fn = nn.CrossEntropyLoss()
     gen = torch.Generator().manual_seed(0)
     medians = []
     for b in batches:
         x = torch.randn(b, *shape, generator=gen).to(device)
         y = torch.randint(0, num_classes, (b,), generator=gen).to(device)
-        times = []
-        for k in range(steps + 1):
-            t0 = time.perf_counter()
-            opt.zero_grad()
-            loss_fn(model(x), y).backward()
-            opt.step()
-            if device.type == "cuda":
-                torch.cuda.synchronize()
-            elapsed = _emulate_slowdown(time.perf_counter() - t0, slowdown)
-            if k > 0:
-                times.append(elapsed)
-        medians.append(float(np.median(times)))
+        times = [
+            _sgd_step(model, opt, x, y, device=device, slowdown=slowdown)[1]
+            for _ in range(steps + 1)
+        ]
+        medians.append(float(np.median(times[1:])))  # the first warmed up
     return medians
 
 
@@ -157,27 +171,28 @@ def train_local(
     model.to(device).train()
     global_params = [p.detach().clone() for p in model.parameters()]
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
-    loss_fn = nn.CrossEntropyLoss()
+
+    def proximal() -> torch.Tensor:  # FedProx: mu/2 * ||w - w_global||^2
+        pairs = zip(model.parameters(), global_params, strict=True)
+        distance = cast(torch.Tensor, sum(((p - g) ** 2).sum() for p, g in pairs))
+        return plan.proximal_mu / 2 * distance
+
     times: list[float] = []
     losses: list[float] = []
     for k in range(plan.local_steps):
-        t0 = time.perf_counter()
         xb, yb = x[k * batch : (k + 1) * batch], y[k * batch : (k + 1) * batch]
-        opt.zero_grad()
-        loss = loss_fn(model(xb), yb)
-        if plan.proximal_mu > 0:
-            prox = sum(
-                ((p - g) ** 2).sum() for p, g in zip(model.parameters(), global_params, strict=True)
-            )
-            loss = loss + plan.proximal_mu / 2 * prox
-        loss.backward()
-        opt.step()
-        if device.type == "cuda":
-            torch.cuda.synchronize()
-        elapsed = _emulate_slowdown(time.perf_counter() - t0, slowdown)
+        loss, elapsed = _sgd_step(
+            model,
+            opt,
+            xb,
+            yb,
+            device=device,
+            slowdown=slowdown,
+            penalty=proximal if plan.proximal_mu > 0 else None,
+        )
         if k > 0 or plan.local_steps == 1:
             times.append(elapsed)
-        losses.append(float(loss.item()))
+        losses.append(loss)
     step_s = float(np.median(times))  # robust to the odd scheduler hiccup
     return TrainResult(
         num_examples=batch * plan.local_steps,
