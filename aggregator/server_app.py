@@ -111,7 +111,10 @@ def run_rounds(
         wall = time.monotonic() - t0
         run_wall = time.monotonic() - t_run
         record = _round_record(report, fleet, settings, accuracy, loss, wall, run_wall)
-        strategy.record_round_time(record.virtual_s or wall)
+        # The cap's horizon is the time a stream has until the device trains again: a
+        # virtual-clock grid's round, or the wall time a real round took (its replies'
+        # compute and wait are a small part of it: Flower's own round trip is the rest).
+        strategy.record_round_time(record.virtual_s if _virtual(grid) else wall)
         records.append(record)
         log.info(
             "round %d: accuracy %.3f, %d of %d devices, sum b %d",
@@ -138,6 +141,12 @@ def run_rounds(
         if stop is not None and stop(record):
             break
     return records
+
+
+def _virtual(grid: Grid) -> bool:
+    """Whether ``grid`` runs on a virtual clock (the in-process runner says so with a
+    ``virtual_clock`` attribute; Flower's grids run on the wall clock)."""
+    return bool(getattr(grid, "virtual_clock", False))
 
 
 def _probe(grid: Grid, strategy: StreamStrategy, settings: RunSettings) -> None:

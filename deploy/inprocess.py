@@ -186,6 +186,9 @@ class InProcessGrid(LocalGrid):
         Called with ``(round, grid)`` before each round (e.g. to change slowdowns).
     """
 
+    #: Times are virtual: the ServerApp takes the cap's horizon from this clock.
+    virtual_clock = True
+
     def __init__(
         self,
         devices: Sequence[VirtualDevice],

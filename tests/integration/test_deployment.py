@@ -21,7 +21,7 @@ def test_short_run_finishes_and_the_slower_device_gets_the_smaller_batch(tmp_pat
     # Execute: with the timing probe (the demo leaves it off by default).
     rc, out, summary = demo(
         tmp_path,
-        *("--devices", "2", "--rounds", "2", "--local-steps", "10", "--slowdowns", "1,4"),
+        *("--devices", "2", "--rounds", "2", "--local-steps", "40", "--slowdowns", "1,4"),
         *("--run-config", "controller-probe=3"),
     )
     # Assert: the probe's query went through the real SuperNodes, so the 4x slower device
@@ -31,7 +31,8 @@ def test_short_run_finishes_and_the_slower_device_gets_the_smaller_batch(tmp_pat
     batches = summary["devices"]
     assert batches["dev-1"]["batch_size"][0] < batches["dev-0"]["batch_size"][0]
     assert batches["dev-1"]["batch_size"][-1] < batches["dev-0"]["batch_size"][-1]
-    assert summary["final_accuracy"] > 0.25  # chance is 1/6; 2 short rounds reach about 0.3
+    # Chance is 1/6; 2 rounds of 40 steps reach about 0.6 (10 steps hovered near chance).
+    assert summary["final_accuracy"] > 0.35
     run_dir = next(tmp_path.glob("run-*"))
     assert (run_dir / "report.png").stat().st_size > 10_000
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 2
