@@ -1,6 +1,8 @@
 """The aggregator: fedstream's ServerApp and what it is built from.
 
-- :mod:`~aggregator.server_app`: the ServerApp (``app``) and its round loop;
+- :mod:`~aggregator.server_app`: the ServerApp (``app``, or :func:`make_server_app` around a
+  user's task) and its round loop;
+- :mod:`~aggregator.evaluation`: server-side evaluation on ``eval-data``;
 - :mod:`~aggregator.strategy`: per-device plans out, validated and weighted updates in;
 - :mod:`~aggregator.fleet`: the fleet registry (nodes, devices, failures, refusals);
 - :mod:`~aggregator.aggregation`, :mod:`~aggregator.robust`: how updates are combined;
@@ -30,11 +32,18 @@ if TYPE_CHECKING:
     from aggregator.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
     from aggregator.compression import choose_mode, round_mode
     from aggregator.controller import BatchController, Plan
+    from aggregator.evaluation import ServerEvaluation
     from aggregator.fleet import FleetRegistry
     from aggregator.injection import pick_injectors
     from aggregator.records import RoundRecord, append_record, read_metrics, virtual_round_s
     from aggregator.robust import robust_aggregate
-    from aggregator.server_app import Exchange, exchange, run_rounds, wait_for_nodes
+    from aggregator.server_app import (
+        Exchange,
+        exchange,
+        make_server_app,
+        run_rounds,
+        wait_for_nodes,
+    )
     from aggregator.strategy import RoundReport, StreamStrategy
 
 _EXPORTS = {
@@ -62,6 +71,8 @@ _EXPORTS = {
     "robust_aggregate": "robust",
     "round_mode": "compression",
     "run_rounds": "server_app",
+    "make_server_app": "server_app",
+    "ServerEvaluation": "evaluation",
     "save_checkpoint": "checkpoint",
 }
 __all__ = [
@@ -75,6 +86,7 @@ __all__ = [
     "RobustRule",
     "RoundRecord",
     "RoundReport",
+    "ServerEvaluation",
     "StreamStrategy",
     "WeightedMean",
     "append_record",
@@ -82,6 +94,7 @@ __all__ = [
     "exchange",
     "load_checkpoint",
     "make_accumulator",
+    "make_server_app",
     "pick_injectors",
     "read_metrics",
     "robust_aggregate",

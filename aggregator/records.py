@@ -5,15 +5,19 @@ Each device's entry is its reply's metrics exactly as the device reported them (
 :class:`~edge_client.wire.records.ReplyMetrics`, ``bytes-up`` as received), nothing renamed
 on the way. Round-level keys are the fields below in kebab case.
 
-A line carries its ``format-version``. Lines without one were written by the release
-before (format 0), which renamed the device keys on the way (``batch`` for ``batch-size``,
-``rate`` for ``stream-rate``, ...); they are read as if written now, so a run resumed across
-an upgrade keeps one readable ``metrics.jsonl``.
+A line carries its ``format-version``, and older lines are read as if written now, so a run
+resumed across an upgrade keeps one readable ``metrics.jsonl``:
+
+- format 0 (no version) renamed the device keys on the way (``batch`` for ``batch-size``,
+  ``rate`` for ``stream-rate``, ...);
+- formats 0 and 1 had only the aggregator's own evaluation, as ``accuracy`` and ``loss``:
+  it is read as ``test-accuracy`` and ``test-loss`` (the prequential ``accuracy`` is NaN).
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,7 +29,7 @@ from edge_client.wire.records import ReplyMetrics
 __all__ = ["FORMAT_VERSION", "RoundRecord", "append_record", "read_metrics", "virtual_round_s"]
 
 #: The layout of a line of ``metrics.jsonl``.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 # Format 0 named these device keys differently: old key -> ReplyMetrics field.
 _FORMAT_0_DEVICE_KEYS = {
@@ -49,7 +53,15 @@ class RoundRecord:
     round : int
         The server round.
     accuracy, loss : float
-        The aggregator's evaluation of the new model.
+        Prequential evaluation: the devices' scores of the model they received this round
+        on the samples they then trained on, weighted by samples (NaN without any).
+        ``accuracy`` holds the task's metric (named by ``metric``).
+    eval_count : int
+        The samples behind ``accuracy``.
+    test_accuracy, test_loss : float
+        The aggregator's evaluation of the new model on ``eval-data`` (NaN without).
+    metric : str
+        The task's metric.
     global_batch, sum_b : int
         B, and the sum of the planned batches (less than B when streams cap them).
     lr_scale : float
@@ -103,6 +115,10 @@ class RoundRecord:
     virtual_s: float
     wall_s: float
     run_wall_s: float = 0.0
+    eval_count: int = 0
+    test_accuracy: float = math.nan
+    test_loss: float = math.nan
+    metric: str = "accuracy"
     format_version: int = FORMAT_VERSION
 
     @property
@@ -131,7 +147,11 @@ class RoundRecord:
                 raise ValueError(
                     f"format {version}; this fedstream reads up to {FORMAT_VERSION}: upgrade it"
                 )
-            return from_mapping(cls, data if version else _from_format_0(data))
+            if version == 0:
+                data = _from_format_0(data)
+            if version < 2:
+                data = _from_format_1(data)
+            return from_mapping(cls, data)
         except (MappingError, json.JSONDecodeError, TypeError, AttributeError) as err:
             raise ValueError(f"not a round record: {err}") from err
 
@@ -147,6 +167,18 @@ def _from_format_0(data: dict[str, Any]) -> dict[str, Any]:
         for device, entry in data.get(kebab("devices"), {}).items()
     }
     return {**data, kebab("devices"): devices}
+
+
+def _from_format_1(data: dict[str, Any]) -> dict[str, Any]:
+    """A format-0 or 1 line as the current format: its ``accuracy`` and ``loss`` were the
+    aggregator's own evaluation."""
+    return {
+        **data,
+        "test-accuracy": data.get("accuracy", math.nan),
+        "test-loss": data.get("loss", math.nan),
+        "accuracy": math.nan,
+        "loss": math.nan,
+    }
 
 
 def virtual_round_s(replies: Iterable[ReplyMetrics], uplink_mbps: float) -> float:

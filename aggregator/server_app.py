@@ -2,18 +2,21 @@
 
 It drives the rounds itself (rather than Flower's ``Strategy.start``) so that it can
 checkpoint after every round, resume from the last checkpoint, and record per-device
-metrics. Before the first round of a fresh run, a timing probe
+metrics. It learns the run config's task, or the one it was built around
+(:func:`make_server_app`). Before the first round of a fresh run, a timing probe
 (:meth:`~aggregator.strategy.StreamStrategy.configure_probe`) gives the batch controller each
 device's speed. A round: wait for nodes,
 :meth:`~aggregator.strategy.StreamStrategy.configure_train`,
-:func:`exchange` the messages, :meth:`~aggregator.strategy.StreamStrategy.aggregate_train`,
-evaluate, checkpoint, then append a :class:`~aggregator.records.RoundRecord` to
+:func:`exchange` the messages, :meth:`~aggregator.strategy.StreamStrategy.aggregate_train`
+(with the devices' prequential scores), evaluate on ``eval-data`` when the run has it,
+checkpoint, then append a :class:`~aggregator.records.RoundRecord` to
 ``metrics.jsonl``.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -24,16 +27,16 @@ from flwr.serverapp import Grid, ServerApp
 
 from aggregator.checkpoint import RUN_CONFIG, Checkpoint, load_checkpoint, save_checkpoint
 from aggregator.controller import BatchController
+from aggregator.evaluation import ServerEvaluation
 from aggregator.fleet import FleetRegistry
 from aggregator.records import RoundRecord, append_record, virtual_round_s
 from aggregator.strategy import RoundReport, StreamStrategy
-from edge_client.task.datasets import load_dataset
-from edge_client.task.evaluation import evaluate
-from edge_client.task.models import build_model
+from edge_client.task.interface import Scores, Task, init_model
+from edge_client.task.loading import load_task
 from edge_client.wire.mapping import kebab
 from edge_client.wire.run_config import RunSettings
 
-__all__ = ["Exchange", "app", "exchange", "run_rounds", "wait_for_nodes"]
+__all__ = ["Exchange", "app", "exchange", "make_server_app", "run_rounds", "wait_for_nodes"]
 
 log = logging.getLogger(__name__)
 PULL_INTERVAL_S = 0.2
@@ -41,19 +44,43 @@ PULL_INTERVAL_S = 0.2
 #: this bounds the replies in memory at once (Flower's grids return a pull's replies as a list).
 PULL_BATCH = 32
 
-app = ServerApp()
+
+def make_server_app(task: Task | None = None) -> ServerApp:
+    """fedstream's ServerApp around a task: batch controller, codec, non-IID mitigation,
+    checkpoints and metrics as fedstream's own app has them, learning ``task``.
+
+    Parameters
+    ----------
+    task : Task, optional
+        What is learned (the same as the ClientApp's). None: the task the run config names.
+
+    Examples
+    --------
+    In a Flower app's ``server_app.py``::
+
+        from aggregator.server_app import make_server_app
+        from my_app.task import HarTask
+
+        app = make_server_app(HarTask())
+    """
+    server_app = ServerApp()
+
+    @server_app.main()
+    def main(grid: Grid, context: Context) -> None:
+        """Flower entry point: settings from the run config, then :func:`run_rounds`."""
+        run_rounds(grid, RunSettings.from_run_config(context.run_config), task=task)
+
+    return server_app
 
 
-@app.main()
-def main(grid: Grid, context: Context) -> None:
-    """Flower entry point: settings from the run config, then :func:`run_rounds`."""
-    run_rounds(grid, RunSettings.from_run_config(context.run_config))
+app = make_server_app()
 
 
 def run_rounds(
     grid: Grid,
     settings: RunSettings,
     stop: Callable[[RoundRecord], bool] | None = None,
+    task: Task | None = None,
 ) -> list[RoundRecord]:
     """Run (or resume) the federated training; return the records of the rounds run.
 
@@ -66,12 +93,12 @@ def run_rounds(
     stop : callable, optional
         Called with each round's record once it is checkpointed and logged; True ends the
         run there (e.g. a benchmark that runs for a declared length of virtual time).
+    task : Task, optional
+        What is learned; None: the task the run config names.
     """
-    data = load_dataset(settings.dataset, settings.num_classes)
-    x_eval, y_eval = data.eval_set(settings.eval_samples, settings.seed)
-    model = build_model(
-        settings.model, data.shape, settings.num_classes, settings.seed, settings.model_width
-    )
+    task = task or load_task(settings)
+    model = init_model(task, settings.shape, settings.num_classes, settings.seed)
+    held_out = ServerEvaluation.from_settings(settings, task)
     arrays = ArrayRecord(model.state_dict())
     controller = BatchController(settings)
     fleet = FleetRegistry()
@@ -106,20 +133,25 @@ def run_rounds(
         new_arrays, report = strategy.aggregate_train(server_round, done.replies, done.sent)
         if new_arrays is not None:
             arrays = new_arrays
-        model.load_state_dict(arrays.to_torch_state_dict())
-        accuracy, loss = evaluate(model, x_eval, y_eval)
+        test = None
+        if held_out is not None:
+            model.load_state_dict(arrays.to_torch_state_dict())
+            test = held_out(model)
         wall = time.monotonic() - t0
         run_wall = time.monotonic() - t_run
-        record = _round_record(report, fleet, settings, accuracy, loss, wall, run_wall)
+        record = _round_record(report, fleet, settings, task, test, wall, run_wall)
         # The cap's horizon is the time a stream has until the device trains again: a
         # virtual-clock grid's round, or the wall time a real round took (its replies'
         # compute and wait are a small part of it: Flower's own round trip is the rest).
         strategy.record_round_time(record.virtual_s if _virtual(grid) else wall)
         records.append(record)
         log.info(
-            "round %d: accuracy %.3f, %d of %d devices, sum b %d",
+            "round %d: %s %.3f (prequential, %d samples)%s, %d of %d devices, sum b %d",
             server_round,
-            accuracy,
+            task.metric,
+            record.accuracy,
+            record.eval_count,
+            "" if test is None else f", {record.test_accuracy:.3f} on eval-data",
             len(report.replies),
             len(messages),
             record.sum_b,
@@ -167,7 +199,7 @@ def _probe(grid: Grid, strategy: StreamStrategy, settings: RunSettings) -> None:
 
 
 #: Settings a checkpoint's model depends on: a resume must not change them.
-MODEL_SETTINGS = ("model", "model_width", "num_classes", "dataset")
+MODEL_SETTINGS = ("task", "model", "model_width", "sample_shape", "num_classes")
 
 
 def _check_resumable(ckpt: Checkpoint, settings: RunSettings) -> None:
@@ -176,7 +208,8 @@ def _check_resumable(ckpt: Checkpoint, settings: RunSettings) -> None:
     Raises
     ------
     ValueError
-        If the checkpoint's run config names another model, class count or dataset.
+        If the checkpoint's run config names another task, model, sample shape or class
+        count.
     """
     saved = ckpt.extra.get(RUN_CONFIG, {})
     changed = [
@@ -277,15 +310,19 @@ def _round_record(
     report: RoundReport,
     fleet: FleetRegistry,
     settings: RunSettings,
-    accuracy: float,
-    loss: float,
+    task: Task,
+    test: Scores | None,
     wall: float,
     run_wall: float,
 ) -> RoundRecord:
     return RoundRecord(
         round=report.server_round,
-        accuracy=accuracy,
-        loss=loss,
+        accuracy=report.eval_metric,
+        loss=report.eval_loss,
+        eval_count=report.eval_count,
+        test_accuracy=math.nan if test is None else test.metric,
+        test_loss=math.nan if test is None else test.loss,
+        metric=task.metric,
         global_batch=settings.global_batch,
         sum_b=report.sum_b,
         lr_scale=report.lr_scale,

@@ -9,8 +9,11 @@ It follows Flower's ``Strategy`` (``configure_train`` builds the round's message
 * everything is keyed by ``device-id`` (:class:`~aggregator.fleet.FleetRegistry`);
 * each update arrives as a codec frame (a delta against the round's global model) and is
   decoded, checked and fed to the run's accumulator (:mod:`aggregator.aggregation`) before
-  the next is read: error replies, malformed replies and refused frames are left out and
-  counted per device and per reason;
+  the next is read: error replies, malformed replies, devices whose samples are not of the
+  run's ``sample-shape`` and refused frames are left out and counted per device and per
+  reason;
+* each reply's prequential scores (the received model on the samples then trained on)
+  are averaged, weighted by samples, into the round's accuracy;
 * ``aggregate_train`` returns the new model and a :class:`RoundReport` of the round.
 
 It does not derive from Flower's ``Strategy``: that fixes ``aggregate_train``'s second
@@ -20,6 +23,7 @@ fedstream's ServerApp (:mod:`aggregator.server_app`) runs the rounds itself.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -47,6 +51,8 @@ from edge_client.wire.records import (
 from edge_client.wire.run_config import RunSettings
 
 __all__ = ["RoundReport", "StreamStrategy"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -81,6 +87,10 @@ class RoundReport:
         Samples behind the new model.
     train_loss : float
         Their sample-weighted training loss (NaN without any).
+    eval_count : int
+        Samples the devices scored the received model on (prequential evaluation).
+    eval_metric, eval_loss : float
+        Their sample-weighted metric and loss (NaN without any).
     """
 
     server_round: int
@@ -96,6 +106,9 @@ class RoundReport:
     refused: dict[str, str] = field(default_factory=dict)
     num_examples: int = 0
     train_loss: float = math.nan
+    eval_count: int = 0
+    eval_metric: float = math.nan
+    eval_loss: float = math.nan
 
 
 @dataclass
@@ -138,6 +151,8 @@ class StreamStrategy:
         self.fleet = fleet or FleetRegistry()
         self._round_s = 0.0  # the last round's duration: the availability cap's horizon
         self._round: _Round | None = None
+        self._shape = settings.shape
+        self._wrong_shape: dict[str, tuple[int, ...]] = {}  # device -> shape logged
 
     # -- the first round's timings ------------------------------------------------------------
 
@@ -305,7 +320,7 @@ class StreamStrategy:
             broadcast_bytes=current.broadcast_bytes,
         )
         answered: set[str] = set()
-        loss = 0.0
+        loss = eval_metric = eval_loss = 0.0
         for msg in replies:  # may be a generator: each reply is dropped once added in
             answered.add(msg.metadata.reply_to_message_id)
             node = sent.get(msg.metadata.reply_to_message_id, msg.metadata.src_node_id)
@@ -319,6 +334,9 @@ class StreamStrategy:
                 continue
             device = reply.device_id
             self._learn(node, device)
+            if not self._shape_fits(device, reply.metrics):
+                self._refuse(report, device, "shape-mismatch")
+                continue
             try:
                 delta = decode(reply.frame, current.shapes, cap)
             except CodecError as err:
@@ -328,6 +346,10 @@ class StreamStrategy:
             self.fleet.record_reply(device, metrics)
             report.replies[device] = metrics
             report.planned[device] = current.planned.get(node, 0)
+            if metrics.eval_count > 0 and math.isfinite(metrics.eval_metric):
+                report.eval_count += metrics.eval_count
+                eval_metric += metrics.eval_metric * metrics.eval_count
+                eval_loss += metrics.eval_loss * metrics.eval_count
             if metrics.num_examples > 0:
                 accumulator.update(delta, metrics.num_examples, device, metrics.local_steps)
                 report.num_examples += metrics.num_examples
@@ -336,6 +358,9 @@ class StreamStrategy:
         for message_id, node in sent.items():  # no reply before the round's timeout
             if message_id not in answered:
                 self._fail(report, self.fleet.device_of(node))
+        if report.eval_count:
+            report.eval_metric = eval_metric / report.eval_count
+            report.eval_loss = eval_loss / report.eval_count
         result = accumulator.result()
         if result is None:
             return None, report
@@ -350,6 +375,24 @@ class StreamStrategy:
         placeholder = self.fleet.learn(node, device)
         if placeholder is not None:
             self.controller.forget(placeholder)
+
+    def _shape_fits(self, device: str, metrics: ReplyMetrics) -> bool:
+        """Whether the device's samples are of the run's shape (a reply that does not say,
+        from a fedstream before the key, is taken as fitting: its frame is still checked
+        against the model's shapes). A device of another shape is logged once per shape."""
+        if metrics.sample_shape is None or tuple(metrics.sample_shape) == self._shape:
+            self._wrong_shape.pop(device, None)
+            return True
+        shape = tuple(metrics.sample_shape)
+        if self._wrong_shape.get(device) != shape:
+            self._wrong_shape[device] = shape
+            log.warning(
+                "device %s left out: its samples have shape %s, the run's sample-shape is %s",
+                device,
+                "x".join(map(str, shape)),
+                "x".join(map(str, self._shape)),
+            )
+        return False
 
     def _fail(self, report: RoundReport, device: str) -> None:
         self.fleet.record_failure(device)

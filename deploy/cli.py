@@ -30,7 +30,7 @@ from edge_client.runtime.constants import (
     POLICIES,
     STATUS_INTERVAL_S,
 )
-from edge_client.task.constants import DEFAULT_NUM_CLASSES
+from edge_client.task.constants import DEFAULT_NUM_CLASSES, DIGITS_SHAPE
 from edge_client.wire.mapping import kebab
 from edge_client.wire.run_config import default
 
@@ -159,12 +159,11 @@ def publish(
         dataset_source,
         draw_rate,
         label_distribution,
-        load_file,
         pick_classes,
         run_publisher,
     )
     from edge_client.runtime import BrokerURL, device_rng
-    from edge_client.task import SensorTask, load_dataset
+    from edge_client.task import SensorTask, load_dataset, load_recording
     from edge_client.wire import validate_device_id
 
     _setup_logging(verbose)
@@ -188,9 +187,10 @@ def publish(
             task = SensorTask(_parse_shape(shape), num_classes)
             src = SyntheticSource(task, rng, probs, feature_shift)
         elif source == "digits":  # 8x8 camera frames (ingest with --shape 8,8 --num-classes 10)
-            src = dataset_source(load_dataset("digits", num_classes), rng, probs, feature_shift)
+            digits = load_dataset("digits", DIGITS_SHAPE, num_classes)
+            src = dataset_source(digits, rng, probs, feature_shift)
         else:
-            x, y = load_file(source, _parse_shape(shape))
+            x, y = load_recording(source, _parse_shape(shape))
             skewed = label_list is not None or dirichlet is not None
             src = ArraySource(x, y, rng, probs if skewed else None)
         config = PublisherConfig(
@@ -461,6 +461,21 @@ def demo(
             "start it again 5 s later.",
         ),
     ] = None,
+    source: Annotated[
+        Path | None,
+        typer.Option(
+            help="Stream your own recording instead of the synthetic task: an .npz (arrays x "
+            "and y) or .csv (label,f1,...) file, split across the devices; its sample shape "
+            "and classes set the run's."
+        ),
+    ] = None,
+    test: Annotated[
+        Path | None,
+        typer.Option(
+            help="A test file of the recording (same form): the aggregator scores each round's "
+            "model on it (test_accuracy in summary.json)."
+        ),
+    ] = None,
     secure: Annotated[
         bool,
         typer.Option(
@@ -512,6 +527,8 @@ def demo(
             secure=secure,
             kill_aggregator=kill_aggregator,
             kill_broker=kill_broker,
+            source=source,
+            test=test,
         )
     except ValueError as err:
         raise _fail(str(err)) from err

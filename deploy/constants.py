@@ -22,5 +22,7 @@ DEMO_BATCH: Final = 4  # samples per published message
 DEMO_SETTINGS: Final = {"num_rounds": 6, "local_steps": 40, "controller_probe": 0}
 # Run-config keys the demo sets for its run (where it writes, which fleet it waits for) ...
 DEMO_OWNED: Final = ("out_dir", "checkpoint_dir", "resume", "min_nodes")
-# ... and those its publishers and ingest daemons fix (the synthetic sensor task).
-DEMO_STREAMED: Final = ("dataset", "num_classes")
+# ... and those its publishers and ingest daemons fix (from the synthetic sensor task, or the
+# recording given with --source).
+DEMO_STREAMED: Final = ("dataset", "sample_shape", "num_classes")
+DEMO_SEED: Final = 0  # shuffles a --source recording before it is split across the devices

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import subprocess
 import time
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
@@ -34,6 +36,7 @@ from deploy.constants import (
     DEMO_DEVICES,
     DEMO_DURATION_S,
     DEMO_OWNED,
+    DEMO_SEED,
     DEMO_SETTINGS,
     DEMO_STREAMED,
 )
@@ -46,7 +49,7 @@ from edge_client.runtime.buffer import BufferStore, BufferStoreError
 from edge_client.runtime.constants import DEFAULT_POLICY, POLICIES
 from edge_client.runtime.mqtt import BrokerURL
 from edge_client.runtime.node_config import NodeConfig
-from edge_client.task.constants import DEFAULT_NUM_CLASSES
+from edge_client.task.recordings import Recording, load_recording
 from edge_client.wire.mapping import kebab
 from edge_client.wire.run_config import RunSettings
 
@@ -65,8 +68,14 @@ class DemoConfig:
     by :class:`~edge_client.wire.run_config.RunSettings` over the demo's own defaults
     (:data:`~deploy.constants.DEMO_SETTINGS`, ``b-min`` and ``min-nodes`` for the fleet).
     The checked result is :attr:`settings`. Keys the demo sets itself
-    (:data:`~deploy.constants.DEMO_OWNED`) or cannot honour with its synthetic streams
+    (:data:`~deploy.constants.DEMO_OWNED`) or that its streams fix
     (:data:`~deploy.constants.DEMO_STREAMED`) are refused.
+
+    The devices stream the synthetic sensor task (scored on its held-out set too), or a
+    user's recording (``source``: an ``.npz`` or ``.csv`` file, shuffled and split across
+    the devices): its sample shape and classes then set the run's, the model is the CNN for
+    ``(channels, steps)`` windows and the MLP for any other shape (``--run-config model=``
+    chooses), and a ``test`` file, when given, is what the aggregator scores on.
     """
 
     devices: int = DEMO_DEVICES
@@ -89,7 +98,10 @@ class DemoConfig:
     kill_aggregator: int | None = None  # SIGKILL SuperLink + ServerApp after round N, resume
     # SIGKILL Mosquitto after round N, start it again BROKER_OUTAGE_S later
     kill_broker: int | None = None
+    source: Path | None = None  # a user's recording to stream instead of the synthetic task
+    test: Path | None = None  # ... and a test file of it for the aggregator
     settings: RunSettings = field(init=False)
+    recording: Recording | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not 1 <= self.devices <= 64:
@@ -116,10 +128,15 @@ class DemoConfig:
         streamed = sorted(set(self.run_config) & {kebab(k) for k in DEMO_STREAMED})
         if streamed:
             raise ValueError(
-                f"the demo streams the synthetic sensor task: it cannot change {streamed}"
+                f"the demo's streams set {streamed}: stream a recording of another shape with "
+                "--source FILE"
             )
         asked = RunSettings.from_run_config(
-            {**{kebab(k): v for k, v in DEMO_SETTINGS.items()}, **self.run_config}
+            {
+                **{kebab(k): v for k, v in DEMO_SETTINGS.items()},
+                **self._data_config(),
+                **self.run_config,
+            }
         )
         # Every device gets at least b-min: lower it for a fleet that B cannot give that.
         b_min = asked.b_min
@@ -137,8 +154,9 @@ class DemoConfig:
             raise ValueError(f"--policy must be one of {POLICIES}")
         if self.capacity < 1:
             raise ValueError("--capacity must be >= 1")
-        if self.labels is not None and not 1 <= self.labels <= DEFAULT_NUM_CLASSES:
-            raise ValueError(f"--labels must be in 1..{DEFAULT_NUM_CLASSES}")
+        classes = self.settings.num_classes
+        if self.labels is not None and not 1 <= self.labels <= classes:
+            raise ValueError(f"--labels must be in 1..{classes}")
         if self.labels is not None and self.dirichlet is not None:
             raise ValueError("give --labels or --dirichlet, not both")
         if self.dirichlet is not None and not self.dirichlet > 0:
@@ -158,6 +176,42 @@ class DemoConfig:
                 raise ValueError("--kill-broker needs the demo's Mosquitto: add --mosquitto")
         if self.secure and not mosquitto_available():
             raise ValueError("--secure needs Mosquitto (apt-get install -y mosquitto)")
+
+    def _data_config(self) -> dict[str, Any]:
+        """Run-config keys of what the devices stream: the synthetic task, scored on its
+        held-out set, or the recording's shape and classes, scored on the test file.
+
+        Raises
+        ------
+        ValueError
+            If a file cannot be read, holds fewer samples than devices, or the test file's
+            samples are not of the recording's shape or classes.
+        """
+        if self.source is None:
+            if self.test is not None:
+                raise ValueError("--test scores a recording: give its --source too")
+            return {kebab("eval_data"): "synthetic"}
+        x, y = load_recording(self.source)
+        if len(x) < self.devices:
+            raise ValueError(f"{self.source}: {len(x)} samples for {self.devices} devices")
+        self.recording = (x, y)
+        shape = tuple(int(d) for d in x.shape[1:])
+        classes = max(2, int(y.max()) + 1)
+        config: dict[str, Any] = {
+            kebab("sample_shape"): ",".join(map(str, shape)),
+            kebab("num_classes"): classes,
+            kebab("model"): "cnn" if len(shape) == 2 else "mlp",
+            kebab("eval_data"): "",
+        }
+        if self.test is not None:
+            x_test, y_test = load_recording(self.test, shape)
+            if tuple(x_test.shape[1:]) != shape or int(y_test.max()) >= classes:
+                raise ValueError(
+                    f"{self.test}: samples of shape {tuple(x_test.shape[1:])} and labels up "
+                    f"to {int(y_test.max())}; {self.source} has {shape} and {classes} classes"
+                )
+            config[kebab("eval_data")] = str(self.test.resolve())
+        return config
 
     @property
     def inject(self) -> bool:
@@ -275,6 +329,7 @@ def run_stream_demo(config: DemoConfig, console: Console) -> bool:
     ingest_rc: dict[str, int | None] = {}
     start = time.monotonic()
     secrets = make_run_secrets(run_dir / "secrets", devices) if config.secure else None
+    _write_shards(config, run_dir)
     with _broker(config, console, secrets) as streams, ProcessGroup() as group:
         _start_ingest(group, config, streams, paths, run_dir)
         pubs = {
@@ -365,6 +420,7 @@ def _start_publisher(
             "--seed",
             str(index),
             "--json",
+            *_source_args(config, run_dir, dev),
             *_skew_args(config, index),
         ),
         log_path=run_dir / "logs" / f"publish-{dev}.log",
@@ -398,6 +454,10 @@ def _start_ingest(
                 str(config.capacity),
                 "--status-interval",
                 "2",
+                "--shape",
+                config.settings.sample_shape,
+                "--num-classes",
+                str(config.settings.num_classes),
                 *(["--inject"] if config.inject else []),
             ),
             log_path=run_dir / "logs" / f"ingest-{dev}.log",
@@ -406,14 +466,45 @@ def _start_ingest(
     _wait_for_buffers(paths, group, timeout=30.0)
 
 
+def _write_shards(config: DemoConfig, run_dir: Path) -> None:
+    """Split the ``--source`` recording across the devices: ``<run>/data/<device>.npz``,
+    shuffled once (seed :data:`~deploy.constants.DEMO_SEED`), as many samples each as the
+    split gives (nothing with the synthetic task)."""
+    if config.recording is None:
+        return
+    x, y = config.recording
+    order = np.random.default_rng(DEMO_SEED).permutation(len(y))
+    (run_dir / "data").mkdir(parents=True, exist_ok=True)
+    for dev, part in zip(
+        _device_ids(config.devices), np.array_split(order, config.devices), strict=True
+    ):
+        np.savez(run_dir / "data" / f"{dev}.npz", x=x[part], y=y[part])
+
+
+def _source_args(config: DemoConfig, run_dir: Path, dev: str) -> list[str]:
+    """The publisher's stream: the device's part of the recording (replayed in order, from
+    the start again when it ends), or the synthetic task."""
+    settings = config.settings
+    args = ["--shape", settings.sample_shape, "--num-classes", str(settings.num_classes)]
+    if config.recording is not None:
+        args += ["--source", str(run_dir / "data" / f"{dev}.npz")]
+    return args
+
+
 def _skew_args(config: DemoConfig, index: int) -> list[str]:
     """The publisher's non-IID options for device ``index``."""
     if config.labels is not None:
-        classes = pick_classes(config.labels, DEFAULT_NUM_CLASSES, index=index)
+        classes = pick_classes(config.labels, config.settings.num_classes, index=index)
         return ["--classes", ",".join(map(str, classes))]
     if config.dirichlet is not None:
         return ["--dirichlet", str(config.dirichlet)]
     return []
+
+
+def _what_streams(config: DemoConfig) -> str:
+    settings = config.settings
+    what = str(config.source) if config.source else "the synthetic sensor task"
+    return f"{what} ({settings.sample_shape.replace(',', 'x')}, {settings.num_classes} classes)"
 
 
 def _wait_for_buffers(paths: dict[str, Path], group: ProcessGroup, timeout: float) -> None:
@@ -475,6 +566,7 @@ def run_demo(config: DemoConfig, console: Console) -> bool:
     start = time.monotonic()
     status: dict[str, Any] = {}
     secrets = make_run_secrets(run_dir / "secrets", devices) if config.secure else None
+    _write_shards(config, run_dir)
     with _broker(config, console, secrets) as streams, ProcessGroup() as group:
         _start_ingest(group, config, streams, paths, run_dir)
         for i, dev in enumerate(devices):  # streaming until training ends
@@ -494,8 +586,8 @@ def run_demo(config: DemoConfig, console: Console) -> bool:
             flower.start_supernode(dev, node_config.to_node_config())
         console.print(
             f"[bold]{config.devices} devices[/bold] (slowdowns {config.slowdowns}, "
-            f"streams {config.rates} samples/s): SuperLink on 127.0.0.1:{flower.port}"
-            + (" (TLS, registered SuperNodes only)" if secrets else "")
+            f"streams {config.rates} samples/s of {_what_streams(config)}): SuperLink on "
+            f"127.0.0.1:{flower.port}" + (" (TLS, registered SuperNodes only)" if secrets else "")
         )
         flower.wait_nodes(config.devices)
         settings = replace(
@@ -522,6 +614,8 @@ def run_demo(config: DemoConfig, console: Console) -> bool:
         "inject_beta": settings.inject_beta,
         "proximal_mu": settings.proximal_mu,
         "secure": config.secure,
+        "source": str(config.source) if config.source else "synthetic",
+        "test": str(config.test) if config.test else None,
         "run_config": settings.to_run_config(),
         "note": "virtual_s: sum over rounds of the slowest device's compute + wait + transfer",
     }
@@ -531,10 +625,14 @@ def run_demo(config: DemoConfig, console: Console) -> bool:
         console.print(_progress_table(records, settings.num_rounds, "final"))
     ok = status.get("status") == "finished:completed" and len(records) == settings.num_rounds
     if ok:
+        last = records[-1]
+        test = (
+            "" if math.isnan(last.test_accuracy) else f", {last.test_accuracy:.3f} on the test set"
+        )
         console.print(
-            f"[green]finished[/green]: {len(records)} rounds, accuracy "
-            f"{records[-1].accuracy:.3f}, {wall:.0f} s wall. Report: {run_dir}/report.png, "
-            f"{run_dir}/summary.json, {run_dir}/metrics.jsonl"
+            f"[green]finished[/green]: {len(records)} rounds, {last.metric} {last.accuracy:.3f} "
+            f"(prequential, on the devices){test}, {wall:.0f} s wall. Report: "
+            f"{run_dir}/report.png, {run_dir}/summary.json, {run_dir}/metrics.jsonl"
         )
     else:
         why = status.get("status-details") or status.get("status") or "no status"
@@ -638,7 +736,10 @@ def _progress_table(records: list[RoundRecord], rounds: int, state: str) -> Tabl
     last = records[-1] if records else None
     title = f"round {len(records)}/{rounds}"
     if last is not None:
-        title += f", accuracy {last.accuracy:.3f}, sum b {last.sum_b}"
+        title += f", {last.metric} {last.accuracy:.3f} (prequential)"
+        if not math.isnan(last.test_accuracy):
+            title += f", {last.test_accuracy:.3f} (test set)"
+        title += f", sum b {last.sum_b}"
     table = Table(title=f"{title} ({state})")
     for col in ("device", "planned b", "batch", "compute s", "wait s", "rate/s", "fill"):
         table.add_column(col, justify="right")

@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import time
+import tomllib
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
@@ -22,9 +23,10 @@ from typing import Any
 from aggregator.checkpoint import RUN_CONFIG, SERVER_ROUND, read_state
 from deploy.local import ProcessGroup, free_port, wait_for_port
 from deploy.secure import RunSecrets
+from edge_client.wire.mapping import kebab
 from edge_client.wire.run_config import RunSettings
 
-__all__ = ["FlowerDeployment", "FlowerError", "resume_run", "submit_run"]
+__all__ = ["FlowerDeployment", "FlowerError", "app_run_config", "resume_run", "submit_run"]
 
 CONNECTION = "fedstream-local"
 DEFAULT_FEDERATION = "@none/default"
@@ -136,8 +138,32 @@ def resume_run(
             f"the checkpoint in {checkpoint_dir} has a bad run config: {err}"
         ) from err
     settings = replace(settings, resume=True, checkpoint_dir=str(Path(checkpoint_dir).resolve()))
-    run_id = submit_run(app_dir, connection, settings.to_run_config(), env)
+    run_id = submit_run(app_dir, connection, app_run_config(settings.to_run_config(), app_dir), env)
     return run_id, int(state[SERVER_ROUND]), settings.num_rounds
+
+
+def app_run_config(run_config: Mapping[str, Any], app_dir: Path) -> dict[str, Any]:
+    """The keys of ``run_config`` that the app at ``app_dir`` declares (``flwr run`` refuses
+    others). A user's app declares only the keys it sets; a key it does not declare could not
+    have been overridden in the run that made the checkpoint, so it had its default there and
+    has it again.
+
+    Raises
+    ------
+    FlowerError
+        If the app has no run config, or one without ``resume`` and ``checkpoint-dir``.
+    """
+    try:
+        with (app_dir / "pyproject.toml").open("rb") as fh:
+            declared = tomllib.load(fh)["tool"]["flwr"]["app"]["config"]
+    except (OSError, KeyError, tomllib.TOMLDecodeError) as err:
+        raise FlowerError(
+            f"{app_dir}: no Flower app config ([tool.flwr.app.config]): {err}"
+        ) from err
+    missing = [kebab(k) for k in ("resume", "checkpoint_dir") if kebab(k) not in declared]
+    if missing:
+        raise FlowerError(f"{app_dir} cannot be resumed: its run config lacks {missing}")
+    return {k: v for k, v in run_config.items() if k in declared}
 
 
 class FlowerDeployment:
@@ -344,6 +370,18 @@ class FlowerDeployment:
         data = self._cli_json("list", CONNECTION, "--run-id", run_id)
         runs = data.get("runs") or []
         return dict(runs[0]) if runs else {}
+
+    def wait_finished(self, run_id: str, timeout: float = 300.0) -> dict[str, Any]:
+        """Poll the run's status until it is ``finished:*`` or ``timeout`` passes; the last
+        status seen (``flwr run`` exits 0 whatever the run does: this is how to know)."""
+        status: dict[str, Any] = {}
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            status = self.status(run_id)
+            if str(status.get("status", "")).startswith("finished"):
+                break
+            time.sleep(2.0)
+        return status
 
     def logs(self, run_id: str) -> str:
         """The ServerApp's log (``flwr log ID --show``)."""

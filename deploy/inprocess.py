@@ -28,7 +28,7 @@ from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
 from aggregator.records import virtual_round_s
-from edge_client.emulation.sources import dataset_source, label_distribution
+from edge_client.emulation.sources import SampleSource, dataset_source, label_distribution
 from edge_client.emulation.virtual_stream import VirtualStream
 from edge_client.runtime.buffer import BufferStore
 from edge_client.runtime.client_app import app as default_client_app
@@ -83,6 +83,10 @@ class VirtualDevice:
         Opted in to ScaDLES data injection (shares when picked, mixes in the pool).
     policy, capacity
         Its buffer's overflow policy and capacity in samples.
+    source : SampleSource, optional
+        What its stream carries, when not the run's ``dataset`` (a user's recording
+        replayed, a device whose sensors send another shape); the label skew and feature
+        shift above then do not apply.
     """
 
     device_id: str
@@ -96,6 +100,7 @@ class VirtualDevice:
     inject: bool = False
     policy: str = POLICY_TRUNCATION
     capacity: int = 10**7
+    source: SampleSource | None = None
 
 
 class LocalGrid(Grid):
@@ -210,8 +215,10 @@ class InProcessGrid(LocalGrid):
         self.clock = 0.0  # virtual seconds
         self.round = 0
         self.round_times: list[float] = []
-        data = load_dataset(self.settings.dataset, self.settings.num_classes)
-        self._classes = data.num_classes
+        run_data = load_dataset(
+            self.settings.dataset, self.settings.shape, self.settings.num_classes
+        )
+        self._classes = run_data.num_classes
         self.stores: dict[int, BufferStore] = {}
         self.outboxes: dict[int, Outbox] = {}
         self.pools: dict[int, BufferStore] = {}
@@ -222,15 +229,15 @@ class InProcessGrid(LocalGrid):
         workdir.mkdir(parents=True, exist_ok=True)
         for node, dev in self.devices.items():
             rng = device_rng(self.settings.seed if seed is None else seed, dev.device_id)
-            probs = label_distribution(data.num_classes, rng, dev.labels, dev.dirichlet)
+            probs = label_distribution(run_data.num_classes, rng, dev.labels, dev.dirichlet)
+            source = dev.source or dataset_source(run_data, rng, probs, dev.feature_shift)
             path = workdir / f"{dev.device_id}.sqlite"
             self.stores[node] = BufferStore(
-                path, shape=data.shape, policy=dev.policy, capacity=dev.capacity
+                path, shape=source.shape, policy=dev.policy, capacity=dev.capacity
             )
             self.outboxes[node] = Outbox(path)
             if dev.inject:
-                self.pools[node] = open_pool(path, data.shape)
-            source = dataset_source(data, rng, probs, dev.feature_shift)
+                self.pools[node] = open_pool(path, source.shape)
             self.streams[node] = VirtualStream(
                 self.stores[node], source, dev.rate, initial=dev.initial, start=self.clock
             )

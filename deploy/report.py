@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -17,17 +18,23 @@ __all__ = ["summarize", "write_report"]
 def summarize(records: Sequence[RoundRecord], wall_s: float) -> dict[str, Any]:
     """Summary of a run: final accuracy, times, and per-device batch and compute series.
 
-    ``virtual_s`` sums each round's slowest device (compute + wait + transfer): the
-    synchronous round time on the virtual clock, whatever the wall clock did.
+    ``accuracy`` is prequential (the devices' scores of the model each received, on the
+    samples they then trained on); ``test_accuracy`` the aggregator's, on ``eval-data``
+    (None without). ``virtual_s`` sums each round's slowest device (compute + wait +
+    transfer): the synchronous round time on the virtual clock, whatever the wall clock did.
     """
     devices = sorted({d for r in records for d in r.devices})
     last = records[-1] if records else None
     return {
-        "final_accuracy": last.accuracy if last else None,
+        "final_accuracy": _number(last.accuracy) if last else None,
+        "test_accuracy": _number(last.test_accuracy) if last else None,
+        "metric": last.metric if last else None,
         "rounds": len(records),
         "wall_s": round(wall_s, 2),
         "virtual_s": round(sum(r.virtual_s for r in records), 4),
-        "accuracy": [r.accuracy for r in records],
+        "accuracy": [_number(r.accuracy) for r in records],
+        "test_accuracy_per_round": [_number(r.test_accuracy) for r in records],
+        "evaluated_samples": [r.eval_count for r in records],
         "bytes_up": sum(r.bytes_up for r in records),
         "broadcast_bytes_per_round": [r.broadcast_bytes for r in records],
         "compress_modes": [r.compress for r in records],
@@ -47,6 +54,11 @@ def summarize(records: Sequence[RoundRecord], wall_s: float) -> dict[str, Any]:
     }
 
 
+def _number(value: float) -> float | None:
+    """``value``, or None for NaN (JSON has no NaN)."""
+    return None if math.isnan(value) else value
+
+
 def _of(record: RoundRecord, device: str, name: str) -> Any:
     """A device's reported value in a round (None when it did not reply)."""
     metrics = record.devices.get(device)
@@ -59,13 +71,16 @@ def write_report(records: Sequence[RoundRecord], path: Path, title: str = "") ->
     devices = sorted({d for r in records for d in r.devices})
 
     def draw(axes: list[Axes]) -> None:
-        axes[0].plot([r.run_wall_s for r in records], [r.accuracy for r in records], marker="o")
+        wall = [r.run_wall_s for r in records]
+        axes[0].plot(wall, [r.accuracy for r in records], marker="o", label="prequential")
+        if any(not math.isnan(r.test_accuracy) for r in records):
+            axes[0].plot(wall, [r.test_accuracy for r in records], marker="s", label="test set")
         for d in devices:
             axes[1].plot(rounds, [_of(r, d, "batch_size") for r in records], marker=".", label=d)
             axes[2].plot(rounds, [_of(r, d, "compute_s") for r in records], marker=".", label=d)
 
     panels = [
-        Panel("wall time (s)", "accuracy (held-out stream)", ylim=(0, 1)),
+        Panel("wall time (s)", "accuracy", ylim=(0, 1)),
         Panel("round", "batch size"),
         Panel("round", "compute time per round (s)"),
     ]

@@ -48,6 +48,7 @@ BASE: dict[str, Any] = {
     "global_batch": 64,
     "b_min": 4,
     "b_max": 64,
+    "eval_data": "synthetic",
     "eval_samples": 500,
     "seed": 0,
 }
@@ -77,7 +78,7 @@ def fingerprint(name: str, devices: list[VirtualDevice], overrides: dict[str, An
             "run": name,
             "sha256": digest.hexdigest(),
             "planned": [r.planned for r in records],
-            "accuracy": [r.accuracy for r in records],
+            "accuracy": [r.test_accuracy for r in records],
             "modes": [r.compress for r in records],
             "aggregated": [r.aggregated for r in records],
         }

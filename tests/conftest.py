@@ -39,6 +39,7 @@ FAST: dict[str, Any] = {
     "global_batch": 64,
     "b_min": 4,
     "b_max": 64,
+    "eval_data": "synthetic",  # the built-in task's held-out set: test-accuracy
     "eval_samples": 500,
 }
 

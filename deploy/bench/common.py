@@ -205,7 +205,7 @@ def time_to_target(records: Sequence[RoundRecord], target: float, hold: int = HO
     clock, streak, first = 0.0, 0, 0.0
     for r in records:
         clock += r.virtual_s
-        streak = streak + 1 if r.accuracy >= target else 0
+        streak = streak + 1 if r.test_accuracy >= target else 0
         if streak == 1:
             first = clock
         if streak >= hold:
@@ -217,7 +217,7 @@ def rounds_to_target(records: Sequence[RoundRecord], target: float, hold: int = 
     """The first round of ``hold`` in a row whose held-out accuracy reaches ``target``."""
     streak = 0
     for r in records:
-        streak = streak + 1 if r.accuracy >= target else 0
+        streak = streak + 1 if r.test_accuracy >= target else 0
         if streak >= hold:
             return r.round - hold + 1
     return None

@@ -277,6 +277,7 @@ def _settings(case: ModelCase, mode: str, rounds: int, seed: int) -> RunSettings
         availability_cap=False,  # streams always ahead: nothing but the codec differs
         model=case.model,
         model_width=case.width,
+        eval_data="synthetic",
         eval_samples=EVAL_SAMPLES,
         seed=seed,
         **CASES[mode],
@@ -368,8 +369,8 @@ def _entry(
     codec = case["compress"]
     up = [sum(r.bytes_up for r in records) for records in runs]
     ref_up = [sum(r.bytes_up for r in records) for records in refs]
-    acc = [records[-1].accuracy for records in runs]
-    ref_acc = [records[-1].accuracy for records in refs]
+    acc = [records[-1].test_accuracy for records in runs]
+    ref_acc = [records[-1].test_accuracy for records in refs]
     to_target = [bytes_to_target(records, TARGET_ACCURACY) for records in runs]
     traffic = [per_device_traffic(records) for records in runs]
     device_rounds = [sum(len(r.planned) for r in records) for records in runs]
@@ -388,7 +389,9 @@ def _entry(
         "ratio_per_seed": [a / b for a, b in zip(ref_up, up, strict=True)],
         "final_accuracy_per_seed": acc,
         "accuracy_delta_per_seed": [a - b for a, b in zip(acc, ref_acc, strict=True)],
-        "last5_accuracy_per_seed": [float(np.mean([r.accuracy for r in rs[-5:]])) for rs in runs],
+        "last5_accuracy_per_seed": [
+            float(np.mean([r.test_accuracy for r in rs[-5:]])) for rs in runs
+        ],
         "rounds_to_target_per_seed": [rounds_to_target(rs, TARGET_ACCURACY) for rs in runs],
         "bytes_up_to_target_per_seed": [u for u, _ in to_target],
         "bytes_both_to_target_per_seed": [
@@ -401,7 +404,7 @@ def _entry(
         "topk_rounds_per_seed": [sum(r.compress == "topk" for r in rs) for rs in runs],
         "per_device_first_seed": traffic[0],
         "accuracy_curve_mean": [
-            float(np.mean([rs[i].accuracy for rs in runs])) for i in range(len(runs[0]))
+            float(np.mean([rs[i].test_accuracy for rs in runs])) for i in range(len(runs[0]))
         ],
     }
     entry.update(
@@ -570,7 +573,7 @@ def _plot(
     def draw(axes: list[Axes]) -> None:
         for i, runs in enumerate(curves.values()):
             for mode, seeds_runs in runs.items():
-                acc = mean_of(seeds_runs, lambda r: r.accuracy)
+                acc = mean_of(seeds_runs, lambda r: r.test_accuracy)
                 up = np.cumsum(mean_of(seeds_runs, lambda r: r.bytes_up))
                 both = up + np.cumsum(
                     mean_of(seeds_runs, lambda r: r.broadcast_bytes * len(r.planned))

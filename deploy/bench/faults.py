@@ -198,7 +198,7 @@ def aggregator_kill() -> dict[str, Any]:
         "flower_runs": len(summary.get("runs", [])),
         "rounds": [r.round for r in records],
         "planned_round_3": records[2].planned if len(records) > 2 else None,
-        "accuracy": [round(r.accuracy, 3) for r in records],
+        "accuracy": [round(r.test_accuracy, 3) for r in records],
         "broker_killed": "killed the broker" in proc.stdout + proc.stderr,
         "wall_s": round(wall, 1),
     }
@@ -218,6 +218,7 @@ def resume_equivalence() -> dict[str, Any]:
         "global_batch": 64,
         "b_min": 4,
         "b_max": 64,
+        "eval_data": "synthetic",
         "eval_samples": 500,
     }
     with tempfile.TemporaryDirectory(prefix="fedstream-resume-") as name:

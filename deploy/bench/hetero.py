@@ -141,7 +141,9 @@ def _settings(
     return RunSettings(
         lr=K1_LR if local_steps == 1 else RunSettings().lr,
         dataset=dataset,
+        sample_shape="8,8" if digits else RunSettings().sample_shape,
         num_classes=10 if digits else num_classes,
+        eval_data=dataset,
         num_rounds=rounds,
         local_steps=local_steps,
         global_batch=GLOBAL_BATCH,
@@ -364,7 +366,7 @@ def _per_class(settings: RunSettings) -> list[float | None]:
     """Per-class held-out accuracy of a run's final model (from its checkpoint)."""
     ckpt = load_checkpoint(settings.checkpoint_dir)
     assert ckpt is not None, "the run wrote no checkpoint"
-    data = load_dataset(settings.dataset, settings.num_classes)
+    data = load_dataset(settings.dataset, settings.shape, settings.num_classes)
     x, y = data.eval_set(settings.eval_samples, settings.seed)
     model = build_model(settings.model, data.shape, settings.num_classes)
     model.load_state_dict(ckpt.arrays.to_torch_state_dict())
@@ -409,7 +411,7 @@ def _entries(
             per_seed["ttt"].append(ttt)
             per_seed["ttt_overhead"].append(ttt_o)
             per_seed["rounds"].append(rounds_to_target(records, target))
-            per_seed["final"].append(records[-1].accuracy)
+            per_seed["final"].append(records[-1].test_accuracy)
             fixed = runs.get((level, reference, seed))
             if fixed is None:
                 continue
@@ -594,7 +596,7 @@ def _plot(runs: Runs, seed: int, cost: StepCost, phase: int, out: Path) -> Path:
         for controller in CONTROLLERS:
             records = runs[("HL8", controller, seed)]
             clock = np.cumsum([r.virtual_s for r in records])
-            axes[0].plot(clock, [r.accuracy for r in records], label=f"HL8 {controller}")
+            axes[0].plot(clock, [r.test_accuracy for r in records], label=f"HL8 {controller}")
             sched = runs[("schedule", controller, seed)]
             spreads = [imbalance(r, cost, level_at(r.round, phase)) for r in sched]
             axes[1].plot([r.round for r in sched], spreads, label=controller)

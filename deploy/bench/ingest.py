@@ -172,7 +172,7 @@ def throughput_case(
     sample_bytes = 4 * math.prod(shape) + 16
     return {
         "samples-per-message": per_message,
-        "sample-shape": list(shape),
+        "shape": list(shape),
         "sample-bytes": sample_bytes,
         "messages": messages,
         "repetitions": reps,

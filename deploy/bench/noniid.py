@@ -295,9 +295,16 @@ def run(quick: bool = False) -> Result:
         "b_min": 4,
         "controller": "fixed",
         "aggregation": "fedavg",  # the baseline the methods are named against
+        "eval_data": "synthetic",
         "eval_samples": 2000,
     }
-    digits_data = {"dataset": "digits", "num_classes": DIGITS_CLASSES, "eval_samples": 400}
+    digits_data = {
+        "dataset": "digits",
+        "sample_shape": "8,8",
+        "num_classes": DIGITS_CLASSES,
+        "eval_data": "digits",
+        "eval_samples": 400,
+    }
     update_bytes = {
         False: 4
         * sum(
@@ -480,12 +487,12 @@ def _entry(
     shares = Shares()
     for seed in seeds:
         records = runs[(partition, method, seed)]
-        iid = runs[(reference, "iid-reference", seed)][-1].accuracy
+        iid = runs[(reference, "iid-reference", seed)][-1].test_accuracy
         traffic = [round_traffic(r) for r in records]
         delivered = statistics.mean(t.delivered_bytes for t in traffic)
         model = statistics.mean(t.model_bytes for t in traffic)
-        per_seed["final_accuracy"].append(records[-1].accuracy)
-        per_seed["iid_fraction"].append(records[-1].accuracy / iid)
+        per_seed["final_accuracy"].append(records[-1].test_accuracy)
+        per_seed["iid_fraction"].append(records[-1].test_accuracy / iid)
         per_seed["rounds_to_target"].append(rounds_to_target(records, TARGET_ACCURACY))
         per_seed["queued_bytes_per_round"].append(statistics.mean(t.queued_bytes for t in traffic))
         per_seed["delivered_bytes_per_round"].append(delivered)
@@ -523,7 +530,7 @@ def _entry(
         "beta_wanted": shares.wanted / shares.shares if shares.shares else 0.0,
         **{k: statistics.mean(per_seed[k]) for k in POOL_KEYS},
         "accuracy_curve_per_seed": [
-            [r.accuracy for r in runs[(partition, method, s)]] for s in seeds
+            [r.test_accuracy for r in runs[(partition, method, s)]] for s in seeds
         ],
     }
 
@@ -580,7 +587,7 @@ def _plot(
     def mean_curve(partition: str, method: str) -> tuple[list[int], list[float]]:
         curves = [runs[(partition, method, s)] for s in seeds]
         return [r.round for r in curves[0]], [
-            statistics.mean(c[i].accuracy for c in curves) for i in range(len(curves[0]))
+            statistics.mean(c[i].test_accuracy for c in curves) for i in range(len(curves[0]))
         ]
 
     def draw(axes: list[Axes]) -> None:
@@ -590,7 +597,9 @@ def _plot(
                     if p == SWEEP_PARTITION and s == seeds[0] and method in (*SWEEP, GOAL_METHOD):
                         label = "default" if method == GOAL_METHOD else method
                         ax.plot(
-                            [r.round for r in records], [r.accuracy for r in records], label=label
+                            [r.round for r in records],
+                            [r.test_accuracy for r in records],
+                            label=label,
                         )
                 continue
             digits = partition.endswith("digits")

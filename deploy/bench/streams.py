@@ -105,6 +105,7 @@ def _arm(method: str, rate_list: list[float], seed: int) -> tuple[list[VirtualDe
         availability_cap=scadles,
         aggregation="fedavg",  # ScaDLES weighs updates by the samples they used
         controller_probe=0,  # equal speeds: nothing to probe
+        eval_data="synthetic",
         eval_samples=2000,
         seed=seed,
     )
@@ -192,7 +193,9 @@ def _entries(
                     **{f"{k}_per_seed": v for k, v in per.items()},
                     "time_to_target_s": mean_or_none(per["ttt"]),
                     "accuracy_at_end": mean_or_none(per["acc"]),
-                    "curve_seed0": [r.accuracy for r in runs[(rate_set, method, seeds[0])].records],
+                    "curve_seed0": [
+                        r.test_accuracy for r in runs[(rate_set, method, seeds[0])].records
+                    ],
                 }
             )
     for rate_set in RATE_SETS:
@@ -237,7 +240,7 @@ def _accuracy_at(out: FleetRun, seconds: float) -> float:
         clock += r.virtual_s
         if clock > seconds + 1e-9:
             break
-        acc = r.accuracy
+        acc = r.test_accuracy
     return acc
 
 
@@ -315,7 +318,7 @@ def _plot(runs: dict[tuple[str, str, int], FleetRun], seed: int, out: Path) -> P
             clock = np.cumsum([r.virtual_s for r in run_.records])
             style = "-" if method == "scadles" else "--" if method == "fixed-8" else ":"
             label = f"{rate_set} {method}"
-            axes[0].plot(clock, [r.accuracy for r in run_.records], style, label=label)
+            axes[0].plot(clock, [r.test_accuracy for r in run_.records], style, label=label)
             axes[1].plot(clock, [max(f.values()) for f in run_.fill_log], style, label=label)
 
     panels = [

@@ -30,7 +30,6 @@ if TYPE_CHECKING:
         SyntheticSource,
         dataset_source,
         label_distribution,
-        load_file,
         pick_classes,
     )
     from edge_client.emulation.virtual_stream import VirtualStream, arrived
@@ -47,7 +46,6 @@ _EXPORTS = {
     "dataset_source": "sources",
     "draw_rate": "schedule",
     "label_distribution": "sources",
-    "load_file": "sources",
     "pick_classes": "sources",
     "replay_into": "replay",
     "run_publisher": "publisher",
@@ -65,7 +63,6 @@ __all__ = [
     "dataset_source",
     "draw_rate",
     "label_distribution",
-    "load_file",
     "pick_classes",
     "replay_into",
     "run_publisher",

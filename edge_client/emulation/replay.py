@@ -43,6 +43,8 @@ def replay_into(
     labels: Sequence[int] | None = None,
     dirichlet: float | None = None,
     feature_shift: float = 0.0,
+    shape: tuple[int, ...] = DEFAULT_SHAPE,
+    num_classes: int = DEFAULT_NUM_CLASSES,
 ) -> int:
     """Append what ``device_id``'s stream delivered since the last call; return how many
     arrived (some may have been dropped by the capacity).
@@ -66,16 +68,19 @@ def replay_into(
     labels, dirichlet, feature_shift
         Skew of this device's stream, as the publisher's ``--classes``, ``--dirichlet`` and
         ``--feature-shift`` (fixed per device and seed across calls).
+    shape, num_classes
+        The synthetic task's sample shape and classes (the run's ``sample-shape`` and
+        ``num-classes``).
     """
     now = time.time() if now is None else now
-    with BufferStore(path, shape=DEFAULT_SHAPE, capacity=capacity) as store:
+    with BufferStore(path, shape=shape, capacity=capacity) as store:
         start = float(store.get_meta(_START) or now)
         delivered = int(store.get_meta(_DELIVERED) or 0)
         count = int(store.get_meta(_COUNT) or 0)
         due = arrived(rate, now - start, initial) - delivered
 
         def draw(k: int) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
-            task = SensorTask(DEFAULT_SHAPE, DEFAULT_NUM_CLASSES)
+            task = SensorTask(shape, num_classes)
             probs = label_distribution(
                 task.num_classes, device_rng(seed, device_id, _SKEW_STREAM), labels, dirichlet
             )

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import csv
-import math
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Protocol
 
 import numpy as np
@@ -20,7 +17,6 @@ __all__ = [
     "SyntheticSource",
     "dataset_source",
     "label_distribution",
-    "load_file",
     "pick_classes",
 ]
 
@@ -194,52 +190,3 @@ def dataset_source(
         else np.full(data.num_classes, 1.0 / data.num_classes)
     )
     return ArraySource(*data.train, rng, probs)
-
-
-def load_file(
-    path: str | Path, shape: Sequence[int] | None = None
-) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
-    """Load samples from ``.npz`` (arrays ``x`` and ``y``) or ``.csv`` (``label,f1,f2,...``).
-
-    Parameters
-    ----------
-    path : str or Path
-        The file.
-    shape : sequence of int, optional
-        Per-sample shape to give CSV rows (flat when omitted).
-
-    Raises
-    ------
-    ValueError
-        If the file is not in one of these forms.
-    """
-    path = Path(path)
-    if path.suffix == ".npz":
-        with np.load(path) as data:
-            if "x" not in data or "y" not in data:
-                raise ValueError(f"{path}: an .npz source needs arrays 'x' and 'y'")
-            return data["x"].astype(np.float32), data["y"].astype(np.int64)
-    if path.suffix == ".csv":
-        with path.open(newline="") as fh:
-            rows = [r for r in csv.reader(fh) if r]
-        if rows and not _is_number(rows[0][0]):
-            rows = rows[1:]  # header
-        try:
-            table = np.array([[float(v) for v in r] for r in rows], dtype=np.float64)
-        except ValueError as err:
-            raise ValueError(f"{path}: rows must be numbers 'label,f1,f2,...': {err}") from err
-        if table.ndim != 2 or table.shape[1] < 2:
-            raise ValueError(f"{path}: need rows 'label,f1,f2,...'")
-        x = table[:, 1:].astype(np.float32)
-        if shape is not None and math.prod(shape) == x.shape[1]:
-            x = x.reshape(len(x), *shape)
-        return x, table[:, 0].astype(np.int64)
-    raise ValueError(f"{path}: source files must be .npz or .csv")
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True

@@ -7,7 +7,8 @@
   file (:mod:`~edge_client.runtime.schema`: its layout versions and migrations);
 - :mod:`~edge_client.runtime.dedup`, :mod:`~edge_client.runtime.rate`: exact
   de-duplication, the stream-rate EWMA;
-- :mod:`~edge_client.runtime.client_app`: the ClientApp (``app``), which trains with
+- :mod:`~edge_client.runtime.client_app`: the ClientApp (``app``, or
+  :func:`make_client_app` around a user's task), which evaluates and trains with
   :mod:`~edge_client.runtime.trainer` and shares samples with
   :mod:`~edge_client.runtime.inject`, as its :mod:`~edge_client.runtime.node_config` says;
 - :mod:`~edge_client.runtime.mqtt`, :mod:`~edge_client.runtime.seeding`: broker clients,
@@ -22,6 +23,7 @@ from edge_client.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from edge_client.runtime.buffer import AppendResult, BufferStore, BufferStoreError
+    from edge_client.runtime.client_app import make_client_app
     from edge_client.runtime.dedup import SeqWindow
     from edge_client.runtime.device_state import DeviceStateStore
     from edge_client.runtime.ingest import IngestConfig, IngestDaemon
@@ -38,6 +40,7 @@ _EXPORTS = {
     "BrokerURL": "mqtt",
     "BufferStore": "buffer",
     "BufferStoreError": "buffer",
+    "make_client_app": "client_app",
     "DeviceStateStore": "device_state",
     "IngestConfig": "ingest",
     "IngestDaemon": "ingest",
@@ -73,6 +76,7 @@ __all__ = [
     "device_rng",
     "inject_pool_path",
     "make_client",
+    "make_client_app",
     "open_pool",
     "pick_device",
     "receive",

@@ -4,10 +4,12 @@ once before the first round, a timing probe: a ``query`` message).
 Flower 1.42 starts a fresh process per message, so everything that must outlive a round
 lives in the device's buffer file (samples fed by ``fedstream ingest``, the device state,
 the outbox) or comes in the message. The node says which device it is
-(:class:`~edge_client.runtime.node_config.NodeConfig`); the run config says which model
-(:class:`~edge_client.wire.run_config.RunSettings`); the message brings the global model and
-the device's :class:`~edge_client.wire.records.RoundPlan`. The reply is a
-:class:`~edge_client.wire.records.DeviceReply`.
+(:class:`~edge_client.runtime.node_config.NodeConfig`); the run config says which task and
+sample shape (:class:`~edge_client.wire.run_config.RunSettings`), unless the app was built
+around a task (:func:`make_client_app`); the message brings the global model and the
+device's :class:`~edge_client.wire.records.RoundPlan`. The reply is a
+:class:`~edge_client.wire.records.DeviceReply`, with the prequential evaluation of the
+received model on the samples trained on.
 
 In Flower's simulation engine a node has only ``partition-id``: it becomes a virtual device
 fed by a replayed stream (:mod:`edge_client.emulation.simulation`, imported only there, so a
@@ -17,6 +19,8 @@ real device never loads the stream emulation).
 from __future__ import annotations
 
 import contextlib
+import logging
+import math
 
 import numpy as np
 import torch
@@ -30,7 +34,8 @@ from edge_client.runtime.inject import inject_pool_path, share
 from edge_client.runtime.node_config import NodeConfig
 from edge_client.runtime.seeding import device_rng
 from edge_client.runtime.trainer import pick_device, probe_step_times, train_local
-from edge_client.task.models import build_model
+from edge_client.task.interface import Task
+from edge_client.task.loading import load_task
 from edge_client.wire.codec import compress, encode
 from edge_client.wire.records import (
     ARRAYS,
@@ -43,28 +48,76 @@ from edge_client.wire.records import (
 )
 from edge_client.wire.run_config import RunSettings
 
-__all__ = ["app", "probe", "train"]
+__all__ = ["app", "make_client_app", "probe_steps", "train_round"]
 
-app = ClientApp()
+log = logging.getLogger(__name__)
 
 
-@app.train()
-def train(msg: Message, context: Context) -> Message:
-    """Train this round's plan on the device's buffer and reply with the model delta."""
+def make_client_app(task: Task | None = None) -> ClientApp:
+    """fedstream's ClientApp around a task: streams, batch plans, codec and faults as
+    fedstream's own app has them, learning ``task``.
+
+    Parameters
+    ----------
+    task : Task, optional
+        What is learned. None: the task the run config names (``task``, ``model``, ...).
+
+    Returns
+    -------
+    ClientApp
+        With a ``train`` handler (one round from the device's buffer) and a ``query``
+        handler (the timing probe before round 1).
+
+    Examples
+    --------
+    In a Flower app's ``client_app.py``::
+
+        from edge_client.runtime.client_app import make_client_app
+        from my_app.task import HarTask
+
+        app = make_client_app(HarTask())
+    """
+    client_app = ClientApp()
+
+    @client_app.train()
+    def train(msg: Message, context: Context) -> Message:
+        """Train this round's plan on the device's buffer; reply with the model delta."""
+        return train_round(msg, context, task)
+
+    @client_app.query()
+    def probe(msg: Message, context: Context) -> Message:
+        """Time SGD steps at the probe's batch sizes (the controller's first timings)."""
+        return probe_steps(msg, context, task)
+
+    return client_app
+
+
+def train_round(msg: Message, context: Context, task: Task | None = None) -> Message:
+    """One round: prequential evaluation and training on the device's buffer, the reply.
+
+    A buffer that holds samples of another shape than the run's ``sample-shape`` is not
+    touched: the reply carries the buffer's shape, no update, and the aggregator leaves
+    the device out.
+    """
     settings = RunSettings.from_run_config(context.run_config)
+    task = task or load_task(settings)
     node = _node(context, settings)
     if node.threads > 0:
         torch.set_num_threads(node.threads)
     plan = RoundPlan.from_record(msg.content.config_records[CONFIG])
     with BufferStore(node.buffer) as store:
-        model = build_model(
-            settings.model, store.shape, settings.num_classes, width=settings.model_width
-        )
+        if store.shape != settings.shape:
+            return _shape_mismatch(msg, node.device_id, store, settings.shape)
+        model = task.build_model(settings.shape, settings.num_classes)
         received = msg.content.array_records[ARRAYS].to_torch_state_dict()
         model.load_state_dict({k: v.float() for k, v in received.items()})  # fp16 broadcast too
         start = _numpy_state(model)
         rng = device_rng(int(context.run_id) % 2**32, node.device_id, plan.server_round)
         pool_path = inject_pool_path(node.buffer)
+        preprocessor = task.preprocessor()
+        if preprocessor is not None:
+            with DeviceStateStore(node.buffer) as state:
+                state.load_preprocessor(preprocessor)
         with contextlib.ExitStack() as stack:
             pool = (
                 stack.enter_context(BufferStore(pool_path))
@@ -72,15 +125,26 @@ def train(msg: Message, context: Context) -> Message:
                 else None
             )
             result = train_local(
-                model, store, plan, slowdown=node.slowdown, device=pick_device(), pool=pool, rng=rng
+                model,
+                store,
+                plan,
+                task=task,
+                preprocessor=preprocessor,
+                slowdown=node.slowdown,
+                device=pick_device(),
+                pool=pool,
+                rng=rng,
             )
         delta = {k: v - start[k] for k, v in _numpy_state(model).items()}
         with DeviceStateStore(node.buffer) as state:
             frame, gap = _encode(state, context.run_id, delta, plan, result.num_examples > 0)
+            if preprocessor is not None and result.num_examples > 0:
+                state.save_preprocessor(preprocessor)
         shared = (0, 0)
         if node.inject and plan.inject_publish and result.taken is not None:
             shared = share(node.buffer, node.device_id, result.taken, plan, rng)
         buffer = store.stats()
+    scores = result.evaluated
     metrics = ReplyMetrics(
         num_examples=result.num_examples,
         batch_size=result.batch_size,
@@ -99,33 +163,66 @@ def train(msg: Message, context: Context) -> Message:
         inject_opt_in=int(node.inject),
         inject_bytes=shared[0],
         inject_samples=shared[1],
+        eval_metric=scores.metric if scores else math.nan,
+        eval_loss=scores.loss if scores else math.nan,
+        eval_count=scores.count if scores else 0,
+        eval_s=result.eval_s,
+        sample_shape=list(settings.shape),
     )
     return Message(DeviceReply(node.device_id, metrics, frame).to_content(), reply_to=msg)
 
 
-@app.query()
-def probe(msg: Message, context: Context) -> Message:
-    """Time SGD steps of the run's model at the probe's batch sizes (the controller's first
-    timings); reply with :class:`~edge_client.wire.records.ProbeReply`."""
+def probe_steps(msg: Message, context: Context, task: Task | None = None) -> Message:
+    """Time SGD steps of the run's model at the probe's batch sizes, on random inputs of
+    the run's ``sample-shape``; reply with :class:`~edge_client.wire.records.ProbeReply`."""
     settings = RunSettings.from_run_config(context.run_config)
+    task = task or load_task(settings)
     node = _node(context, settings)
     if node.threads > 0:
         torch.set_num_threads(node.threads)
     probe_plan = ProbePlan.from_record(msg.content.config_records[CONFIG])
-    with BufferStore(node.buffer) as store:
-        shape = store.shape
-    model = build_model(settings.model, shape, settings.num_classes, width=settings.model_width)
+    model = task.build_model(settings.shape, settings.num_classes)
     step_s = probe_step_times(
         model,
-        shape,
+        settings.shape,
         settings.num_classes,
         probe_plan.batches,
         probe_plan.steps,
+        task=task,
         slowdown=node.slowdown,
         device=pick_device(),
     )
     reply = ProbeReply(node.device_id, probe_plan.batches, step_s)
     return Message(reply.to_content(), reply_to=msg)
+
+
+app = make_client_app()
+
+
+def _shape_mismatch(
+    msg: Message, device_id: str, store: BufferStore, expected: tuple[int, ...]
+) -> Message:
+    """The reply of a device whose buffer holds samples of another shape: no update, its
+    buffer's shape, its samples left where they are."""
+    log.warning(
+        "device %s: the buffer holds samples of shape %s, the run expects %s: not training "
+        "(set sample-shape, or ingest with --shape)",
+        device_id,
+        store.shape,
+        expected,
+    )
+    buffer = store.stats()
+    metrics = ReplyMetrics(
+        num_examples=0,
+        batch_size=0,
+        step_s=0.0,
+        train_loss=math.nan,
+        stream_rate=float(buffer["rate"]),
+        buffer_fill=int(buffer["fill"]),
+        buffer_dropped=int(buffer["dropped"]),
+        sample_shape=list(store.shape),
+    )
+    return Message(DeviceReply(device_id, metrics, b"").to_content(), reply_to=msg)
 
 
 def _node(context: Context, settings: RunSettings) -> NodeConfig:

@@ -1,14 +1,17 @@
-"""What a device keeps between rounds besides samples: its error feedback and counters.
+"""What a device keeps between rounds besides samples: its error feedback, its
+preprocessing statistics and counters.
 
 A ClientApp process lives one round (Flower starts one per message), so the codec's
-error-feedback residual, the device's top-k gap estimate and the sequence number of the
-frames it shares for data injection are kept in the buffer file's ``state`` table. The
+error-feedback residual, the device's top-k gap estimate, the state of the task's
+preprocessing (:mod:`edge_client.task.preprocess`) and the sequence number of the frames it
+shares for data injection are kept in the buffer file's ``state`` table. The
 residual is tagged with the run it belongs to: a new run, or a model of another layout,
 starts from none.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections.abc import Mapping
@@ -16,6 +19,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from edge_client.runtime.schema import SqliteStore, transaction
+from edge_client.task.preprocess import Preprocessor
 from edge_client.wire.codec import CodecError, FeedbackState, decode, encode
 
 __all__ = ["DeviceStateStore"]
@@ -27,6 +31,7 @@ _FEEDBACK_RUN = "codec-run"
 _FEEDBACK_RESIDUAL = "codec-residual"
 _FEEDBACK_GAP = "codec-gap"
 _INJECT_SEQ = "inject-seq"
+_PREPROCESS = "preprocess-state"  # JSON: {"kind": ..., "state": ...}
 
 
 class DeviceStateStore(SqliteStore):
@@ -62,6 +67,24 @@ class DeviceStateStore(SqliteStore):
             }
         )
 
+    def load_preprocessor(self, preprocessor: Preprocessor) -> None:
+        """Restore ``preprocessor``'s state as the last round left it (kept as it is when
+        there is none, or it was saved by another kind of preprocessing)."""
+        raw = self._get(_PREPROCESS)
+        if raw is None:
+            return
+        try:
+            saved = json.loads(raw)
+            if saved.get("kind") == _kind(preprocessor):
+                preprocessor.load_state_dict(saved["state"])
+        except (ValueError, TypeError, KeyError, AttributeError) as err:
+            log.warning("dropping an unreadable preprocessing state: %s", err)
+
+    def save_preprocessor(self, preprocessor: Preprocessor) -> None:
+        """Keep ``preprocessor``'s state for the next round (one transaction)."""
+        saved = {"kind": _kind(preprocessor), "state": preprocessor.state_dict()}
+        self._set({_PREPROCESS: json.dumps(saved).encode()})
+
     def inject_seq(self) -> int:
         """The sequence number of the last frame this device shared (0: none yet)."""
         return int(self._get(_INJECT_SEQ) or b"0")
@@ -77,3 +100,7 @@ class DeviceStateStore(SqliteStore):
     def _set(self, values: Mapping[str, bytes]) -> None:
         with transaction(self._db) as db:
             db.executemany("INSERT OR REPLACE INTO state VALUES (?, ?)", list(values.items()))
+
+
+def _kind(preprocessor: Preprocessor) -> str:
+    return f"{type(preprocessor).__module__}.{type(preprocessor).__qualname__}"

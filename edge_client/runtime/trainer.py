@@ -1,4 +1,6 @@
-"""Local training from the buffer: wait policy, K steps at batch b, steady-state timing."""
+"""Local training from the buffer: wait policy, prequential evaluation, K steps at batch b,
+steady-state timing. What is trained, on which loss, is the run's
+:class:`~edge_client.task.interface.Task`."""
 
 from __future__ import annotations
 
@@ -13,13 +15,14 @@ import torch
 from torch import nn
 
 from edge_client.runtime.buffer import BufferStore
+from edge_client.task.interface import Classification, Scores, Task, evaluate
+from edge_client.task.preprocess import Preprocessor
 from edge_client.wire.frames import SampleBatch
 from edge_client.wire.records import RoundPlan
 
 __all__ = ["TrainResult", "pick_device", "probe_step_times", "train_local"]
 
 POLL_S = 0.05
-_LOSS = nn.CrossEntropyLoss()
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,8 @@ class TrainResult:
     lr: float = 0.0  # the learning rate it trained with
     inject_used: int = 0  # samples of num_examples that came from the injection pool
     taken: SampleBatch | None = field(default=None, repr=False)  # own samples consumed
+    evaluated: Scores | None = None  # the received model on the own samples, before training
+    eval_s: float = 0.0  # seconds that scoring took
 
 
 def pick_device() -> torch.device:
@@ -53,18 +58,20 @@ def _sgd_step(
     x: torch.Tensor,
     y: torch.Tensor,
     *,
+    task: Task,
     device: torch.device,
     slowdown: float,
     penalty: Callable[[], torch.Tensor] | None = None,
 ) -> tuple[float, float]:
-    """One timed SGD step on ``(x, y)``: its loss and seconds. ``slowdown`` > 1 stretches
-    the step's wall time to that many times as long (a slower device, emulated)."""
+    """One timed SGD step on inputs ``x`` and targets ``y`` by ``task``'s loss: its loss and
+    seconds. ``slowdown`` > 1 stretches the step's wall time to that many times as long (a
+    slower device, emulated)."""
     t0 = time.perf_counter()
     opt.zero_grad()
-    loss = _LOSS(model(x), y)
+    loss = task.loss(model(x), y)
     if penalty is not None:
         loss = loss + penalty()
-    loss.backward()
+    loss.backward()  # type: ignore[no-untyped-call]
     opt.step()
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -82,26 +89,33 @@ def probe_step_times(
     batches: list[int],
     steps: int,
     *,
+    task: Task | None = None,
     slowdown: float = 1.0,
     device: torch.device | None = None,
 ) -> list[float]:
     """Median seconds of one SGD step of ``model`` at each batch (the controller's first
     timings, before any round has been trained).
 
-    Inputs are random samples of ``shape``: the step's cost does not depend on the values.
+    Inputs are random samples of ``shape`` with random labels below ``num_classes``, made
+    into inputs and targets by ``task`` (classification by default): the step's cost does
+    not depend on the values.
     The model is trained on them, so pass a copy that is thrown away afterwards. One extra
     step per batch warms up and is not counted.
     """
+    task = task or Classification()
     device = device or torch.device("cpu")
     model.to(device).train()
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(0)
     medians = []
     for b in batches:
-        x = torch.randn(b, *shape, generator=gen).to(device)
-        y = torch.randint(0, num_classes, (b,), generator=gen).to(device)
+        x, y = task.targets(
+            torch.randn(b, *shape, generator=gen),
+            torch.randint(0, num_classes, (b,), generator=gen),
+        )
+        x, y = x.to(device), y.to(device)
         times = [
-            _sgd_step(model, opt, x, y, device=device, slowdown=slowdown)[1]
+            _sgd_step(model, opt, x, y, task=task, device=device, slowdown=slowdown)[1]
             for _ in range(steps + 1)
         ]
         medians.append(float(np.median(times[1:])))  # the first warmed up
@@ -127,12 +141,16 @@ def train_local(
     store: BufferStore,
     plan: RoundPlan,
     *,
+    task: Task | None = None,
+    preprocessor: Preprocessor | None = None,
     slowdown: float = 1.0,
     device: torch.device | None = None,
     pool: BufferStore | None = None,
     rng: np.random.Generator | None = None,
 ) -> TrainResult:
-    """Take ``b * K`` samples from the buffer and train ``K`` SGD steps at batch ``b``.
+    """Take ``b * K`` samples from the buffer, score the received model on them
+    (prequential evaluation), then train ``K`` SGD steps at batch ``b`` on ``task``'s loss
+    (classification by default).
 
     With ``wait`` the device blocks until ``b*K`` samples are buffered (up to the deadline);
     with ``adapt`` it trains on what is there, lowering its batch but never below ``b_min``
@@ -142,11 +160,18 @@ def train_local(
     With a ``pool`` of injected samples and ``plan.inject_mix`` > 0, each batch holds
     ``round(mix * b)`` samples drawn from the pool (not consumed) and the rest from the buffer.
 
+    Prequential evaluation: before the first step, ``model`` as received is scored on the
+    device's own samples it is about to train on (never on pool samples), so no sample is
+    scored by a model that has trained on it. A ``preprocessor`` is first updated with the
+    own samples' features, then applied to every sample (own and pooled) before scoring
+    and training.
+
     Returns
     -------
     TrainResult
         With ``num_examples == 0`` when not even one sample per step arrived in time.
     """
+    task = task or Classification()
     device = device or torch.device("cpu")
     batch, wait_s = _gather(store, plan)
     if batch < 1:
@@ -157,17 +182,28 @@ def train_local(
     data = store.take((batch - mixed) * k_steps)
     own = len(data) // k_steps
     injected = pool.sample(mixed * k_steps, rng or np.random.default_rng()) if pool else None
-    x_np = data.x[: own * k_steps].reshape(k_steps, own, *data.x.shape[1:])
-    y_np = data.y[: own * k_steps].reshape(k_steps, own)
+    own_x, own_y = data.x[: own * k_steps], data.y[: own * k_steps]
+    if preprocessor is not None:
+        preprocessor.update(own_x)
+        own_x = preprocessor(own_x)
+    t_eval = time.perf_counter()
+    evaluated = evaluate(task, model, own_x, own_y, device)  # test, then train
+    eval_s = time.perf_counter() - t_eval
+    x_np = own_x.reshape(k_steps, own, *data.x.shape[1:])
+    y_np = own_y.reshape(k_steps, own)
     if injected is not None and mixed:
-        x_np = np.concatenate([x_np, injected.x.reshape(k_steps, mixed, *data.x.shape[1:])], 1)
+        pooled = injected.x if preprocessor is None else preprocessor(injected.x)
+        x_np = np.concatenate([x_np, pooled.reshape(k_steps, mixed, *data.x.shape[1:])], 1)
         y_np = np.concatenate([y_np, injected.y.reshape(k_steps, mixed)], 1)
     batch = own + mixed
     # Linear scaling rule: a batch smaller than planned (a starved stream under `adapt`, or
     # the deadline) trains at the plan's rate scaled by the batch actually trained.
     lr = plan.lr * min(1.0, batch / plan.batch_size) if plan.batch_size > 0 else plan.lr
-    x = torch.from_numpy(np.ascontiguousarray(x_np.reshape(-1, *x_np.shape[2:]))).to(device)
-    y = torch.from_numpy(np.ascontiguousarray(y_np.reshape(-1))).to(device)
+    x, y = task.targets(
+        torch.from_numpy(np.ascontiguousarray(x_np.reshape(-1, *x_np.shape[2:]))),
+        torch.from_numpy(np.ascontiguousarray(y_np.reshape(-1))),
+    )
+    x, y = x.to(device), y.to(device)
     model.to(device).train()
     global_params = [p.detach().clone() for p in model.parameters()]
     opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
@@ -186,6 +222,7 @@ def train_local(
             opt,
             xb,
             yb,
+            task=task,
             device=device,
             slowdown=slowdown,
             penalty=proximal if plan.proximal_mu > 0 else None,
@@ -205,4 +242,6 @@ def train_local(
         lr=lr,
         inject_used=mixed * k_steps,
         taken=data,
+        evaluated=evaluated,
+        eval_s=eval_s,
     )

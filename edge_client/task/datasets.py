@@ -1,6 +1,11 @@
-"""What a stream can carry: the synthetic sensor task, or scikit-learn's digits as frames.
+"""What an emulated stream can carry: the synthetic sensor task, scikit-learn's digits as
+frames, or a user's recording.
 
-``synthetic`` is :class:`~edge_client.task.synthetic.SensorTask` (6-axis windows, 6 activities).
+The built-in datasets serve the simulation engine, the in-process runner and the benchmarks
+(``dataset`` in the run config); a real deployment streams whatever its sensors send.
+
+``synthetic`` is :class:`~edge_client.task.synthetic.SensorTask`: windows of any
+``(channels, steps)`` shape (the run's ``sample-shape``; 6 x 32 by default), any class count.
 ``digits`` is scikit-learn's bundled 8x8 handwritten digits (1,797 real images, 10 classes),
 streamed as camera frames of 8 rows x 8 columns: a second, real dataset that ships inside a
 pip package (``pip install 'fedstream[bench]'``). 400 images are held out for the
@@ -53,23 +58,43 @@ class Dataset:
         assert self.test is not None
         return self.test[0][:n], self.test[1][:n]
 
+    @classmethod
+    def from_arrays(cls, name: str, train: Arrays, test: Arrays | None = None) -> Dataset:
+        """A dataset of recorded samples (a user's recording): shape and class count from
+        the samples (classes ``0 .. max label``)."""
+        x, y = train
+        labels = y if test is None else np.concatenate([y, test[1]])
+        shape = tuple(int(d) for d in x.shape[1:])
+        return cls(name, shape, int(labels.max()) + 1, train=train, test=test or train)
 
-def load_dataset(name: str, num_classes: int = DEFAULT_NUM_CLASSES) -> Dataset:
-    """The dataset called ``name`` (one of :data:`~edge_client.task.constants.DATASETS`).
+
+def load_dataset(
+    name: str,
+    shape: tuple[int, ...] = DEFAULT_SHAPE,
+    num_classes: int = DEFAULT_NUM_CLASSES,
+) -> Dataset:
+    """The built-in dataset called ``name`` (one of
+    :data:`~edge_client.task.constants.DATASETS`) for samples of ``shape`` and
+    ``num_classes`` classes.
 
     Raises
     ------
     ValueError
-        On an unknown name, or a class count the dataset does not have.
+        On an unknown name, or a shape or class count the dataset cannot give; the
+        message names the run-config keys to set.
     """
     if name == "synthetic":
-        return Dataset(
-            name, DEFAULT_SHAPE, num_classes, task=SensorTask(DEFAULT_SHAPE, num_classes)
-        )
-    if name == "digits":
-        if num_classes != DIGITS_CLASSES:
+        if len(shape) != 2:
             raise ValueError(
-                f"digits has {DIGITS_CLASSES} classes: set num-classes={DIGITS_CLASSES}"
+                f"the synthetic dataset streams (channels, steps) windows: sample-shape "
+                f"{','.join(map(str, shape))} has {len(shape)} axes"
+            )
+        return Dataset(name, tuple(shape), num_classes, task=SensorTask(shape, num_classes))
+    if name == "digits":
+        if num_classes != DIGITS_CLASSES or tuple(shape) != DIGITS_SHAPE:
+            raise ValueError(
+                f"digits are {DIGITS_SHAPE[0]}x{DIGITS_SHAPE[1]} frames of {DIGITS_CLASSES} "
+                f"classes: set sample-shape='8,8' and num-classes={DIGITS_CLASSES}"
             )
         train, test = _digits()
         return Dataset(name, DIGITS_SHAPE, DIGITS_CLASSES, train=train, test=test)

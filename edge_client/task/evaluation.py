@@ -1,4 +1,6 @@
-"""How a model is scored: accuracy and mean cross-entropy on labelled samples."""
+"""Classification diagnostics beyond the task's metric: accuracy per class.
+
+(A task's own metric and loss: :func:`edge_client.task.interface.evaluate`.)"""
 
 from __future__ import annotations
 
@@ -6,21 +8,7 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["evaluate", "per_class_accuracy"]
-
-
-@torch.no_grad()
-def evaluate(
-    model: nn.Module, x: np.ndarray, y: np.ndarray, device: torch.device | None = None
-) -> tuple[float, float]:
-    """Return (accuracy, mean loss) of ``model`` on ``(x, y)``."""
-    device = device or torch.device("cpu")
-    model.to(device).eval()
-    logits = model(torch.from_numpy(x).to(device))
-    target = torch.from_numpy(y).to(device)
-    loss = nn.functional.cross_entropy(logits, target).item()
-    acc = (logits.argmax(1) == target).float().mean().item()
-    return float(acc), float(loss)
+__all__ = ["per_class_accuracy"]
 
 
 @torch.no_grad()

@@ -54,7 +54,7 @@ class SensorMLP(nn.Module):
 
 
 def build_model(
-    name: str, shape: Sequence[int], num_classes: int, seed: int = 0, width: int = 0
+    name: str, shape: Sequence[int], num_classes: int, seed: int | None = 0, width: int = 0
 ) -> nn.Module:
     """A freshly initialised model (deterministic for a seed).
 
@@ -66,17 +66,21 @@ def build_model(
         Per-sample shape; the CNN needs ``(channels, steps)``.
     num_classes : int
         Output classes.
-    seed : int
-        Initialisation seed.
+    seed : int, optional
+        Initialisation seed (None: torch's generator as it stands).
     width : int
         Channels of the CNN's convolutions or units of the MLP's hidden layer (0: 32 and 64,
         the defaults); a wider model has about ``5 * width**2`` (CNN) or
         ``width * (inputs + classes)`` (MLP) parameters.
     """
-    torch.manual_seed(seed)
+    if seed is not None:
+        torch.manual_seed(seed)
     if name == "cnn":
         if len(shape) != 2:
-            raise ValueError(f"the cnn model needs (channels, steps) samples, got {tuple(shape)}")
+            raise ValueError(
+                f"the cnn model needs (channels, steps) samples, got {tuple(shape)}: "
+                "set model = 'mlp' for samples of another shape"
+            )
         return SensorCNN(shape[0], num_classes, *([width] if width else []))
     if name == "mlp":
         return SensorMLP(math.prod(shape), num_classes, *([width] if width else []))

@@ -27,6 +27,7 @@ defaults) and refuses newer ones.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self, TypeVar
@@ -215,6 +216,17 @@ class ReplyMetrics(_Record):
         1 when the device takes part in data injection.
     inject_bytes, inject_samples : int
         What it queued for sharing this round.
+    eval_metric, eval_loss : float
+        Prequential evaluation (test, then train): the task's metric and loss of the global
+        model it received, on the samples of its own stream it then trained on (NaN when
+        it evaluated none).
+    eval_count : int
+        How many samples that is (injected samples are never evaluated).
+    eval_s : float
+        Seconds the evaluation took (not part of ``compute_s``).
+    sample_shape : list of int, optional
+        The shape of the samples its buffer holds (the aggregator refuses an update for
+        another shape than the run's ``sample-shape``).
     """
 
     num_examples: int
@@ -234,6 +246,11 @@ class ReplyMetrics(_Record):
     inject_opt_in: int = 0
     inject_bytes: int = 0
     inject_samples: int = 0
+    eval_metric: float = math.nan
+    eval_loss: float = math.nan
+    eval_count: int = 0
+    eval_s: float = 0.0
+    sample_shape: list[int] | None = None
 
     def to_record(self) -> MetricRecord:
         """The ``metrics`` record (an unknown gap is left out)."""

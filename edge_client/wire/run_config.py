@@ -20,7 +20,16 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from edge_client.task.constants import DATASETS, DEFAULT_NUM_CLASSES, DIGITS_CLASSES, MODELS
+from edge_client.task.constants import (
+    BUILTIN_TASKS,
+    DATASETS,
+    DEFAULT_NUM_CLASSES,
+    DIGITS_CLASSES,
+    DIGITS_SHAPE,
+    IMPORT_PATH,
+    MODELS,
+    PREPROCESSING,
+)
 from edge_client.wire.constants import (
     AGGREGATIONS,
     BROADCAST_MODES,
@@ -39,9 +48,11 @@ __all__ = [
     "knob",
     "knobs",
     "number_list",
+    "parse_shape",
 ]
 
 MAX_INT = 10**7  # no count in a run config (rounds, steps, batch, samples) is anywhere near
+MAX_AXES = 4  # a sample: a vector, a window (channels, steps), an image, a clip
 
 
 def knob(
@@ -126,14 +137,35 @@ class RunSettings(ControllerSettings):
     num_rounds: int = knob(10, "federated rounds", ge=1)
     local_steps: int = knob(20, "SGD steps a device trains per round (K)", ge=1)
     lr: float = knob(0.05, "learning rate (scaled by sum(b)/B when streams cap batches)", gt=0)
-    model: str = knob("cnn", "cnn (1D-CNN over windows) or mlp", choices=MODELS)
+    task: str = knob(
+        "classification",
+        "what is learned: classification (built in), or a user's Task by import path "
+        "('my_pkg.task:HarTask')",
+    )
+    model: str = knob(
+        "cnn",
+        "classification's model: cnn (1D-CNN over (channels, steps) windows), mlp (any "
+        "shape), or a user's nn.Module by import path ('my_pkg.task:Net')",
+    )
     model_width: int = knob(
         0, "CNN channels or MLP hidden units (0: the model's default, 32 or 64)", ge=0
     )
-    num_classes: int = knob(DEFAULT_NUM_CLASSES, "classes of the task", ge=2)
+    sample_shape: str = knob(
+        "6,32",
+        "shape of one sample as the devices' buffers hold it, comma-separated (a device "
+        "whose buffer holds another shape is left out, counted as shape-mismatch)",
+    )
+    num_classes: int = knob(DEFAULT_NUM_CLASSES, "classes of the task (its outputs)", ge=2)
+    preprocess: str = knob(
+        "none",
+        "classification: none, or standardize (each device standardises every channel by "
+        "running statistics of its own stream)",
+        choices=PREPROCESSING,
+    )
     dataset: str = knob(
         "synthetic",
-        "what streams carry: synthetic (sensor windows) or digits (8x8 frames)",
+        "emulated streams only (simulation engine, in-process runner): synthetic (sensor "
+        "windows of sample-shape) or digits (8x8 frames: sample-shape 8,8, num-classes 10)",
         choices=DATASETS,
     )
     wait_policy: str = knob(
@@ -147,7 +179,15 @@ class RunSettings(ControllerSettings):
     checkpoint_dir: str = knob("", "where checkpoints go; empty: none")
     resume: bool = knob(False, "continue from the checkpoint in checkpoint-dir")
     out_dir: str = knob("", "where metrics.jsonl goes; empty: none")
-    eval_samples: int = knob(2000, "held-out samples the aggregator evaluates on", ge=1, le=100_000)
+    eval_data: str = knob(
+        "",
+        "server-side evaluation besides the devices' prequential one: empty (none), a "
+        "built-in dataset's held-out set (synthetic, digits), or a .npz/.csv file on the "
+        "aggregator",
+    )
+    eval_samples: int = knob(
+        2000, "most samples of eval-data the aggregator evaluates on", ge=1, le=100_000
+    )
     uplink_mbps: float = knob(10.0, "uplink charged on the virtual clock, Mbit/s", gt=0)
     seed: int = knob(0, "seed of the model, the held-out set and the draws", ge=0)
     compress: str = knob(
@@ -196,12 +236,37 @@ class RunSettings(ControllerSettings):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.dataset == "digits" and self.num_classes != DIGITS_CLASSES:
-            raise ValueError(f"dataset digits has {DIGITS_CLASSES} classes: set num-classes=10")
+        shape = self.shape  # checks sample-shape
+        if self.dataset == "digits" and (self.num_classes, shape) != (DIGITS_CLASSES, DIGITS_SHAPE):
+            raise ValueError(
+                f"dataset digits streams 8x8 frames of {DIGITS_CLASSES} classes: set "
+                f"sample-shape='8,8' and num-classes={DIGITS_CLASSES}"
+            )
+        if self.task not in BUILTIN_TASKS and not IMPORT_PATH.match(self.task):
+            raise ValueError(
+                f"task must be one of {BUILTIN_TASKS} or an import path 'package.module:Name', "
+                f"got {self.task!r}"
+            )
+        if self.model not in MODELS and not IMPORT_PATH.match(self.model):
+            raise ValueError(
+                f"model must be one of {MODELS} or an import path 'package.module:Name', "
+                f"got {self.model!r}"
+            )
         if self.sim_labels > self.num_classes:
             raise ValueError(f"sim-labels must be in 0..num-classes ({self.num_classes})")
         number_list(self.sim_rates, "sim-rates", 1e-9)
         number_list(self.sim_slowdowns, "sim-slowdowns", 1.0)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """``sample-shape`` as a tuple.
+
+        Raises
+        ------
+        ValueError
+            If it is not one or more comma-separated whole numbers >= 1.
+        """
+        return parse_shape(self.sample_shape, kebab("sample_shape"))
 
     def to_run_config(self) -> dict[str, Any]:
         """The settings as a run config (kebab-case keys): what a resume submits again."""
@@ -248,6 +313,24 @@ def knobs(settings: type[ControllerSettings] = RunSettings) -> dict[str, dict[st
             allowed = ""
         out[kebab(f.name)] = {"default": f.default, "help": meta["help"], "allowed": allowed}
     return out
+
+
+def parse_shape(text: str, key: str = "shape") -> tuple[int, ...]:
+    """A sample shape written ``"6,32"`` (or ``"6x32"``).
+
+    Raises
+    ------
+    ValueError
+        If it is not one to four whole numbers >= 1; the message names ``key``.
+    """
+    parts = [p.strip() for p in str(text).replace("x", ",").split(",")]
+    try:
+        shape = tuple(int(p) for p in parts)
+    except ValueError:
+        raise ValueError(f"{key} must be comma-separated whole numbers, got {text!r}") from None
+    if not 1 <= len(shape) <= MAX_AXES or min(shape) < 1 or math.prod(shape) > MAX_INT:
+        raise ValueError(f"{key} needs 1 to {MAX_AXES} sizes >= 1, got {text!r}")
+    return shape
 
 
 def number_list(text: str, key: str, minimum: float) -> list[float]:

@@ -51,7 +51,7 @@ def test_a_secure_run_survives_a_broker_crash_and_resumes_after_an_aggregator_ki
     assert records[2].planned["dev-1"] < records[2].planned["dev-0"]
     assert sum(records[2].planned.values()) == 128
     # So did the model: training goes on from where it was, not from scratch.
-    assert records[3].accuracy > records[0].accuracy
+    assert records[3].test_accuracy > records[0].test_accuracy
     state = json.loads((run_dir / "checkpoint" / "state.json").read_text())
     assert state["server-round"] == 4 and state["run-config"]["num-rounds"] == 4
     assert not [d for r in records for d in r.devices if d.startswith("node-")]

@@ -68,7 +68,7 @@ def test_status_reports_a_missing_buffer_clearly(tmp_path: Path) -> None:
         (["--rate", "10", "--count", "5", "--classes", "9"], "labels must be classes"),
         (["--rate", "10", "--count", "5", "--labels", "9"], "classes per device"),
         (["--rate", "10", "--labels", "1", "--classes", "0"], "not both"),
-        (["--rate", "10", "--count", "5", "--source", "missing.npz"], "No such file"),
+        (["--rate", "10", "--count", "5", "--source", "missing.npz"], "no such file"),
     ],
 )
 def test_publish_refuses_bad_options(args: list[str], message: str) -> None:

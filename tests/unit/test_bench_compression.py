@@ -33,7 +33,8 @@ def record(
     devices = {d: ReplyMetrics(num_examples=1, batch_size=1, step_s=0.0, train_loss=0.0,
                                bytes_up=n) for d, n in up.items()}  # fmt: skip
     return RoundRecord(
-        round=round_, accuracy=accuracy, loss=0.0, global_batch=2, sum_b=2, lr_scale=1.0,
+        round=round_, accuracy=0.0, test_accuracy=accuracy, loss=0.0,
+        global_batch=2, sum_b=2, lr_scale=1.0,
         planned={d: 1 for d in planned}, devices=devices, failed={}, rejected={},
         rejected_reasons={}, compress="none", aggregation="fedavg", aggregated=list(up),
         bytes_up=sum(up.values()), broadcast_bytes=down, inject_picked=[], inject_bytes=0,

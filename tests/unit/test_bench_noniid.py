@@ -42,7 +42,8 @@ def record(
 ) -> RoundRecord:
     """A round of these devices, every one messaged, the model 24,000 B down."""
     return RoundRecord(
-        round=round_, accuracy=accuracy, loss=0.0, global_batch=128, sum_b=128, lr_scale=1.0,
+        round=round_, accuracy=0.0, test_accuracy=accuracy, loss=0.0,
+        global_batch=128, sum_b=128, lr_scale=1.0,
         planned=dict.fromkeys(devices, 16), devices=devices, failed={}, rejected={},
         rejected_reasons={}, compress="none", aggregation="fedavg", aggregated=list(devices),
         bytes_up=sum(m.bytes_up for m in devices.values()), broadcast_bytes=24_000,

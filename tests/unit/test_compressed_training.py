@@ -17,7 +17,7 @@ from aggregator.records import RoundRecord
 from aggregator.server_app import run_rounds
 from deploy.inprocess import InProcessGrid, VirtualDevice
 from edge_client.runtime.buffer import BufferStore
-from edge_client.runtime.client_app import train as fedstream_train
+from edge_client.runtime.client_app import train_round as fedstream_train
 from edge_client.runtime.device_state import DeviceStateStore
 from edge_client.task.constants import DEFAULT_SHAPE
 from edge_client.task.models import build_model

@@ -3,6 +3,9 @@ run settings like any run's."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
 import pytest
 
 from deploy.demo import DemoConfig
@@ -39,7 +42,7 @@ def test_fault_options_are_checked_against_the_run_config() -> None:
 def test_keys_the_demo_sets_or_cannot_honour_are_refused() -> None:
     with pytest.raises(ValueError, match="sets \\['out-dir'\\] itself"):
         DemoConfig(run_config={"out-dir": "/tmp/elsewhere"})
-    with pytest.raises(ValueError, match=r"cannot change \['dataset', 'num-classes'\]"):
+    with pytest.raises(ValueError, match=r"streams set \['dataset', 'num-classes'\]"):
         DemoConfig(run_config={"dataset": "digits", "num-classes": 10})
 
 
@@ -47,3 +50,25 @@ def test_b_min_follows_the_global_batch_the_run_asks_for() -> None:
     # 4 devices sharing B = 16 get at most 4 each: b-min comes down with it.
     assert DemoConfig(run_config={"global-batch": 16}).settings.b_min == 4
     assert DemoConfig(run_config={"global-batch": 16, "b-min": 2}).settings.b_min == 2
+
+
+def test_a_recording_sets_the_shape_classes_model_and_test_file(tmp_path: Path) -> None:
+    # Prepare: a recording of 3 x 50 windows in 4 classes, and flat 561-feature rows.
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "rec.npz", x=rng.normal(size=(40, 3, 50)), y=rng.integers(0, 4, 40))
+    np.savez(tmp_path / "test.npz", x=rng.normal(size=(10, 3, 50)), y=rng.integers(0, 4, 10))
+    np.savez(tmp_path / "flat.npz", x=rng.normal(size=(40, 561)), y=rng.integers(0, 3, 40))
+    # Execute
+    windows = DemoConfig(source=tmp_path / "rec.npz", test=tmp_path / "test.npz").settings
+    flat = DemoConfig(source=tmp_path / "flat.npz").settings
+    # Assert
+    assert (windows.shape, windows.num_classes, windows.model) == ((3, 50), 4, "cnn")
+    assert windows.eval_data == str((tmp_path / "test.npz").resolve())
+    assert (flat.shape, flat.num_classes, flat.model, flat.eval_data) == ((561,), 3, "mlp", "")
+    assert DemoConfig().settings.eval_data == "synthetic"  # the built-in task's held-out set
+    with pytest.raises(ValueError, match="has \\(3, 50\\) and 4 classes"):
+        DemoConfig(source=tmp_path / "rec.npz", test=tmp_path / "flat.npz")
+    with pytest.raises(ValueError, match="give its --source"):
+        DemoConfig(test=tmp_path / "test.npz")
+    with pytest.raises(ValueError, match="no such file"):
+        DemoConfig(source=tmp_path / "missing.npz")

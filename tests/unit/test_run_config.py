@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from aggregator.controller import BatchController
+from deploy.flower import FlowerError, app_run_config
 from edge_client.wire.run_config import ControllerSettings, RunSettings, knobs
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
@@ -87,3 +88,16 @@ def test_run_config_is_read_with_types() -> None:
 def test_settings_round_trip_through_a_run_config() -> None:
     settings = RunSettings(num_rounds=7, compress="topk", sim_rates="5,6")
     assert RunSettings.from_run_config(settings.to_run_config()) == settings
+
+
+def test_a_resume_submits_only_the_keys_the_app_declares(tmp_path: Path) -> None:
+    # Prepare: a checkpoint's whole run config, and a user's app that declares a few keys.
+    example = Path(__file__).resolve().parents[2] / "examples" / "activity-app"
+    saved = RunSettings(sample_shape="3,50", num_classes=4, resume=True).to_run_config()
+    (tmp_path / "pyproject.toml").write_text("[tool.flwr.app.config]\nnum-rounds = 3\n")
+    # Execute
+    sent = app_run_config(saved, example)
+    # Assert: flwr run refuses undeclared keys; an app that cannot resume says so.
+    assert set(sent) < set(saved) and sent["sample-shape"] == "3,50" and sent["resume"]
+    with pytest.raises(FlowerError, match="cannot be resumed"):
+        app_run_config(saved, tmp_path)

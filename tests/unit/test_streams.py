@@ -13,9 +13,9 @@ from edge_client.emulation.sources import (
     ArraySource,
     SyntheticSource,
     label_distribution,
-    load_file,
 )
 from edge_client.runtime.seeding import device_rng
+from edge_client.task.recordings import load_recording
 from edge_client.task.synthetic import SensorTask
 
 
@@ -87,15 +87,16 @@ def test_file_sources(tmp_path: Path) -> None:
     np.savez(tmp_path / "s.npz", x=x, y=np.array([0, 1, 0, 1]))
     (tmp_path / "s.csv").write_text("label,a,b\n1,0.5,2\n0,1.5,3\n")
     (tmp_path / "bad.csv").write_text("1,x\n")
+    (tmp_path / "s.txt").write_text("1,2\n")
 
-    xs, ys = load_file(tmp_path / "s.npz")
-    xc, yc = load_file(tmp_path / "s.csv")
+    xs, ys = load_recording(tmp_path / "s.npz")
+    xc, yc = load_recording(tmp_path / "s.csv")
     replay = ArraySource(xs, ys, np.random.default_rng(0))
     first, _ = replay.next(6)
 
     assert xs.shape == (4, 2, 3) and list(yc) == [1, 0] and xc.shape == (2, 2)
     np.testing.assert_array_equal(first[4], x[0])  # replay wraps around
     with pytest.raises(ValueError, match="numbers"):
-        load_file(tmp_path / "bad.csv")
+        load_recording(tmp_path / "bad.csv")
     with pytest.raises(ValueError, match=r"\.npz or \.csv"):
-        load_file(tmp_path / "s.txt")
+        load_recording(tmp_path / "s.txt")

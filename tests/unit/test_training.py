@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -13,7 +14,7 @@ import torch
 from flwr.app import ArrayRecord
 
 from aggregator.checkpoint import RUN_CONFIG, Checkpoint, load_checkpoint, save_checkpoint
-from aggregator.records import RoundRecord, read_metrics
+from aggregator.records import FORMAT_VERSION, RoundRecord, read_metrics
 from aggregator.server_app import run_rounds
 from deploy.inprocess import InProcessGrid, VirtualDevice
 from edge_client.task.constants import DEFAULT_SHAPE
@@ -89,11 +90,13 @@ def test_a_metrics_file_resumed_across_an_upgrade_reads_as_one(
     # Execute
     old, new = read_metrics(out / "metrics.jsonl")
     # Assert: the old line reads with today's names; a newer format is refused by name
-    assert old.round == 1 and new.format_version == 1
+    assert old.round == 1 and new.format_version == FORMAT_VERSION
+    # Before prequential evaluation, a round's accuracy was the aggregator's own.
+    assert old.test_accuracy == 0.172 and math.isnan(old.accuracy)
     metrics = old.devices["dev-1"]
     assert (metrics.batch_size, metrics.local_steps, metrics.bytes_up) == (32, 5, 1576)
     assert (metrics.stream_rate, metrics.buffer_fill, metrics.compress_gap) == (200.0, 1840, 0.165)
-    newer = new.to_json().replace('"format-version": 1', '"format-version": 9')
+    newer = new.to_json().replace(f'"format-version": {FORMAT_VERSION}', '"format-version": 9')
     with pytest.raises(ValueError, match="format 9"):
         RoundRecord.from_json(newer)
 

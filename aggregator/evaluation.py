@@ -1,0 +1,75 @@
+"""Server-side evaluation, where the aggregator really has data: ``eval-data``.
+
+The devices evaluate every round prequentially (the received model on the samples they then
+train on); that needs no data on the aggregator and is what a round's ``accuracy`` reports.
+When the run names ``eval-data`` (a built-in dataset's held-out set, or a user's
+``.npz``/``.csv`` test file on the aggregator's host) the aggregator also scores each new
+global model on it: ``test-accuracy``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from torch import nn
+
+from edge_client.task.constants import DATASETS
+from edge_client.task.datasets import load_dataset
+from edge_client.task.interface import Scores, Task, evaluate
+from edge_client.task.recordings import load_recording
+from edge_client.wire.run_config import RunSettings
+
+__all__ = ["ServerEvaluation"]
+
+
+@dataclass(frozen=True)
+class ServerEvaluation:
+    """The aggregator's held-out samples, ready to score a model on.
+
+    With a task that preprocesses, the samples are preprocessed once with statistics of
+    their own (each device standardises by its own stream's; the aggregator has no stream).
+    """
+
+    task: Task
+    x: np.ndarray
+    y: np.ndarray
+
+    @classmethod
+    def from_settings(cls, settings: RunSettings, task: Task) -> ServerEvaluation | None:
+        """The run's ``eval-data``, at most ``eval-samples`` of it; None without.
+
+        Raises
+        ------
+        ValueError
+            If the file cannot be read, or its samples are not of the run's
+            ``sample-shape`` or have labels beyond ``num-classes``.
+        """
+        source = settings.eval_data
+        if not source:
+            return None
+        if source in DATASETS:
+            data = load_dataset(source, settings.shape, settings.num_classes)
+            x, y = data.eval_set(settings.eval_samples, settings.seed)
+        else:
+            x, y = load_recording(source, settings.shape)
+            x, y = x[: settings.eval_samples], y[: settings.eval_samples]
+        if tuple(x.shape[1:]) != settings.shape:
+            raise ValueError(
+                f"eval-data {source}: samples of shape {tuple(x.shape[1:])}, the run's "
+                f"sample-shape is {settings.shape}"
+            )
+        if int(y.max()) >= settings.num_classes:
+            raise ValueError(
+                f"eval-data {source}: labels up to {int(y.max())}, the run has num-classes "
+                f"{settings.num_classes}"
+            )
+        preprocessor = task.preprocessor()
+        if preprocessor is not None:
+            preprocessor.update(x)
+            x = preprocessor(x)
+        return cls(task, x, y)
+
+    def __call__(self, model: nn.Module) -> Scores:
+        """``model``'s scores on the held-out samples."""
+        return evaluate(self.task, model, self.x, self.y)

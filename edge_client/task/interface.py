@@ -1,0 +1,202 @@
+"""The task interface: what a run learns, whatever the user's sensors send.
+
+A :class:`Task` says how to build the model for a sample shape and an output count, the loss
+it is trained on, the metric it is scored by, how a batch of buffered samples becomes the
+model's inputs and targets, and an optional preprocessing step the device keeps state for
+(:mod:`edge_client.task.preprocess`). Nothing in it assumes classification: a task whose
+targets are cut from the samples themselves (forecasting) overrides :meth:`Task.targets`.
+
+Built in: :class:`Classification` (the sensor 1D-CNN or the MLP, or a user's own
+``nn.Module`` class). A user's task derives from :class:`Task` and is named by import path in
+the run config (``task = "my_pkg.task:HarTask"``) or handed to the app factories
+(:func:`edge_client.runtime.client_app.make_client_app`,
+:func:`aggregator.server_app.make_server_app`).
+"""
+
+from __future__ import annotations
+
+import inspect
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import torch
+from torch import nn
+
+from edge_client.task.constants import PREPROCESSING
+from edge_client.task.models import build_model
+from edge_client.task.preprocess import ChannelStandardizer, Preprocessor
+
+__all__ = ["Classification", "ModelFactory", "Scores", "Task", "evaluate", "init_model"]
+
+#: A user's model: a class or function called with the keyword arguments it declares of
+#: ``shape`` (the sample shape), ``num_outputs`` and ``num_classes`` (both the output count).
+ModelFactory = Callable[..., nn.Module]
+
+EVAL_CHUNK = 1024  # samples per forward pass when scoring: bounds the memory it takes
+
+
+class Task(ABC):
+    """What is learned and how it is scored.
+
+    Subclasses implement :meth:`build_model`, :meth:`loss` and :meth:`score`; they may
+    override :meth:`targets` (where the targets come from) and :meth:`preprocessor`.
+
+    Attributes
+    ----------
+    metric : str
+        Name of the headline metric that :meth:`score` measures, as records and tables show
+        it (``accuracy``).
+    """
+
+    metric: ClassVar[str] = "accuracy"
+
+    @abstractmethod
+    def build_model(self, shape: tuple[int, ...], num_outputs: int) -> nn.Module:
+        """A freshly initialised model for samples of ``shape`` with ``num_outputs`` outputs
+        (seed torch before calling it for a reproducible start: :func:`init_model`)."""
+
+    @abstractmethod
+    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The training loss of a batch (a scalar: the mean over its samples)."""
+
+    @abstractmethod
+    def score(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The metric of each sample of a batch (shape ``(n,)``): its mean is the metric."""
+
+    def targets(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The model's inputs and targets from a batch of samples ``x`` and their labels
+        ``y`` (labels as they are, by default)."""
+        return x, y
+
+    def preprocessor(self) -> Preprocessor | None:
+        """A fresh preprocessing step whose state the device keeps across rounds, or None."""
+        return None
+
+
+class Classification(Task):
+    """Classification of sensor samples by a 1D-CNN, an MLP, or a model of the user's.
+
+    Parameters
+    ----------
+    model : str or callable
+        ``cnn`` (needs ``(channels, steps)`` samples) or ``mlp`` (any shape), or a model
+        factory (:data:`ModelFactory`).
+    width : int
+        Channels of the CNN or hidden units of the MLP (0: their defaults).
+    preprocess : {"none", "standardize"}
+        ``standardize``: each device standardises every channel (the sample's first axis)
+        by running statistics of its own stream (:class:`ChannelStandardizer`).
+    """
+
+    def __init__(
+        self, model: str | ModelFactory = "cnn", width: int = 0, preprocess: str = "none"
+    ) -> None:
+        if preprocess not in PREPROCESSING:
+            raise ValueError(f"preprocess must be one of {PREPROCESSING}, got {preprocess!r}")
+        self.model = model
+        self.width = width
+        self.preprocess = preprocess
+
+    def build_model(self, shape: tuple[int, ...], num_outputs: int) -> nn.Module:
+        """The configured model for ``shape`` and ``num_outputs`` classes."""
+        if isinstance(self.model, str):
+            return build_model(self.model, shape, num_outputs, seed=None, width=self.width)
+        return call_model_factory(self.model, shape, num_outputs)
+
+    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy of the logits."""
+        return nn.functional.cross_entropy(outputs, targets)
+
+    def score(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """1 where the most likely class is the label, else 0."""
+        return (outputs.argmax(1) == targets).float()
+
+    def preprocessor(self) -> Preprocessor | None:
+        """A :class:`ChannelStandardizer` with ``standardize``, else None."""
+        return ChannelStandardizer() if self.preprocess == "standardize" else None
+
+    def __repr__(self) -> str:
+        model = self.model if isinstance(self.model, str) else _name(self.model)
+        return (
+            f"Classification(model={model!r}, width={self.width}, preprocess={self.preprocess!r})"
+        )
+
+
+def call_model_factory(factory: ModelFactory, shape: tuple[int, ...], outputs: int) -> nn.Module:
+    """Build a user's model: ``factory`` is called with those of ``shape``, ``num_outputs``
+    and ``num_classes`` that it declares (none: called without arguments).
+
+    Raises
+    ------
+    ValueError
+        If it does not return an ``nn.Module``, or fails to build.
+    """
+    offered = {"shape": tuple(shape), "num_outputs": outputs, "num_classes": outputs}
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):  # a builtin or C callable: offer nothing
+        params = {}  # type: ignore[assignment]
+    takes_all = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    kwargs = {k: v for k, v in offered.items() if takes_all or k in params}
+    try:
+        model = factory(**kwargs)
+    except Exception as err:
+        raise ValueError(
+            f"model {_name(factory)} failed to build for shape {tuple(shape)} and {outputs} "
+            f"outputs: {type(err).__name__}: {err}"
+        ) from err
+    if not isinstance(model, nn.Module):
+        raise ValueError(f"model {_name(factory)} returned {type(model).__name__}, not a Module")
+    return model
+
+
+def init_model(task: Task, shape: tuple[int, ...], num_outputs: int, seed: int) -> nn.Module:
+    """The run's initial global model: ``task``'s model, initialised from ``seed``."""
+    torch.manual_seed(seed)
+    return task.build_model(tuple(shape), num_outputs)
+
+
+@dataclass(frozen=True)
+class Scores:
+    """A model's scores on some samples: the task's metric and loss (means), and how many
+    samples they are over (NaN means over none)."""
+
+    metric: float
+    loss: float
+    count: int
+
+
+@torch.no_grad()
+def evaluate(
+    task: Task,
+    model: nn.Module,
+    x: np.ndarray,
+    y: np.ndarray,
+    device: torch.device | None = None,
+) -> Scores:
+    """Score ``model`` on samples ``x`` with labels ``y`` by ``task``'s metric and loss.
+
+    Runs in chunks of :data:`EVAL_CHUNK` samples, with the model in eval mode (it is left
+    in eval mode: a trainer puts it back in train mode).
+    """
+    device = device or torch.device("cpu")
+    model.to(device).eval()
+    n = len(x)
+    if n == 0:
+        return Scores(float("nan"), float("nan"), 0)
+    metric_sum = loss_sum = 0.0
+    for first in range(0, n, EVAL_CHUNK):
+        xb = torch.from_numpy(np.ascontiguousarray(x[first : first + EVAL_CHUNK])).to(device)
+        yb = torch.from_numpy(np.ascontiguousarray(y[first : first + EVAL_CHUNK])).to(device)
+        inputs, targets = task.targets(xb, yb)
+        outputs = model(inputs)
+        metric_sum += float(task.score(outputs, targets).sum().item())
+        loss_sum += float(task.loss(outputs, targets).item()) * len(xb)
+    return Scores(metric_sum / n, loss_sum / n, n)
+
+
+def _name(obj: object) -> str:
+    return f"{getattr(obj, '__module__', '?')}:{getattr(obj, '__qualname__', repr(obj))}"

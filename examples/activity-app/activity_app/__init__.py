@@ -1,0 +1,1 @@
+"""activity-app: federated activity recognition from wrist accelerometers, on fedstream."""

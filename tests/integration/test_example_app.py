@@ -1,0 +1,76 @@
+"""A user's own Flower app (``examples/activity-app``: its own task and model, built on
+fedstream's app factories) run through ``flwr run`` on a real SuperLink and SuperNodes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from aggregator.records import read_metrics
+from deploy.flower import FlowerDeployment
+from deploy.local import ProcessGroup
+from edge_client.runtime.buffer import BufferStore
+from edge_client.runtime.node_config import NodeConfig
+from edge_client.task.synthetic import SensorTask
+from edge_client.wire.frames import SampleBatch
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "activity-app"
+
+
+def fill_buffer(path: Path, x: np.ndarray, y: np.ndarray) -> None:
+    """A device's buffer as its ingest daemon leaves it after the stream ran a while."""
+    with BufferStore(path, shape=tuple(x.shape[1:])) as store:
+        store.append([SampleBatch(x, y, np.full(len(y), time.time()))], rate=100.0)
+
+
+def test_a_user_app_trains_its_own_model_through_flwr_run(tmp_path: Path) -> None:
+    # Prepare: the example's recording (two watches and a test file), as its README says.
+    data = tmp_path / "data"
+    subprocess.run(
+        [sys.executable, "-m", "activity_app.record", str(data), "--windows", "2500"],
+        cwd=EXAMPLE,
+        check=True,
+        capture_output=True,
+    )
+    buffers = {f"watch-{i}": tmp_path / f"watch-{i}.sqlite" for i in range(2)}
+    for i, path in enumerate(buffers.values()):
+        with np.load(data / f"watch-{i}.npz") as rec:
+            fill_buffer(path, rec["x"], rec["y"])
+    # ... and a third device whose sensors send 6 x 32 windows: not this app's 3 x 50.
+    buffers["phone-0"] = tmp_path / "phone-0.sqlite"
+    x, y = SensorTask((6, 32), 4).sample(2000, np.random.default_rng(0))
+    fill_buffer(buffers["phone-0"], x, y)
+    out = tmp_path / "out"
+    with ProcessGroup() as group:
+        flower = FlowerDeployment(group, tmp_path / "flwr")
+        flower.start_superlink()
+        for device, path in buffers.items():
+            flower.start_supernode(device, NodeConfig(device, str(path)).to_node_config())
+        flower.wait_nodes(3)
+        # Execute
+        run_id = flower.submit(
+            EXAMPLE,
+            {
+                "num-rounds": 3,
+                "min-nodes": 3,
+                "out-dir": str(out),
+                "eval-data": str(data / "test.npz"),
+            },
+        )
+        status = flower.wait_finished(run_id, timeout=300)
+        logs = flower.logs(run_id)
+    # Assert: the watches trained the app's model; the phone was left out, with its reason.
+    assert status.get("status") == "finished:completed", (status, logs[-3000:])
+    records = read_metrics(out / "metrics.jsonl")
+    assert [r.round for r in records] == [1, 2, 3]
+    for record in records:
+        assert record.aggregated == ["watch-0", "watch-1"]
+    assert records[-1].rejected == {"phone-0": 3}
+    assert records[-1].rejected_reasons == {"shape-mismatch": 3}
+    assert records[-1].test_accuracy > 0.6  # 4 activities: chance is 0.25
+    assert records[-1].accuracy > 0.5  # prequential, on the watches' own windows
+    assert records[-1].eval_count == sum(m.num_examples for m in records[-1].devices.values())

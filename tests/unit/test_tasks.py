@@ -1,0 +1,328 @@
+"""Tasks a user brings: their model or whole task by import path or from Python, their
+sample shape (devices of another shape are left out, with the reason), preprocessing kept on
+the device, and prequential evaluation (test, then train) on the devices."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from aggregator.checkpoint import load_checkpoint
+from aggregator.server_app import run_rounds
+from deploy.inprocess import InProcessGrid, VirtualDevice
+from edge_client.emulation.sources import ArraySource, SyntheticSource
+from edge_client.runtime.buffer import BufferStore
+from edge_client.runtime.client_app import make_client_app
+from edge_client.runtime.device_state import DeviceStateStore
+from edge_client.task.interface import Classification, evaluate
+from edge_client.task.loading import load_task
+from edge_client.task.preprocess import ChannelStandardizer
+from edge_client.task.recordings import load_recording
+from edge_client.task.synthetic import SensorTask
+from edge_client.wire.run_config import RunSettings
+from tests.tasks import SampleLog, TinyTask
+
+Fast = Callable[..., RunSettings]
+Fleet = Callable[..., list[VirtualDevice]]
+
+
+def _weights(checkpoint_dir: str) -> dict[str, torch.Tensor]:
+    checkpoint = load_checkpoint(checkpoint_dir)
+    assert checkpoint is not None
+    return checkpoint.arrays.to_torch_state_dict()
+
+
+# -- user tasks ----------------------------------------------------------------------------
+
+
+def test_a_user_model_named_in_the_run_config_learns(
+    tmp_path: Path, fast: Fast, fleet: Fleet
+) -> None:
+    # Prepare: the user's own nn.Module, by import path.
+    settings = fast(model="tests.tasks:TinyNet", num_rounds=5, checkpoint_dir=str(tmp_path / "c"))
+    grid = InProcessGrid(fleet(1, 1), tmp_path / "b", settings)
+    # Execute
+    records = run_rounds(grid, settings)
+    grid.close()
+    # Assert: it is the user's model that was trained, and it learned.
+    assert set(_weights(settings.checkpoint_dir)) == {
+        "body.1.weight", "body.1.bias", "body.3.weight", "body.3.bias",
+    }  # fmt: skip
+    assert records[-1].test_accuracy > 1 / 6 + 0.2
+    assert records[-1].eval_count > 0 and records[-1].accuracy > 1 / 6 + 0.1
+
+
+def test_a_user_task_by_import_path_and_from_python_train_the_same_model(
+    tmp_path: Path, fast: Fast, fleet: Fleet
+) -> None:
+    # Prepare: the same Task, named in the run config, or handed to the app factories.
+    # (The fixed controller: measured step times would make the two plans differ.)
+    by_path = fast(
+        task="tests.tasks:TinyTask", controller="fixed", checkpoint_dir=str(tmp_path / "a")
+    )
+    by_object = fast(controller="fixed", checkpoint_dir=str(tmp_path / "b"))
+    # Execute
+    grid = InProcessGrid(fleet(1, 2), tmp_path / "ba", by_path)
+    run_rounds(grid, by_path)
+    grid.close()
+    task = TinyTask()
+    grid = InProcessGrid(fleet(1, 2), tmp_path / "bb", by_object, make_client_app(task))
+    run_rounds(grid, by_object, task=task)
+    grid.close()
+    # Assert: bit for bit the same weights, of the user's model.
+    a, b = _weights(by_path.checkpoint_dir), _weights(by_object.checkpoint_dir)
+    assert set(a) == {"body.1.weight", "body.1.bias", "body.3.weight", "body.3.bias"}
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"task": "tests.no_such_module:Task"}, "cannot import 'tests.no_such_module'"),
+        ({"task": "tests.tasks:Missing"}, "has no 'Missing'"),
+        ({"task": "tests.tasks:NOT_A_TASK"}, "not a fedstream Task"),
+        ({"model": "tests.tasks:NOT_A_TASK"}, "need an nn.Module class"),
+    ],
+)
+def test_a_task_or_model_that_does_not_load_says_why(
+    overrides: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        load_task(RunSettings(**overrides))
+
+
+def test_run_config_refuses_malformed_tasks_models_and_shapes() -> None:
+    with pytest.raises(ValueError, match="import path"):
+        RunSettings(task="my task")
+    with pytest.raises(ValueError, match="import path"):
+        RunSettings(model="resnet")
+    for shape in ("", "6,0", "a,b", "1,2,3,4,5"):
+        with pytest.raises(ValueError, match="sample-shape"):
+            RunSettings(sample_shape=shape)
+    assert RunSettings(sample_shape="3,50").shape == (3, 50)
+
+
+def test_a_user_model_that_does_not_fit_the_shape_fails_with_its_reason() -> None:
+    # The CNN needs (channels, steps); a flat sample gets a message that says what to set.
+    with pytest.raises(ValueError, match="set model = 'mlp'"):
+        load_task(RunSettings(sample_shape="561")).build_model((561,), 6)
+
+
+# -- shapes from the data ------------------------------------------------------------------
+
+
+def test_a_device_of_another_shape_is_left_out_with_its_reason(
+    tmp_path: Path, fast: Fast, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Prepare: dev-2's sensors send 3 x 50 windows; the run declares 6 x 32.
+    other = SyntheticSource(SensorTask((3, 50), 6), np.random.default_rng(0))
+    devices = [VirtualDevice("dev-0"), VirtualDevice("dev-1"), VirtualDevice("dev-2", source=other)]
+    settings = fast(controller="fixed")
+    grid = InProcessGrid(devices, tmp_path, settings)
+    fill_before = grid.stores[grid_node(grid, "dev-2")].fill
+    # Execute
+    with caplog.at_level(logging.WARNING, logger="aggregator.strategy"):
+        records = run_rounds(grid, settings)
+    fill_after = grid.stores[grid_node(grid, "dev-2")].fill
+    grid.close()
+    # Assert: the others train; dev-2 is refused every round, counted by reason, logged once.
+    for record in records:
+        assert record.aggregated == ["dev-0", "dev-1"]
+    assert records[-1].rejected == {"dev-2": 3}
+    assert records[-1].rejected_reasons == {"shape-mismatch": 3}
+    lines = [r.getMessage() for r in caplog.records if r.name == "aggregator.strategy"]
+    assert len(lines) == 1 and "3x50" in lines[0] and "6x32" in lines[0]
+    assert fill_after >= fill_before  # its samples were left in its buffer
+    assert records[-1].test_accuracy > 1 / 6
+
+
+def grid_node(grid: InProcessGrid, device_id: str) -> int:
+    return next(n for n, d in grid.devices.items() if d.device_id == device_id)
+
+
+# -- prequential evaluation ----------------------------------------------------------------
+
+
+def test_prequential_evaluation_never_scores_a_sample_the_model_has_trained_on(
+    tmp_path: Path, fast: Fast
+) -> None:
+    # Prepare: every sample carries its id in its first value; device k's ids are k * 10^5 +
+    # i, replayed in order. Both devices share samples (ScaDLES injection) and mix pooled ones
+    # into their batches.
+    def stream(k: int) -> ArraySource:
+        rng = np.random.default_rng(k)
+        x = rng.normal(size=(20_000, 6, 32)).astype(np.float32)
+        x[:, 0, 0] = k * 100_000 + np.arange(20_000)
+        return ArraySource(x, rng.integers(0, 6, 20_000), rng)
+
+    devices = [VirtualDevice(f"dev-{k}", source=stream(k), inject=True) for k in range(2)]
+    settings = fast(
+        num_rounds=4, controller="fixed", inject_alpha=1.0, inject_mix=0.25, eval_data=""
+    )
+    task = SampleLog()
+    grid = InProcessGrid(devices, tmp_path, settings, make_client_app(task))
+    # Execute
+    records = run_rounds(grid, settings, task=task)
+    grid.close()
+    # Assert: each scored sample is scored before any model trained on it, and is one of the
+    # scoring device's own (never a pooled one).
+    trained: set[int] = set()
+    scored = 0
+    for phase, ids in task.events:
+        if phase == "eval":
+            assert not trained & set(ids)
+            assert len({i // 100_000 for i in ids}) == 1
+            scored += len(ids)
+        else:
+            trained |= set(ids)
+    assert any(len({i // 100_000 for i in ids}) == 2 for p, ids in task.events if p == "train")
+    # ... and each reply counts exactly its own samples: trained minus drawn from the pool.
+    for record in records:
+        for m in record.devices.values():
+            assert m.eval_count == m.num_examples - m.inject_used
+        assert record.eval_count == sum(m.eval_count for m in record.devices.values())
+    assert scored == sum(r.eval_count for r in records)
+    assert math.isnan(records[-1].test_accuracy)  # no eval-data: the aggregator has none
+
+
+def test_the_round_accuracy_is_the_sample_weighted_mean_of_the_devices(
+    tmp_path: Path, fast: Fast, fleet: Fleet
+) -> None:
+    # Prepare
+    settings = fast()
+    grid = InProcessGrid(fleet(1, 4), tmp_path, settings)
+    # Execute
+    records = run_rounds(grid, settings)
+    grid.close()
+    # Assert
+    for record in records:
+        devices = record.devices.values()
+        weighted = sum(m.eval_metric * m.eval_count for m in devices)
+        assert record.eval_count == sum(m.eval_count for m in devices) > 0
+        assert record.accuracy == pytest.approx(weighted / record.eval_count)
+        assert record.loss == pytest.approx(
+            sum(m.eval_loss * m.eval_count for m in devices) / record.eval_count
+        )
+
+
+def test_evaluate_in_chunks_is_the_mean_over_all_samples() -> None:
+    # Prepare
+    torch.manual_seed(0)
+    task = Classification("mlp")
+    model = task.build_model((6, 32), 6)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2500, 6, 32)).astype(np.float32)
+    y = rng.integers(0, 6, 2500)
+    # Execute
+    scores = evaluate(task, model, x, y)
+    # Assert: over 3 chunks, as one pass over everything.
+    with torch.no_grad():
+        logits = model(torch.from_numpy(x))
+        target = torch.from_numpy(y)
+        whole_loss = torch.nn.functional.cross_entropy(logits, target).item()
+        whole_acc = (logits.argmax(1) == target).float().mean().item()
+    assert scores.count == 2500
+    assert scores.metric == pytest.approx(whole_acc, abs=1e-6)
+    assert scores.loss == pytest.approx(whole_loss, rel=1e-5)
+    assert math.isnan(evaluate(task, model, x[:0], y[:0]).metric)
+
+
+# -- preprocessing kept on the device ------------------------------------------------------
+
+
+def test_channel_standardizer_matches_the_statistics_of_everything_seen() -> None:
+    # Prepare: three batches of different sizes; channel c has mean c and scale c + 1.
+    rng = np.random.default_rng(0)
+    batches = [
+        (rng.normal(size=(n, 3, 5)) * np.array([1, 2, 3])[:, None] + np.arange(3)[:, None]).astype(
+            np.float32
+        )
+        for n in (1, 7, 40)
+    ]
+    everything = np.concatenate(batches).astype(np.float64)
+    standardizer = ChannelStandardizer()
+    untouched = standardizer(batches[0])
+    # Execute
+    for batch in batches:
+        standardizer.update(batch)
+    restored = ChannelStandardizer()
+    restored.load_state_dict(standardizer.state_dict())
+    out = restored(everything.astype(np.float32))
+    # Assert: the identity before any sample; then every channel mean 0, std 1 over all seen
+    np.testing.assert_array_equal(untouched, batches[0])
+    assert standardizer.mean is not None and standardizer.std is not None
+    np.testing.assert_allclose(standardizer.mean, everything.mean(axis=(0, 2)), atol=1e-9)
+    np.testing.assert_allclose(standardizer.std, everything.std(axis=(0, 2)), rtol=1e-9)
+    np.testing.assert_allclose(out.mean(axis=(0, 2)), 0, atol=1e-5)
+    np.testing.assert_allclose(out.std(axis=(0, 2)), 1, atol=1e-5)
+    with pytest.raises(ValueError, match="standardiser"):
+        ChannelStandardizer().load_state_dict({"count": 1, "mean": [0.0], "m2": [1.0, 2.0]})
+
+
+def test_standardisation_state_is_kept_per_device_in_its_buffer_file(
+    tmp_path: Path, fast: Fast
+) -> None:
+    # Prepare: two devices whose sensors differ in gain and offset.
+    devices = [VirtualDevice(f"dev-{i}", feature_shift=1.0) for i in range(2)]
+    settings = fast(preprocess="standardize", num_rounds=3)
+    grid = InProcessGrid(devices, tmp_path, settings)
+    # Execute
+    records = run_rounds(grid, settings)
+    paths = [store.path for store in grid.stores.values()]
+    grid.close()
+    # Assert: each device's statistics cover exactly the samples it took, and differ.
+    states = []
+    for path, device in zip(paths, ("dev-0", "dev-1"), strict=True):
+        standardizer = ChannelStandardizer()
+        with DeviceStateStore(path) as state:
+            state.load_preprocessor(standardizer)
+        taken = sum(r.devices[device].num_examples for r in records)
+        assert standardizer.count == taken * 32  # values per channel: samples x steps
+        assert standardizer.mean is not None
+        states.append(standardizer.mean)
+    assert not np.allclose(states[0], states[1])
+
+
+# -- recordings ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("arrays", "message"),
+    [
+        ({"x": np.zeros((3, 2)), "y": np.zeros(2)}, "3 samples but 2 labels"),
+        ({"x": np.zeros((2, 2)), "y": np.array([0, -1])}, "whole numbers >= 0"),
+        ({"x": np.zeros((2, 2)), "y": np.array([0, 0.5])}, "whole numbers >= 0"),
+        ({"x": np.full((2, 2), np.nan), "y": np.zeros(2)}, "NaN"),
+        ({"samples": np.zeros((2, 2))}, "needs arrays 'x' and 'y'"),
+        ({"x": np.zeros((0, 2)), "y": np.zeros(0)}, "no samples"),
+    ],
+)
+def test_a_bad_recording_is_refused_with_its_reason(
+    tmp_path: Path, arrays: dict[str, Any], message: str
+) -> None:
+    np.savez(tmp_path / "r.npz", **arrays)
+    with pytest.raises(ValueError, match=message):
+        load_recording(tmp_path / "r.npz")
+
+
+def test_a_corrupt_or_ragged_recording_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "r.npz").write_bytes(b"PK\x03\x04 truncated")
+    (tmp_path / "r.csv").write_text("0,1,2\n1,3\n")
+    with pytest.raises(ValueError, match="not a readable"):
+        load_recording(tmp_path / "r.npz")
+    with pytest.raises(ValueError, match="different widths"):
+        load_recording(tmp_path / "r.csv")
+    with pytest.raises(ValueError, match="no such file"):
+        load_recording(tmp_path / "missing.npz")
+
+
+def test_buffer_store_keeps_the_shape_a_device_was_set_up_with(tmp_path: Path) -> None:
+    with BufferStore(tmp_path / "b.sqlite", shape=(3, 50)) as store:
+        assert store.shape == (3, 50)
