@@ -37,7 +37,8 @@ class ServerEvaluation:
 
     @classmethod
     def from_settings(cls, settings: RunSettings, task: Task) -> ServerEvaluation | None:
-        """The run's ``eval-data``, at most ``eval-samples`` of it; None without.
+        """The run's ``eval-data``, at most ``eval-samples`` of it (drawn by ``seed`` from a
+        larger file); None without.
 
         Raises
         ------
@@ -53,7 +54,9 @@ class ServerEvaluation:
             x, y = data.eval_set(settings.eval_samples, settings.seed)
         else:
             x, y = load_recording(source, settings.shape)
-            x, y = x[: settings.eval_samples], y[: settings.eval_samples]
+            if len(y) > settings.eval_samples:  # a sample of it, not its first rows (sorted?)
+                keep = np.random.default_rng(settings.seed).permutation(len(y))
+                x, y = x[keep[: settings.eval_samples]], y[keep[: settings.eval_samples]]
         if tuple(x.shape[1:]) != settings.shape:
             raise ValueError(
                 f"eval-data {source}: samples of shape {tuple(x.shape[1:])}, the run's "

@@ -128,8 +128,9 @@ class RoundRecord:
         return sum(m.batch_size for m in self.devices.values() if m.num_examples > 0)
 
     def to_json(self) -> str:
-        """The record as one line of ``metrics.jsonl``."""
-        return json.dumps(to_mapping(self))
+        """The record as one line of ``metrics.jsonl`` (strict JSON: NaN, a score over no
+        samples, is written as ``null`` and read back as NaN)."""
+        return json.dumps(_finite(to_mapping(self)), allow_nan=False)
 
     @classmethod
     def from_json(cls, line: str) -> RoundRecord:
@@ -151,7 +152,7 @@ class RoundRecord:
                 data = _from_format_0(data)
             if version < 2:
                 data = _from_format_1(data)
-            return from_mapping(cls, data)
+            return from_mapping(cls, {**data, kebab("format_version"): FORMAT_VERSION})
         except (MappingError, json.JSONDecodeError, TypeError, AttributeError) as err:
             raise ValueError(f"not a round record: {err}") from err
 
@@ -169,13 +170,24 @@ def _from_format_0(data: dict[str, Any]) -> dict[str, Any]:
     return {**data, kebab("devices"): devices}
 
 
+def _finite(value: Any) -> Any:
+    """``value`` with every NaN or infinite float replaced by None (JSON has neither)."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
 def _from_format_1(data: dict[str, Any]) -> dict[str, Any]:
     """A format-0 or 1 line as the current format: its ``accuracy`` and ``loss`` were the
     aggregator's own evaluation."""
     return {
         **data,
-        "test-accuracy": data.get("accuracy", math.nan),
-        "test-loss": data.get("loss", math.nan),
+        kebab("test_accuracy"): data.get("accuracy", math.nan),
+        kebab("test_loss"): data.get("loss", math.nan),
         "accuracy": math.nan,
         "loss": math.nan,
     }

@@ -34,7 +34,7 @@ from aggregator.strategy import RoundReport, StreamStrategy
 from edge_client.task.interface import Scores, Task, init_model
 from edge_client.task.loading import load_task
 from edge_client.wire.mapping import kebab
-from edge_client.wire.run_config import RunSettings
+from edge_client.wire.run_config import RunSettings, parse_shape, upgrade_saved
 
 __all__ = ["Exchange", "app", "exchange", "make_server_app", "run_rounds", "wait_for_nodes"]
 
@@ -211,11 +211,18 @@ def _check_resumable(ckpt: Checkpoint, settings: RunSettings) -> None:
         If the checkpoint's run config names another task, model, sample shape or class
         count.
     """
-    saved = ckpt.extra.get(RUN_CONFIG, {})
+    saved = upgrade_saved(ckpt.extra.get(RUN_CONFIG, {}))
+
+    def same(name: str) -> bool:
+        old, new = saved[kebab(name)], getattr(settings, name)
+        if name == "sample_shape":  # "6,32" and "6x32" are one shape
+            return parse_shape(str(old)) == settings.shape
+        return bool(old == new)
+
     changed = [
         f"{kebab(name)}: {saved[kebab(name)]!r} -> {getattr(settings, name)!r}"
         for name in MODEL_SETTINGS
-        if kebab(name) in saved and saved[kebab(name)] != getattr(settings, name)
+        if kebab(name) in saved and not same(name)
     ]
     if changed:
         raise ValueError(

@@ -24,7 +24,7 @@ from aggregator.checkpoint import RUN_CONFIG, SERVER_ROUND, read_state
 from deploy.local import ProcessGroup, free_port, wait_for_port
 from deploy.secure import RunSecrets
 from edge_client.wire.mapping import kebab
-from edge_client.wire.run_config import RunSettings
+from edge_client.wire.run_config import RunSettings, upgrade_saved
 
 __all__ = ["FlowerDeployment", "FlowerError", "app_run_config", "resume_run", "submit_run"]
 
@@ -132,7 +132,7 @@ def resume_run(
             f"flwr run . <connection> --run-config \"resume=true checkpoint-dir='...' ...\""
         )
     try:
-        settings = RunSettings.from_run_config(saved)
+        settings = RunSettings.from_run_config(upgrade_saved(saved))
     except ValueError as err:
         raise FlowerError(
             f"the checkpoint in {checkpoint_dir} has a bad run config: {err}"

@@ -215,10 +215,13 @@ class InProcessGrid(LocalGrid):
         self.clock = 0.0  # virtual seconds
         self.round = 0
         self.round_times: list[float] = []
-        run_data = load_dataset(
-            self.settings.dataset, self.settings.shape, self.settings.num_classes
+        # The run's dataset, for the devices that stream it (none: all bring their own).
+        run_data = (
+            None
+            if all(d.source is not None for d in devices)
+            else load_dataset(self.settings.dataset, self.settings.shape, self.settings.num_classes)
         )
-        self._classes = run_data.num_classes
+        self._classes = self.settings.num_classes
         self.stores: dict[int, BufferStore] = {}
         self.outboxes: dict[int, Outbox] = {}
         self.pools: dict[int, BufferStore] = {}
@@ -228,9 +231,12 @@ class InProcessGrid(LocalGrid):
         self._replies: dict[str, Message] = {}
         workdir.mkdir(parents=True, exist_ok=True)
         for node, dev in self.devices.items():
-            rng = device_rng(self.settings.seed if seed is None else seed, dev.device_id)
-            probs = label_distribution(run_data.num_classes, rng, dev.labels, dev.dirichlet)
-            source = dev.source or dataset_source(run_data, rng, probs, dev.feature_shift)
+            source = dev.source
+            if source is None:
+                assert run_data is not None
+                rng = device_rng(self.settings.seed if seed is None else seed, dev.device_id)
+                probs = label_distribution(run_data.num_classes, rng, dev.labels, dev.dirichlet)
+                source = dataset_source(run_data, rng, probs, dev.feature_shift)
             path = workdir / f"{dev.device_id}.sqlite"
             self.stores[node] = BufferStore(
                 path, shape=source.shape, policy=dev.policy, capacity=dev.capacity

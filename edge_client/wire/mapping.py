@@ -9,6 +9,7 @@ module is the only place that turns one into the other, so no key is spelled twi
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Callable, Mapping
@@ -148,7 +149,9 @@ def _converter(hint: Any) -> Converter:
         return lambda v: v
     if hint is bool:
         return _to_bool
-    if hint in (int, float, str):
+    if hint is float:
+        return _to_float
+    if hint in (int, str):
         return cast(Converter, hint)
     if hint is bytes:
         return _to_bytes
@@ -164,6 +167,11 @@ def _converter(hint: Any) -> Converter:
         record = hint
         return lambda v: from_mapping(record, _expect(v, Mapping))
     raise TypeError(f"no conversion to {hint!r}")
+
+
+def _to_float(value: Any) -> float:
+    """A float; JSON's ``null`` (how a record writes NaN: JSON has none) reads as NaN."""
+    return math.nan if value is None else float(value)
 
 
 def _to_bool(value: Any) -> bool:

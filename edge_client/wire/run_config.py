@@ -49,6 +49,7 @@ __all__ = [
     "knobs",
     "number_list",
     "parse_shape",
+    "upgrade_saved",
 ]
 
 MAX_INT = 10**7  # no count in a run config (rounds, steps, batch, samples) is anywhere near
@@ -286,6 +287,20 @@ class RunSettings(ControllerSettings):
             return from_mapping(cls, config, strict=True)
         except MappingError as err:
             raise ValueError(f"run config: {err}") from err
+
+
+def upgrade_saved(config: Mapping[str, Any]) -> dict[str, Any]:
+    """A run config saved by an earlier fedstream (a checkpoint's), with the keys added since
+    set to what that release did: before ``sample-shape`` and ``eval-data`` existed, the
+    model's shape was the ``dataset``'s and the aggregator scored every round on the
+    ``dataset``'s held-out set."""
+    out = dict(config)
+    dataset = out.get(kebab("dataset"), default("dataset"))
+    if kebab("sample_shape") not in out and dataset == "digits":
+        out[kebab("sample_shape")] = ",".join(map(str, DIGITS_SHAPE))
+    if kebab("eval_data") not in out:
+        out[kebab("eval_data")] = dataset
+    return out
 
 
 def knobs(settings: type[ControllerSettings] = RunSettings) -> dict[str, dict[str, Any]]:

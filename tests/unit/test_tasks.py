@@ -4,6 +4,7 @@ the device, and prequential evaluation (test, then train) on the devices."""
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections.abc import Callable
@@ -15,6 +16,7 @@ import pytest
 import torch
 
 from aggregator.checkpoint import load_checkpoint
+from aggregator.records import FORMAT_VERSION, RoundRecord
 from aggregator.server_app import run_rounds
 from deploy.inprocess import InProcessGrid, VirtualDevice
 from edge_client.emulation.sources import ArraySource, SyntheticSource
@@ -26,7 +28,7 @@ from edge_client.task.loading import load_task
 from edge_client.task.preprocess import ChannelStandardizer
 from edge_client.task.recordings import load_recording
 from edge_client.task.synthetic import SensorTask
-from edge_client.wire.run_config import RunSettings
+from edge_client.wire.run_config import RunSettings, upgrade_saved
 from tests.tasks import SampleLog, TinyTask
 
 Fast = Callable[..., RunSettings]
@@ -126,11 +128,10 @@ def test_a_device_of_another_shape_is_left_out_with_its_reason(
     devices = [VirtualDevice("dev-0"), VirtualDevice("dev-1"), VirtualDevice("dev-2", source=other)]
     settings = fast(controller="fixed")
     grid = InProcessGrid(devices, tmp_path, settings)
-    fill_before = grid.stores[grid_node(grid, "dev-2")].fill
     # Execute
     with caplog.at_level(logging.WARNING, logger="aggregator.strategy"):
         records = run_rounds(grid, settings)
-    fill_after = grid.stores[grid_node(grid, "dev-2")].fill
+    stats = grid.stores[grid_node(grid, "dev-2")].stats()
     grid.close()
     # Assert: the others train; dev-2 is refused every round, counted by reason, logged once.
     for record in records:
@@ -139,7 +140,7 @@ def test_a_device_of_another_shape_is_left_out_with_its_reason(
     assert records[-1].rejected_reasons == {"shape-mismatch": 3}
     lines = [r.getMessage() for r in caplog.records if r.name == "aggregator.strategy"]
     assert len(lines) == 1 and "3x50" in lines[0] and "6x32" in lines[0]
-    assert fill_after >= fill_before  # its samples were left in its buffer
+    assert stats["consumed"] == 0 and stats["fill"] > 0  # its samples were left in its buffer
     assert records[-1].test_accuracy > 1 / 6
 
 
@@ -326,3 +327,64 @@ def test_a_corrupt_or_ragged_recording_is_refused(tmp_path: Path) -> None:
 def test_buffer_store_keeps_the_shape_a_device_was_set_up_with(tmp_path: Path) -> None:
     with BufferStore(tmp_path / "b.sqlite", shape=(3, 50)) as store:
         assert store.shape == (3, 50)
+
+
+# -- runs and files from before prequential evaluation -------------------------------------
+
+
+def test_a_format_1_line_reads_its_accuracy_as_the_aggregators_and_nan_stays_json(
+    tmp_path: Path, fast: Fast, fleet: Fleet
+) -> None:
+    # Prepare: a line as the release before wrote it (format 1: accuracy was the aggregator's).
+    settings = fast(num_rounds=1, eval_data="", out_dir=str(tmp_path / "out"))
+    grid = InProcessGrid(fleet(1), tmp_path / "b", settings)
+    (new,) = run_rounds(grid, settings)
+    grid.close()
+    old = json.loads(new.to_json())
+    old.update({"format-version": 1, "accuracy": 0.61, "loss": 1.1})
+    for key in ("test-accuracy", "test-loss", "eval-count", "metric"):
+        old.pop(key)
+    # Execute
+    read_old = RoundRecord.from_json(json.dumps(old))
+    line = (tmp_path / "out" / "metrics.jsonl").read_text()
+    read_new = RoundRecord.from_json(line)
+    # Assert: the old score moved to test-accuracy; a round without eval-data writes null
+    # (strict JSON) and reads NaN again.
+    assert (read_old.test_accuracy, read_old.test_loss) == (0.61, 1.1)
+    assert math.isnan(read_old.accuracy) and read_old.format_version == FORMAT_VERSION
+    assert "NaN" not in line and json.loads(line)["test-accuracy"] is None
+    assert math.isnan(read_new.test_accuracy) and read_new.accuracy == new.accuracy
+
+
+def test_a_checkpoint_from_before_sample_shape_resumes_as_it_ran(tmp_path: Path) -> None:
+    # Prepare: run configs a checkpoint of the release before holds (no sample-shape, no
+    # eval-data: the model's shape was the dataset's, and the dataset's held-out set scored).
+    old = RunSettings().to_run_config()
+    for key in ("sample-shape", "eval-data", "task", "preprocess"):
+        old.pop(key)
+    digits = {**old, "dataset": "digits", "num-classes": 10}
+    # Execute
+    synthetic_run = RunSettings.from_run_config(upgrade_saved(old))
+    digits_run = RunSettings.from_run_config(upgrade_saved(digits))
+    # Assert
+    assert (synthetic_run.shape, synthetic_run.eval_data) == ((6, 32), "synthetic")
+    assert (digits_run.shape, digits_run.eval_data) == ((8, 8), "digits")
+    with pytest.raises(ValueError, match="sample-shape='8,8'"):
+        RunSettings.from_run_config(digits)  # what a resume did before upgrade_saved
+
+
+def test_a_resume_takes_a_shape_written_either_way_and_refuses_another(
+    tmp_path: Path, fast: Fast, fleet: Fleet
+) -> None:
+    # Prepare: a checkpoint of a run whose sample-shape was written "6x32".
+    ckpt = str(tmp_path / "c")
+    first = fast(num_rounds=1, sample_shape="6x32", checkpoint_dir=ckpt)
+    grid = InProcessGrid(fleet(1), tmp_path / "b", first)
+    run_rounds(grid, first)
+    grid.close()
+    # Execute / Assert: "6,32" is the same shape; 3,64 is another model.
+    grid = InProcessGrid(fleet(1), tmp_path / "b2", fast())
+    assert len(run_rounds(grid, fast(num_rounds=2, checkpoint_dir=ckpt, resume=True))) == 1
+    with pytest.raises(ValueError, match="sample-shape"):
+        run_rounds(grid, fast(num_rounds=3, sample_shape="3,64", checkpoint_dir=ckpt, resume=True))
+    grid.close()
