@@ -476,6 +476,17 @@ def demo(
             "model on it (test_accuracy in summary.json)."
         ),
     ] = None,
+    task: Annotated[
+        str,
+        typer.Option(
+            help="classification, or forecast: --source is then a recorded series (.npz x of "
+            "(T,) or (T, C), or a .csv with a column per channel), cut into windows of "
+            "--window readings whose last forecast-horizon (--run-config) are predicted."
+        ),
+    ] = "classification",
+    window: Annotated[
+        int, typer.Option(help="--task forecast: readings per window (past + horizon).")
+    ] = 32,
     secure: Annotated[
         bool,
         typer.Option(
@@ -529,6 +540,8 @@ def demo(
             kill_broker=kill_broker,
             source=source,
             test=test,
+            task=task,
+            window=window,
         )
     except ValueError as err:
         raise _fail(str(err)) from err

@@ -49,7 +49,7 @@ from edge_client.runtime.buffer import BufferStore, BufferStoreError
 from edge_client.runtime.constants import DEFAULT_POLICY, POLICIES
 from edge_client.runtime.mqtt import BrokerURL
 from edge_client.runtime.node_config import NodeConfig
-from edge_client.task.recordings import Recording, load_recording
+from edge_client.task.recordings import Recording, load_recording, load_series, series_windows
 from edge_client.wire.mapping import kebab
 from edge_client.wire.run_config import RunSettings
 
@@ -100,8 +100,12 @@ class DemoConfig:
     kill_broker: int | None = None
     source: Path | None = None  # a user's recording to stream instead of the synthetic task
     test: Path | None = None  # ... and a test file of it for the aggregator
+    task: str = "classification"  # or forecast: a recorded series, windows cut from it
+    window: int = 32  # forecast: readings per sample (the past and the horizon)
     settings: RunSettings = field(init=False)
     recording: Recording | None = field(init=False, default=None, repr=False)
+    in_order: bool = field(init=False, default=False)  # split in time, not shuffled (series)
+    test_windows: np.ndarray | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
         if not 1 <= self.devices <= 64:
@@ -190,7 +194,13 @@ class DemoConfig:
         if self.source is None:
             if self.test is not None:
                 raise ValueError("--test scores a recording: give its --source too")
+            if self.task != "classification":
+                raise ValueError(f"--task {self.task} learns from a recording: give --source")
             return {kebab("eval_data"): "synthetic"}
+        if self.task == "forecast":
+            return self._forecast_config(self.source, self.test)
+        if self.task != "classification":
+            raise ValueError(f"--task must be classification or forecast, got {self.task!r}")
         x, y = load_recording(self.source)
         if len(x) < self.devices:
             raise ValueError(f"{self.source}: {len(x)} samples for {self.devices} devices")
@@ -211,6 +221,29 @@ class DemoConfig:
                     f"to {int(y_test.max())}; {self.source} has {shape} and {classes} classes"
                 )
             config[kebab("eval_data")] = str(self.test.resolve())
+        return config
+
+    def _forecast_config(self, source: Path, test: Path | None) -> dict[str, Any]:
+        """A recorded series cut into windows of ``window`` readings (stride 1, no labels):
+        the devices stream them in time order; ``test``, a later stretch, is cut the same
+        way for the aggregator."""
+        windows = series_windows(load_series(source), self.window)
+        if len(windows) < self.devices:
+            raise ValueError(f"{source}: {len(windows)} windows for {self.devices} devices")
+        self.recording = (windows, np.zeros(len(windows), np.int64))
+        self.in_order = True
+        config: dict[str, Any] = {
+            kebab("task"): "forecast",
+            kebab("sample_shape"): f"{windows.shape[1]},{self.window}",
+            kebab("eval_data"): "",
+        }
+        if test is not None:
+            test_windows = series_windows(load_series(test), self.window)
+            if test_windows.shape[1] != windows.shape[1]:
+                raise ValueError(f"{test}: {test_windows.shape[1]} channels, {source} has "
+                                 f"{windows.shape[1]}")  # fmt: skip
+            self.test_windows = test_windows
+            config[kebab("eval_data")] = "<run>/data/test.npz"  # written with the shards
         return config
 
     @property
@@ -473,12 +506,19 @@ def _write_shards(config: DemoConfig, run_dir: Path) -> dict[str, int]:
     if config.recording is None:
         return {}
     x, y = config.recording
-    order = np.random.default_rng(DEMO_SEED).permutation(len(y))
+    order = (
+        np.arange(len(y))  # a series' windows: each device streams its stretch in time order
+        if config.in_order
+        else np.random.default_rng(DEMO_SEED).permutation(len(y))
+    )
     (run_dir / "data").mkdir(parents=True, exist_ok=True)
     for dev, part in zip(
         _device_ids(config.devices), np.array_split(order, config.devices), strict=True
     ):
         np.savez(run_dir / "data" / f"{dev}.npz", x=x[part], y=y[part])
+    if config.test_windows is not None:
+        test = config.test_windows
+        np.savez(run_dir / "data" / "test.npz", x=test, y=np.zeros(len(test), np.int64))
     return {
         dev: len(part)
         for dev, part in zip(
@@ -613,6 +653,8 @@ def run_demo(config: DemoConfig, console: Console) -> bool:
         settings = replace(
             config.settings, out_dir=str(run_dir), checkpoint_dir=str(run_dir / "checkpoint")
         )
+        if config.test_windows is not None:  # a series' test stretch, cut into windows
+            settings = replace(settings, eval_data=str(run_dir / "data" / "test.npz"))
         flwr_run = flower.submit(APP_DIR, settings.to_run_config())
         console.print(f"flwr run {flwr_run} submitted; training {settings.num_rounds} rounds")
         status, resumed = _follow(flower, flwr_run, config, run_dir, console, node_configs, streams)

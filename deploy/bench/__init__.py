@@ -24,6 +24,7 @@ SCENARIOS = {
     "noniid": "deploy.bench.noniid",
     "compression": "deploy.bench.compression",
     "scale": "deploy.bench.scale",
+    "forecast": "deploy.bench.forecast",
     "reliability": "deploy.bench.reliability",
 }
 

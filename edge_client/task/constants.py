@@ -6,7 +6,7 @@ import re
 from typing import Final
 
 MODELS: Final = ("cnn", "mlp")  # built-in models (a user names theirs by import path)
-BUILTIN_TASKS: Final = ("classification",)  # a user names theirs by import path
+BUILTIN_TASKS: Final = ("classification", "forecast")  # a user names theirs by import path
 #: A user's task or model in the run config: ``package.module:Name`` (``module:Outer.Inner``).
 IMPORT_PATH: Final = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 PREPROCESSING: Final = ("none", "standardize")  # the built-in task's preprocessing

@@ -49,9 +49,12 @@ class Task(ABC):
     metric : str
         Name of the headline metric that :meth:`score` measures, as records and tables show
         it (``accuracy``).
+    higher_is_better : bool
+        Whether a larger metric is a better model (False for an error, such as ``mae``).
     """
 
     metric: ClassVar[str] = "accuracy"
+    higher_is_better: ClassVar[bool] = True
 
     @abstractmethod
     def build_model(self, shape: tuple[int, ...], num_outputs: int) -> nn.Module:

@@ -1,11 +1,13 @@
 """A run's task from its run config: a built-in one by name, or a user's by import path.
 
 ``task = "classification"`` is the built-in :class:`~edge_client.task.interface.Classification`
-with ``model``, ``model-width`` and ``preprocess``; ``model`` may itself name a user's model
-(``model = "my_pkg.task:Net"``). Any other ``task`` is an import path ``module:attribute``
-to a :class:`~edge_client.task.interface.Task` subclass (built without arguments), an
-instance, or a function that returns one. The module must be importable where the ServerApp
-and the ClientApps run: in the Flower app (FAB) that is run, or installed on those hosts.
+with ``model``, ``model-width`` and ``preprocess``; ``task = "forecast"`` the built-in
+:class:`~edge_client.task.forecasting.Forecast` with ``forecast-horizon``; ``model`` may
+itself name a user's model (``model = "my_pkg.task:Net"``). Any other ``task`` is an import
+path ``module:attribute`` to a :class:`~edge_client.task.interface.Task` subclass (built
+without arguments), an instance, or a function that returns one. The module must be
+importable where the ServerApp and the ClientApps run: in the Flower app (FAB) that is run,
+or installed on those hosts.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import importlib
 from typing import Any, Protocol
 
 from edge_client.task.constants import BUILTIN_TASKS, IMPORT_PATH, MODELS
+from edge_client.task.forecasting import Forecast
 from edge_client.task.interface import Classification, ModelFactory, Task
 
 __all__ = ["TaskSettings", "import_object", "load_task"]
@@ -31,6 +34,8 @@ class TaskSettings(Protocol):
     def model_width(self) -> int: ...
     @property
     def preprocess(self) -> str: ...
+    @property
+    def forecast_horizon(self) -> int: ...
 
 
 def load_task(settings: TaskSettings) -> Task:
@@ -42,6 +47,8 @@ def load_task(settings: TaskSettings) -> Task:
         If the task or model is neither built in nor an importable path to the right kind
         of object; the message says which key and why.
     """
+    if settings.task == "forecast":
+        return Forecast(settings.forecast_horizon, settings.model_width)
     if settings.task in BUILTIN_TASKS:
         model: str | ModelFactory = settings.model
         if settings.model not in MODELS:

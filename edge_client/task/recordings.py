@@ -19,7 +19,10 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Recording", "load_recording"]
+__all__ = ["TIME_COLUMNS", "Recording", "load_recording", "load_series", "series_windows"]
+
+#: CSV columns that hold time, not a channel (skipped by :func:`load_series`).
+TIME_COLUMNS = ("date", "time", "ts", "timestamp")
 
 Recording = tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]
 
@@ -108,3 +111,80 @@ def _is_number(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def series_windows(values: np.ndarray, length: int, stride: int = 1) -> npt.NDArray[np.float32]:
+    """Windows of ``length`` consecutive readings of a recorded series, every ``stride``
+    readings: what a forecasting task's samples are.
+
+    Parameters
+    ----------
+    values : ndarray
+        Readings ``(T,)`` of one channel or ``(T, C)`` of ``C``.
+    length, stride : int
+        Readings per window, and between window starts.
+
+    Returns
+    -------
+    ndarray
+        ``(n, C, length)`` float32, ``n = (T - length) // stride + 1``.
+
+    Raises
+    ------
+    ValueError
+        If the series is shorter than one window, or holds NaN.
+    """
+    series = np.asarray(values, dtype=np.float32)
+    series = series[:, None] if series.ndim == 1 else series
+    if length < 1 or stride < 1 or len(series) < length:
+        raise ValueError(f"need at least {length} readings for a window, got {len(series)}")
+    if not np.all(np.isfinite(series)):
+        raise ValueError("the series holds NaN or infinite readings: fill them first")
+    starts = np.arange(0, len(series) - length + 1, stride)
+    return np.stack([series[i : i + length].T for i in starts])
+
+
+def load_series(path: str | Path) -> npt.NDArray[np.float32]:
+    """A recorded series of readings, ``(T, C)``: an ``.npz`` with an array ``x`` of shape
+    ``(T,)`` or ``(T, C)``, or a ``.csv`` with a header row, one column per channel (columns
+    named ``date``, ``time``, ``ts`` or ``timestamp`` are skipped). Empty cells (readings
+    that are missing) are filled linearly between their neighbours.
+
+    Raises
+    ------
+    ValueError
+        If the file is missing or not of these forms, a channel has no reading at all, or a
+        cell is not a number.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: no such file")
+    if path.suffix == ".npz":
+        with np.load(path) as data:
+            if "x" not in data:
+                raise ValueError(f"{path}: a series .npz needs an array 'x' (T,) or (T, C)")
+            values = np.asarray(data["x"], dtype=np.float64)
+    elif path.suffix == ".csv":
+        with path.open(newline="") as fh:
+            rows = list(csv.DictReader(fh))
+        columns = [c for c in (rows[0] if rows else {}) if c.lower() not in TIME_COLUMNS]
+        if not columns:
+            raise ValueError(f"{path}: need a header row and at least one channel column")
+        try:
+            values = np.array(
+                [[float(r[c]) if r[c] not in ("", None) else np.nan for c in columns] for r in rows]
+            )
+        except ValueError as err:
+            raise ValueError(f"{path}: readings must be numbers: {err}") from err
+    else:
+        raise ValueError(f"{path}: series must be .npz or .csv")
+    values = values[:, None] if values.ndim == 1 else values
+    if values.ndim != 2 or len(values) < 2:
+        raise ValueError(f"{path}: need readings (T,) or (T, C), got shape {values.shape}")
+    index = np.arange(len(values))
+    for c in range(values.shape[1]):
+        missing = ~np.isfinite(values[:, c])
+        if missing.all():
+            raise ValueError(f"{path}: channel {c} has no reading")
+        values[missing, c] = np.interp(index[missing], index[~missing], values[~missing, c])
+    return values.astype(np.float32)

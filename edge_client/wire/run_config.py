@@ -140,8 +140,14 @@ class RunSettings(ControllerSettings):
     lr: float = knob(0.05, "learning rate (scaled by sum(b)/B when streams cap batches)", gt=0)
     task: str = knob(
         "classification",
-        "what is learned: classification (built in), or a user's Task by import path "
-        "('my_pkg.task:HarTask')",
+        "what is learned: classification or forecast (built in; forecast needs no labels), "
+        "or a user's Task by import path ('my_pkg.task:HarTask')",
+    )
+    forecast_horizon: int = knob(
+        1,
+        "forecast: readings predicted (H) from the rest of each window (sample-shape holds "
+        "the window's W + H readings per channel)",
+        ge=1,
     )
     model: str = knob(
         "cnn",

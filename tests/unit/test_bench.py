@@ -18,9 +18,11 @@ from deploy.bench.common import (
     time_to_target,
     write_result,
 )
+from deploy.bench.forecast import HORIZON, PAST, relative_windows, ridge_mae
 from deploy.bench.hetero import ideal_speedup, slowdowns
 from deploy.bench.reliability import _fault_summary, _samples
 from deploy.bench.scale import MODEL_SHAPES, rounds
+from edge_client.task.recordings import series_windows
 from edge_client.wire.codec import encode
 
 
@@ -113,3 +115,16 @@ def test_the_reliability_report_counts_a_fault_with_a_loss_as_not_survived() -> 
     assert rows[1][:2] == ["broker SIGKILL, 3 s down", "NO"]
     assert [r[1] for r in rows if r[0] in ("disk full", "aggregator kill")] == ["skipped"] * 2
     assert samples == {"acknowledged": 1700, "accepted": 1692, "lost": 8}
+
+
+def test_forecast_baselines_on_a_hand_computed_series() -> None:
+    # Prepare: a straight line, 1 per week: 4 weeks ahead the naive forecast is off by 1..4.
+    series = np.arange(300, dtype=np.float64)
+    windows = series_windows(series, PAST + HORIZON)
+    train, test = windows[:200], windows[200:]
+    # Execute
+    mae, _ = ridge_mae(train, test)
+    naive = float(np.abs(relative_windows(test)[1]).mean())
+    # Assert: naive MAE = mean(1, 2, 3, 4); the autoregression finds the line.
+    assert naive == 2.5
+    assert mae < 0.05

@@ -72,3 +72,21 @@ def test_a_recording_sets_the_shape_classes_model_and_test_file(tmp_path: Path) 
         DemoConfig(test=tmp_path / "test.npz")
     with pytest.raises(ValueError, match="no such file"):
         DemoConfig(source=tmp_path / "missing.npz")
+
+
+def test_a_series_for_forecasting_is_cut_into_windows_in_time_order(tmp_path: Path) -> None:
+    # Prepare: a two-channel series with a time column and a missing reading.
+    lines = ["date,temp,humidity"] + [f"{d},{20 + d % 7},{50 + d % 5}" for d in range(100)]
+    lines[10] = "9,,54"
+    (tmp_path / "series.csv").write_text("\n".join(lines) + "\n")
+    # Execute
+    config = DemoConfig(source=tmp_path / "series.csv", task="forecast", window=12)
+    # Assert: 2 channels x 12 readings, 89 windows split in time, no labels needed.
+    settings = config.settings
+    assert (settings.task, settings.shape) == ("forecast", (2, 12))
+    assert config.recording is not None and config.recording[0].shape == (89, 2, 12)
+    assert config.in_order
+    with pytest.raises(ValueError, match="give --source"):
+        DemoConfig(task="forecast")
+    with pytest.raises(ValueError, match="classification or forecast"):
+        DemoConfig(source=tmp_path / "series.csv", task="ranking")

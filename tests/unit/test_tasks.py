@@ -23,10 +23,11 @@ from edge_client.emulation.sources import ArraySource, SyntheticSource
 from edge_client.runtime.buffer import BufferStore
 from edge_client.runtime.client_app import make_client_app
 from edge_client.runtime.device_state import DeviceStateStore
+from edge_client.task.forecasting import Forecast
 from edge_client.task.interface import Classification, evaluate
 from edge_client.task.loading import load_task
 from edge_client.task.preprocess import ChannelStandardizer
-from edge_client.task.recordings import load_recording
+from edge_client.task.recordings import load_recording, series_windows
 from edge_client.task.synthetic import SensorTask
 from edge_client.wire.run_config import RunSettings, upgrade_saved
 from tests.tasks import SampleLog, TinyTask
@@ -388,3 +389,61 @@ def test_a_resume_takes_a_shape_written_either_way_and_refuses_another(
     with pytest.raises(ValueError, match="sample-shape"):
         run_rounds(grid, fast(num_rounds=3, sample_shape="3,64", checkpoint_dir=ckpt, resume=True))
     grid.close()
+
+
+# -- forecasting: a task without labels ----------------------------------------------------
+
+
+def test_forecast_targets_are_cut_from_the_window_relative_to_its_last_reading() -> None:
+    # Prepare: one channel, readings 1..5; forecast the last 2 from the first 3.
+    task = Forecast(horizon=2)
+    x = torch.tensor([[[1.0, 2.0, 3.0, 4.0, 5.0]]])
+    # Execute
+    inputs, targets = task.targets(x, torch.tensor([-1]))  # the label is never read
+    model = task.build_model((1, 5), num_outputs=99)
+    naive = task.score(model(inputs), targets)
+    # Assert: past - 3 and future - 3; the untrained model is the naive forecast (MAE 1.5).
+    assert inputs.tolist() == [[[-2.0, -1.0, 0.0]]] and targets.tolist() == [[1.0, 2.0]]
+    assert naive.tolist() == [1.5]
+    assert load_task(RunSettings(task="forecast", forecast_horizon=2)).metric == "mae"
+    with pytest.raises(ValueError, match="longer than the horizon"):
+        task.build_model((1, 2), 1)
+
+
+def test_series_windows_cut_every_stride() -> None:
+    windows = series_windows(np.arange(10.0), length=4, stride=3)
+    assert windows.shape == (3, 1, 4)  # (10 - 4) // 3 + 1
+    assert windows[-1, 0].tolist() == [6.0, 7.0, 8.0, 9.0]
+    assert series_windows(np.zeros((6, 2)), 6).shape == (1, 2, 6)
+    with pytest.raises(ValueError, match="NaN"):
+        series_windows(np.array([1.0, np.nan, 2.0]), 2)
+
+
+def test_forecasting_learns_an_unlabelled_stream_better_than_repeating_the_last_reading(
+    tmp_path: Path, fast: Fast
+) -> None:
+    # Prepare: two sensors streaming a noisy oscillation (no labels: y is all zeros), and a
+    # later stretch of it as the test set.
+    rng = np.random.default_rng(0)
+    t = np.arange(6000)
+    series = np.sin(2 * np.pi * t / 25) + 0.1 * rng.normal(size=len(t))
+    train, test = series_windows(series[:5000], 24), series_windows(series[5000:], 24)
+    np.savez(tmp_path / "test.npz", x=test, y=np.zeros(len(test), np.int64))
+    zeros = np.zeros(len(train) // 2, np.int64)
+    devices = [
+        VirtualDevice(f"dev-{k}", source=ArraySource(part, zeros, rng), rate=math.inf)
+        for k, part in enumerate((train[: len(zeros)], train[len(zeros) : 2 * len(zeros)]))
+    ]
+    settings = fast(
+        task="forecast", forecast_horizon=4, sample_shape="1,24", num_rounds=6, local_steps=20,
+        lr=0.01, eval_data=str(tmp_path / "test.npz"), eval_samples=10_000,
+    )  # fmt: skip
+    grid = InProcessGrid(devices, tmp_path / "b", settings)
+    # Execute
+    records = run_rounds(grid, settings)
+    grid.close()
+    # Assert: MAE well below the naive forecast's, on the devices and on the test stretch.
+    naive = float(np.abs(test[:, 0, 20:] - test[:, 0, 19:20]).mean())
+    assert records[-1].metric == "mae"
+    assert records[-1].test_accuracy < 0.7 * naive
+    assert records[-1].accuracy < 0.8 * naive  # prequential: the model each round started from
