@@ -104,7 +104,6 @@ class DemoConfig:
     window: int = 32  # forecast: readings per sample (the past and the horizon)
     settings: RunSettings = field(init=False)
     recording: Recording | None = field(init=False, default=None, repr=False)
-    in_order: bool = field(init=False, default=False)  # split in time, not shuffled (series)
     test_windows: np.ndarray | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -231,7 +230,6 @@ class DemoConfig:
         if len(windows) < self.devices:
             raise ValueError(f"{source}: {len(windows)} windows for {self.devices} devices")
         self.recording = (windows, np.zeros(len(windows), np.int64))
-        self.in_order = True
         config: dict[str, Any] = {
             kebab("task"): "forecast",
             kebab("sample_shape"): f"{windows.shape[1]},{self.window}",
@@ -242,9 +240,13 @@ class DemoConfig:
             if test_windows.shape[1] != windows.shape[1]:
                 raise ValueError(f"{test}: {test_windows.shape[1]} channels, {source} has "
                                  f"{windows.shape[1]}")  # fmt: skip
-            self.test_windows = test_windows
-            config[kebab("eval_data")] = "<run>/data/test.npz"  # written with the shards
+            self.test_windows = test_windows  # eval-data: <run>/data/test.npz, with the shards
         return config
+
+    @property
+    def in_order(self) -> bool:
+        """Whether the recording is split in time (a series' windows), not shuffled."""
+        return self.task == "forecast"
 
     @property
     def inject(self) -> bool:
@@ -512,19 +514,15 @@ def _write_shards(config: DemoConfig, run_dir: Path) -> dict[str, int]:
         else np.random.default_rng(DEMO_SEED).permutation(len(y))
     )
     (run_dir / "data").mkdir(parents=True, exist_ok=True)
-    for dev, part in zip(
-        _device_ids(config.devices), np.array_split(order, config.devices), strict=True
-    ):
+    parts = dict(
+        zip(_device_ids(config.devices), np.array_split(order, config.devices), strict=True)
+    )
+    for dev, part in parts.items():
         np.savez(run_dir / "data" / f"{dev}.npz", x=x[part], y=y[part])
     if config.test_windows is not None:
         test = config.test_windows
         np.savez(run_dir / "data" / "test.npz", x=test, y=np.zeros(len(test), np.int64))
-    return {
-        dev: len(part)
-        for dev, part in zip(
-            _device_ids(config.devices), np.array_split(order, config.devices), strict=True
-        )
-    }
+    return {dev: len(part) for dev, part in parts.items()}
 
 
 def _source_args(config: DemoConfig, run_dir: Path, dev: str) -> list[str]:
@@ -661,6 +659,7 @@ def run_demo(config: DemoConfig, console: Console) -> bool:
         runs = [flwr_run, *resumed]
     wall = time.monotonic() - start
     records = read_metrics(run_dir / "metrics.jsonl")
+    passes = _passes(records, shards)
     summary = {
         **summarize(records, wall),
         "run_id": runs[-1],
@@ -679,7 +678,7 @@ def run_demo(config: DemoConfig, console: Console) -> bool:
         "source": str(config.source) if config.source else "synthetic",
         "test": str(config.test) if config.test else None,
         "run_config": settings.to_run_config(),
-        "source_passes": _passes(records, shards),
+        "source_passes": passes,
         "note": "virtual_s: sum over rounds of the slowest device's compute + wait + transfer",
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -687,7 +686,6 @@ def run_demo(config: DemoConfig, console: Console) -> bool:
         write_report(records, run_dir / "report.png", f"fedstream demo: {settings.controller}")
         console.print(_progress_table(records, settings.num_rounds, "final"))
     ok = status.get("status") == "finished:completed" and len(records) == settings.num_rounds
-    passes = _passes(records, shards)
     if passes and max(passes.values()) > 1:
         console.print(
             f"the recording was replayed up to {max(passes.values()):.1f} times over: past the "

@@ -221,7 +221,6 @@ class InProcessGrid(LocalGrid):
             if all(d.source is not None for d in devices)
             else load_dataset(self.settings.dataset, self.settings.shape, self.settings.num_classes)
         )
-        self._classes = self.settings.num_classes
         self.stores: dict[int, BufferStore] = {}
         self.outboxes: dict[int, Outbox] = {}
         self.pools: dict[int, BufferStore] = {}
@@ -374,7 +373,11 @@ class InProcessGrid(LocalGrid):
                 if other != node:
                     payloads = [p for _, p in queued]
                     self.inject_rejected += receive(
-                        pool, payloads, self.devices[other].device_id, self._classes, 0.0
+                        pool,
+                        payloads,
+                        self.devices[other].device_id,
+                        self.settings.num_classes,
+                        0.0,
                     )
                     self.inject_delivered += len(payloads)
 

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 
 from deploy.bench.common import (
     SEEDS,
@@ -36,6 +37,7 @@ from deploy.bench.common import (
 )
 from deploy.inprocess import VirtualDevice
 from edge_client.emulation.sources import ArraySource
+from edge_client.task.forecasting import Forecast
 from edge_client.task.recordings import load_series, series_windows
 from edge_client.wire.run_config import RunSettings
 
@@ -53,10 +55,12 @@ GOAL_VS_RIDGE = 1.0  # no worse than the ridge autoregression
 
 
 def relative_windows(windows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Past readings and the horizon, relative to the last past reading (as the task)."""
-    past, future = windows[:, 0, :PAST], windows[:, 0, PAST:]
-    last = past[:, -1:]
-    return (past - last).astype(np.float64), (future - last).astype(np.float64)
+    """The baselines' inputs and targets: what the forecast task feeds its model
+    (:meth:`~edge_client.task.forecasting.Forecast.targets`: past readings and the horizon,
+    relative to the last past reading), flattened, as float64."""
+    labels = torch.zeros(len(windows), dtype=torch.long)  # never read
+    inputs, targets = Forecast(HORIZON).targets(torch.from_numpy(windows), labels)
+    return inputs.flatten(1).double().numpy(), targets.double().numpy()
 
 
 def ridge_mae(train: np.ndarray, test: np.ndarray) -> tuple[float, float]:

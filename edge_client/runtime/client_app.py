@@ -105,7 +105,7 @@ def train_round(msg: Message, context: Context, task: Task | None = None) -> Mes
     if node.threads > 0:
         torch.set_num_threads(node.threads)
     plan = RoundPlan.from_record(msg.content.config_records[CONFIG])
-    with BufferStore(node.buffer) as store:
+    with BufferStore(node.buffer) as store, DeviceStateStore(node.buffer) as state:
         if store.shape != settings.shape:
             return _shape_mismatch(msg, node.device_id, store, settings.shape)
         model = task.build_model(settings.shape, settings.num_classes)
@@ -116,8 +116,7 @@ def train_round(msg: Message, context: Context, task: Task | None = None) -> Mes
         pool_path = inject_pool_path(node.buffer)
         preprocessor = task.preprocessor()
         if preprocessor is not None:
-            with DeviceStateStore(node.buffer) as state:
-                state.load_preprocessor(preprocessor)
+            state.load_preprocessor(preprocessor)
         with contextlib.ExitStack() as stack:
             pool = (
                 stack.enter_context(BufferStore(pool_path))
@@ -136,10 +135,9 @@ def train_round(msg: Message, context: Context, task: Task | None = None) -> Mes
                 rng=rng,
             )
         delta = {k: v - start[k] for k, v in _numpy_state(model).items()}
-        with DeviceStateStore(node.buffer) as state:
-            frame, gap = _encode(state, context.run_id, delta, plan, result.num_examples > 0)
-            if preprocessor is not None and result.num_examples > 0:
-                state.save_preprocessor(preprocessor)
+        frame, gap = _encode(state, context.run_id, delta, plan, result.num_examples > 0)
+        if preprocessor is not None and result.num_examples > 0:
+            state.save_preprocessor(preprocessor)
         shared = (0, 0)
         if node.inject and plan.inject_publish and result.taken is not None:
             shared = share(node.buffer, node.device_id, result.taken, plan, rng)
