@@ -26,11 +26,14 @@ from deploy.constants import (
 from edge_client.emulation.constants import DISTRIBUTIONS, RATE_SETS
 from edge_client.runtime.constants import (
     DEFAULT_CAPACITY,
+    DEFAULT_LABEL_WAIT_S,
+    DEFAULT_MAX_GAP_S,
+    DEFAULT_MAX_SKEW_S,
     DEFAULT_POLICY,
     POLICIES,
     STATUS_INTERVAL_S,
 )
-from edge_client.task.constants import DEFAULT_NUM_CLASSES, DIGITS_SHAPE
+from edge_client.task.constants import DEFAULT_NUM_CLASSES, DEFAULT_SHAPE, DIGITS_SHAPE
 from edge_client.wire.mapping import kebab
 from edge_client.wire.run_config import default
 
@@ -51,6 +54,7 @@ Policy = StrEnum("Policy", [(p, p) for p in POLICIES])  # type: ignore[misc]
 Distribution = StrEnum("Distribution", [(d, d) for d in DISTRIBUTIONS])  # type: ignore[misc]
 RateSet = Enum("RateSet", {name: name for name in RATE_SETS}, type=str)  # type: ignore[misc]
 _DEFAULT_POLICY = Policy(DEFAULT_POLICY)
+_READINGS = "Per-reading JSON (--window)"
 
 
 def _run_help(name: str, text: str) -> str:
@@ -148,6 +152,17 @@ def publish(
         float, typer.Option("--connect-timeout", help="Give up if not connected by then (s).")
     ] = 30.0,
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    readings: Annotated[
+        bool,
+        typer.Option(
+            "--readings",
+            help="Publish the --source series (.csv with a header, or .npz) as per-reading "
+            "JSON, one reading per message (--batch: a list of that many).",
+        ),
+    ] = False,
+    topic: Annotated[
+        str | None, typer.Option(help="Publish here instead of fedstream/v1/<id>/samples.")
+    ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Publish a sensor stream at a rate; prints the achieved rate at the end."""
@@ -155,6 +170,7 @@ def publish(
         ArraySource,
         PublisherConfig,
         SampleSource,
+        SeriesReadings,
         SyntheticSource,
         dataset_source,
         draw_rate,
@@ -182,8 +198,12 @@ def publish(
         if labels is not None:
             label_list = pick_classes(labels, num_classes, rng=device_rng(seed, device_id, 3))
         probs = label_distribution(num_classes, rng, label_list, dirichlet)
-        src: SampleSource
-        if source == "synthetic":
+        src: SampleSource | SeriesReadings
+        if readings:
+            if source in ("synthetic", "digits") or label_list or dirichlet is not None:
+                raise ValueError("--readings replays a series file: give --source FILE, no skew")
+            src = SeriesReadings.from_file(source, rate)
+        elif source == "synthetic":
             task = SensorTask(_parse_shape(shape), num_classes)
             src = SyntheticSource(task, rng, probs, feature_shift)
         elif source == "digits":  # 8x8 camera frames (ingest with --shape 8,8 --num-classes 10)
@@ -207,11 +227,13 @@ def publish(
             password=password,
             cafile=cafile,
             connect_timeout=connect_timeout,
+            topic=topic,
         )
     except (ValueError, OSError) as err:
         raise _fail(str(err)) from err
+    unit = "readings" if readings else "samples"
     console.print(
-        f"publishing to {url} as {device_id}: {rate:.1f} samples/s, "
+        f"publishing to {url} as {device_id}: {rate:.1f} {unit}/s, "
         f"{batch} per message, {distribution.value}"
     )
     stop = threading.Event()
@@ -242,8 +264,16 @@ def ingest(
     capacity_bytes: Annotated[
         int | None, typer.Option("--capacity-bytes", help="Also cap the buffer in bytes.")
     ] = None,
-    shape: Annotated[str, typer.Option(help="Declared sample shape.")] = "6,32",
-    num_classes: Annotated[int, typer.Option("--num-classes")] = DEFAULT_NUM_CLASSES,
+    shape: Annotated[
+        str | None,
+        typer.Option(help="Declared sample shape (default 6,32; with --window: channels,window)."),
+    ] = None,
+    num_classes: Annotated[
+        int | None,
+        typer.Option(
+            "--num-classes", help=f"Classes of integer labels (default {DEFAULT_NUM_CLASSES})."
+        ),
+    ] = None,
     status_interval: Annotated[
         float, typer.Option("--status-interval", help="Seconds between status messages.")
     ] = STATUS_INTERVAL_S,
@@ -257,15 +287,138 @@ def ingest(
             help="Opt in to data injection: keep others' shared samples, publish ours.",
         ),
     ] = False,
+    topic: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--topic",
+            help="Subscribe to this topic instead of fedstream/v1/<id>/samples (repeatable; "
+            "wildcards allowed). With --window: TOPIC=FIELDS names that topic's channels.",
+            rich_help_panel=_READINGS,
+        ),
+    ] = None,
+    fields: Annotated[
+        str | None,
+        typer.Option(
+            help="Per-reading JSON: the channels' fields, e.g. ax,ay,az, imu.acc.x or acc[0:3].",
+            rich_help_panel=_READINGS,
+        ),
+    ] = None,
+    window: Annotated[
+        int | None,
+        typer.Option(
+            help="Readings per sample (turns on per-reading JSON).", rich_help_panel=_READINGS
+        ),
+    ] = None,
+    stride: Annotated[
+        int | None,
+        typer.Option(
+            help="Readings between sample starts (default: the window).", rich_help_panel=_READINGS
+        ),
+    ] = None,
+    max_gap: Annotated[
+        float,
+        typer.Option(
+            "--max-gap",
+            help="No sample spans a longer gap between readings (s).",
+            rich_help_panel=_READINGS,
+        ),
+    ] = DEFAULT_MAX_GAP_S,
+    rate: Annotated[
+        float | None,
+        typer.Option(
+            help="Resample onto this many readings/s (needed with several topics).",
+            rich_help_panel=_READINGS,
+        ),
+    ] = None,
+    max_skew: Annotated[
+        float,
+        typer.Option(
+            "--max-skew",
+            help="How far one topic may run behind another (s).",
+            rich_help_panel=_READINGS,
+        ),
+    ] = DEFAULT_MAX_SKEW_S,
+    time_field: Annotated[
+        str, typer.Option("--time-field", help="The timestamp's field.", rich_help_panel=_READINGS)
+    ] = "ts",
+    time_unit: Annotated[
+        str,
+        typer.Option(
+            "--time-unit",
+            help="s, ms, us or ns (ISO 8601 strings are read too).",
+            rich_help_panel=_READINGS,
+        ),
+    ] = "s",
+    label_field: Annotated[
+        str | None,
+        typer.Option(
+            "--label-field",
+            help="The label's field (on the first --topic, or on --label-topic); none: label-free.",
+            rich_help_panel=_READINGS,
+        ),
+    ] = None,
+    label_topic: Annotated[
+        str | None,
+        typer.Option(
+            "--label-topic",
+            help="Labels arrive on this topic, joined by timestamp.",
+            rich_help_panel=_READINGS,
+        ),
+    ] = None,
+    classes: Annotated[
+        str | None,
+        typer.Option(
+            help="Class names of string labels, in index order: walk,run,sit.",
+            rich_help_panel=_READINGS,
+        ),
+    ] = None,
+    label_wait: Annotated[
+        float,
+        typer.Option(
+            "--label-wait",
+            help="Seconds of stream time a sample waits for its label.",
+            rich_help_panel=_READINGS,
+        ),
+    ] = DEFAULT_LABEL_WAIT_S,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
-    """Run the ingest daemon: MQTT samples into the device's durable buffer."""
+    """Run the ingest daemon: MQTT samples into the device's durable buffer.
+
+    Sample frames by default; with --window, per-reading JSON cut into windows of readings.
+    """
     from edge_client.runtime.buffer import BufferStoreError
     from edge_client.runtime.ingest import IngestConfig, IngestDaemon
     from edge_client.runtime.mqtt import BrokerURL
+    from edge_client.runtime.windowing import WindowSpec
+    from edge_client.wire import samples_topic
 
     _setup_logging(verbose)
     try:
+        spec = None
+        if window is not None:
+            spec = WindowSpec.from_options(
+                topics=topic or [samples_topic(device_id)],
+                fields=fields,
+                window=window,
+                stride=stride or 0,
+                time_field=time_field,
+                time_unit=time_unit,
+                label_field=label_field,
+                label_topic=label_topic,
+                classes=classes,
+                num_classes=num_classes or 0,
+                max_gap=max_gap,
+                rate=rate,
+                max_skew=max_skew,
+                label_wait=label_wait,
+            )
+        elif fields or label_field or label_topic or classes:
+            raise ValueError("per-reading JSON needs --window (readings per sample)")
+        if spec is not None and shape is not None and _parse_shape(shape) != spec.shape:
+            raise ValueError(
+                f"--shape {shape}, but {spec.channels} channels x --window {spec.window} make "
+                f"samples of shape {spec.channels},{spec.window}"
+            )
         config = IngestConfig(
             broker=BrokerURL.parse(broker),
             device_id=device_id,
@@ -273,13 +426,15 @@ def ingest(
             policy=policy.value,
             capacity=capacity,
             capacity_bytes=capacity_bytes,
-            shape=_parse_shape(shape),
-            num_classes=num_classes,
+            shape=_parse_shape(shape) if shape and spec is None else DEFAULT_SHAPE,
+            num_classes=num_classes or DEFAULT_NUM_CLASSES,
             username=username,
             password=password,
             cafile=cafile,
             status_interval=status_interval,
             inject=inject,
+            topics=tuple(topic or ()) if spec is None else (),
+            windowing=spec,
         )
         daemon = IngestDaemon(config)
     except (ValueError, BufferStoreError, OSError) as err:

@@ -39,11 +39,13 @@ from deploy.constants import (
     DEMO_SEED,
     DEMO_SETTINGS,
     DEMO_STREAMED,
+    FORECAST_LR,
 )
 from deploy.flower import FlowerDeployment, FlowerError
 from deploy.local import ProcessGroup, fedstream_command
 from deploy.report import summarize, write_report
 from deploy.secure import RunSecrets, make_run_secrets
+from edge_client.emulation.readings import series_channels
 from edge_client.emulation.sources import pick_classes
 from edge_client.runtime.buffer import BufferStore, BufferStoreError
 from edge_client.runtime.constants import DEFAULT_POLICY, POLICIES
@@ -104,6 +106,9 @@ class DemoConfig:
     window: int = 32  # forecast: readings per sample (the past and the horizon)
     settings: RunSettings = field(init=False)
     recording: Recording | None = field(init=False, default=None, repr=False)
+    # forecast: the series (T, C), published reading by reading, and its channels' names
+    series: np.ndarray | None = field(init=False, default=None, repr=False)
+    channels: list[str] = field(init=False, default_factory=list)
     test_windows: np.ndarray | None = field(init=False, default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -223,30 +228,30 @@ class DemoConfig:
         return config
 
     def _forecast_config(self, source: Path, test: Path | None) -> dict[str, Any]:
-        """A recorded series cut into windows of ``window`` readings (stride 1, no labels):
-        the devices stream them in time order; ``test``, a later stretch, is cut the same
-        way for the aggregator."""
-        windows = series_windows(load_series(source), self.window)
-        if len(windows) < self.devices:
-            raise ValueError(f"{source}: {len(windows)} windows for {self.devices} devices")
-        self.recording = (windows, np.zeros(len(windows), np.int64))
+        """A recorded series, split in time across the devices, each publishing its stretch
+        as per-reading JSON that its ingest daemon cuts into windows of ``window`` readings
+        (stride 1, no labels); ``test``, a later stretch, is cut the same way for the
+        aggregator."""
+        series = load_series(source)
+        if len(series) // self.devices < self.window:
+            raise ValueError(
+                f"{source}: {len(series)} readings make no window of {self.window} for each "
+                f"of {self.devices} devices"
+            )
+        self.series, self.channels = series, series_channels(source)
         config: dict[str, Any] = {
             kebab("task"): "forecast",
-            kebab("sample_shape"): f"{windows.shape[1]},{self.window}",
+            kebab("sample_shape"): f"{series.shape[1]},{self.window}",
             kebab("eval_data"): "",
+            kebab("lr"): FORECAST_LR,  # --run-config lr=... still wins
         }
         if test is not None:
             test_windows = series_windows(load_series(test), self.window)
-            if test_windows.shape[1] != windows.shape[1]:
+            if test_windows.shape[1] != series.shape[1]:
                 raise ValueError(f"{test}: {test_windows.shape[1]} channels, {source} has "
-                                 f"{windows.shape[1]}")  # fmt: skip
+                                 f"{series.shape[1]}")  # fmt: skip
             self.test_windows = test_windows  # eval-data: <run>/data/test.npz, with the shards
         return config
-
-    @property
-    def in_order(self) -> bool:
-        """Whether the recording is split in time (a series' windows), not shuffled."""
-        return self.task == "forecast"
 
     @property
     def inject(self) -> bool:
@@ -393,7 +398,7 @@ def run_stream_demo(config: DemoConfig, console: Console) -> bool:
             report = _last_json(out.decode(errors="replace"))
             published[dev] = int(report["samples"]) if report else -1
             group.procs.pop(f"publish-{dev}", None)
-        _wait_drained(paths, stores, published, DRAIN_TIMEOUT_S)
+        _wait_drained(paths, stores, published, DRAIN_TIMEOUT_S, _arrived_counter(config))
         for dev in devices:
             ingest_rc[dev] = group.stop(f"ingest-{dev}")
     stats = _read_stats(paths, stores)
@@ -402,7 +407,8 @@ def run_stream_demo(config: DemoConfig, console: Console) -> bool:
     elapsed = time.monotonic() - start
     console.print(_table(config, stats, published, elapsed, "final"))
     console.print("rate/s is the ingest daemon's EWMA of arrivals (time constant 5 s)")
-    exact = {dev: stats.get(dev, {}).get("received") == published[dev] for dev in devices}
+    arrived = _arrived_counter(config)
+    exact = {dev: stats.get(dev, {}).get(arrived) == published[dev] for dev in devices}
     summary = {
         "run-id": run_id,
         "devices": {
@@ -448,8 +454,6 @@ def _start_publisher(
             dev,
             "--rate",
             str(config.rates[index]),
-            "--batch",
-            str(DEMO_BATCH),
             "--duration",
             str(duration),
             "--seed",
@@ -489,10 +493,7 @@ def _start_ingest(
                 str(config.capacity),
                 "--status-interval",
                 "2",
-                "--shape",
-                config.settings.sample_shape,
-                "--num-classes",
-                str(config.settings.num_classes),
+                *_ingest_args(config),
                 *(["--inject"] if config.inject else []),
             ),
             log_path=run_dir / "logs" / f"ingest-{dev}.log",
@@ -502,37 +503,59 @@ def _start_ingest(
 
 
 def _write_shards(config: DemoConfig, run_dir: Path) -> dict[str, int]:
-    """Split the ``--source`` recording across the devices: ``<run>/data/<device>.npz``,
-    shuffled once (seed :data:`~deploy.constants.DEMO_SEED`), as many samples each as the
-    split gives; return each device's count (nothing with the synthetic task)."""
-    if config.recording is None:
-        return {}
-    x, y = config.recording
-    order = (
-        np.arange(len(y))  # a series' windows: each device streams its stretch in time order
-        if config.in_order
-        else np.random.default_rng(DEMO_SEED).permutation(len(y))
-    )
+    """Split the ``--source`` recording across the devices, in ``<run>/data/``; return each
+    device's count of samples (nothing with the synthetic task).
+
+    A recording of samples is shuffled once (seed :data:`~deploy.constants.DEMO_SEED`) and
+    split (``<device>.npz``); a series for forecasting is split in time (``<device>.csv``,
+    a stretch of readings each, with the series' channel names: the device's sensor).
+    """
     (run_dir / "data").mkdir(parents=True, exist_ok=True)
-    parts = dict(
-        zip(_device_ids(config.devices), np.array_split(order, config.devices), strict=True)
-    )
-    for dev, part in parts.items():
-        np.savez(run_dir / "data" / f"{dev}.npz", x=x[part], y=y[part])
+    devices = _device_ids(config.devices)
     if config.test_windows is not None:
         test = config.test_windows
         np.savez(run_dir / "data" / "test.npz", x=test, y=np.zeros(len(test), np.int64))
+    if config.series is not None:
+        stretches = np.array_split(config.series, config.devices)
+        for dev, stretch in zip(devices, stretches, strict=True):
+            np.savetxt(
+                run_dir / "data" / f"{dev}.csv",
+                stretch,
+                delimiter=",",
+                header=",".join(config.channels),
+                comments="",
+            )
+        return {dev: len(s) - config.window + 1 for dev, s in zip(devices, stretches, strict=True)}
+    if config.recording is None:
+        return {}
+    x, y = config.recording
+    order = np.random.default_rng(DEMO_SEED).permutation(len(y))
+    parts = dict(zip(devices, np.array_split(order, config.devices), strict=True))
+    for dev, part in parts.items():
+        np.savez(run_dir / "data" / f"{dev}.npz", x=x[part], y=y[part])
     return {dev: len(part) for dev, part in parts.items()}
 
 
 def _source_args(config: DemoConfig, run_dir: Path, dev: str) -> list[str]:
     """The publisher's stream: the device's part of the recording (replayed in order, from
-    the start again when it ends), or the synthetic task."""
+    the start again when it ends; a series reading by reading), or the synthetic task."""
     settings = config.settings
+    if config.series is not None:
+        return ["--source", str(run_dir / "data" / f"{dev}.csv"), "--readings", "--batch", "1"]
     args = ["--shape", settings.sample_shape, "--num-classes", str(settings.num_classes)]
     if config.recording is not None:
         args += ["--source", str(run_dir / "data" / f"{dev}.npz")]
-    return args
+    return [*args, "--batch", str(DEMO_BATCH)]
+
+
+def _ingest_args(config: DemoConfig) -> list[str]:
+    """What the ingest daemon takes: samples of the run's shape, or (forecasting) the
+    series' readings, cut into windows of ``--window`` every reading."""
+    if config.series is not None:
+        fields = ",".join(config.channels)
+        return ["--fields", fields, "--window", str(config.window), "--stride", "1"]
+    settings = config.settings
+    return ["--shape", settings.sample_shape, "--num-classes", str(settings.num_classes)]
 
 
 def _skew_args(config: DemoConfig, index: int) -> list[str]:
@@ -561,6 +584,11 @@ def _passes(records: list[RoundRecord], shards: dict[str, int]) -> dict[str, flo
 
 def _what_streams(config: DemoConfig) -> str:
     settings = config.settings
+    if config.series is not None:
+        return (
+            f"{config.source} as per-reading JSON ({', '.join(config.channels)}), windows of "
+            f"{config.window} readings, label-free"
+        )
     what = str(config.source) if config.source else "the synthetic sensor task"
     return f"{what} ({settings.sample_shape.replace(',', 'x')}, {settings.num_classes} classes)"
 
@@ -574,17 +602,24 @@ def _wait_for_buffers(paths: dict[str, Path], group: ProcessGroup, timeout: floa
         time.sleep(0.1)
 
 
+def _arrived_counter(config: DemoConfig) -> str:
+    """The buffer counter a publisher's count is checked against: samples, or the readings
+    of a series published reading by reading."""
+    return "readings" if config.series is not None else "received"
+
+
 def _wait_drained(
     paths: dict[str, Path],
     stores: dict[str, BufferStore],
     published: dict[str, int],
     timeout: float,
+    counter: str = "received",
 ) -> None:
     """Wait until each buffer has seen every published sample (the tail is in flight)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         stats = _read_stats(paths, stores)
-        if all(stats.get(d, {}).get("received", -1) >= n for d, n in published.items()):
+        if all(stats.get(d, {}).get(counter, -1) >= n for d, n in published.items()):
             return
         time.sleep(0.2)
 
@@ -644,7 +679,8 @@ def run_demo(config: DemoConfig, console: Console) -> bool:
             flower.start_supernode(dev, node_config.to_node_config())
         console.print(
             f"[bold]{config.devices} devices[/bold] (slowdowns {config.slowdowns}, "
-            f"streams {config.rates} samples/s of {_what_streams(config)}): SuperLink on "
+            f"streams {config.rates} {'readings' if config.series is not None else 'samples'}/s"
+            f" of {_what_streams(config)}): SuperLink on "
             f"127.0.0.1:{flower.port}" + (" (TLS, registered SuperNodes only)" if secrets else "")
         )
         flower.wait_nodes(config.devices)

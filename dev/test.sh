@@ -6,8 +6,10 @@ cd "$(dirname "$0")/.."
 
 python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore -e '.[dev]'
 
-# Real-broker tests prefer Mosquitto (Debian's package); install it when missing and root.
-if ! command -v mosquitto >/dev/null && [ ! -x /usr/sbin/mosquitto ]; then
+# Real-broker tests prefer Mosquitto (Debian's package) and publish with its own client,
+# mosquitto_pub; install both when either is missing and we are root.
+if { ! command -v mosquitto >/dev/null && [ ! -x /usr/sbin/mosquitto ]; } \
+    || ! command -v mosquitto_pub >/dev/null; then
     if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
         echo "installing mosquitto (Debian package)"
         apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \

@@ -3,8 +3,10 @@
 Both drain the same thing: N QoS 1 messages that the broker queued for a persistent session
 while the subscriber was away (a feeder published them beforehand). That takes the
 publisher's speed out of the figure and measures what the subscriber side can take.
-Then a live run checks that the ingest daemon's memory stays flat under the truncation
-policy.
+The cases: samples in binary frames (1 or 64 per message), and per-reading JSON (one
+6-channel reading per message) that the daemon cuts into windows of 32 readings every 16
+(``fedstream ingest --fields ... --window 32 --stride 16``). Then a live run checks that the
+ingest daemon's memory stays flat under the truncation policy.
 
     python -m deploy.bench.ingest [--quick] [--json PATH] [--broker mosquitto|embedded]
 
@@ -35,11 +37,14 @@ from deploy.local import ProcessGroup, fedstream_command
 from edge_client.runtime.buffer import BufferStore
 from edge_client.runtime.ingest import IngestConfig, IngestDaemon
 from edge_client.runtime.mqtt import BrokerURL, connect_async, make_client
+from edge_client.runtime.windowing import WindowSpec
 from edge_client.task.synthetic import SensorTask
 from edge_client.wire.frames import encode_frame
 from edge_client.wire.topics import samples_topic
 
 DEVICE = "bench"
+READING_FIELDS = "ax,ay,az,gx,gy,gz"  # the per-reading case: a 6-axis IMU reading a message
+READING_WINDOW, READING_STRIDE = 32, 16
 
 
 def _connected_client(
@@ -64,8 +69,18 @@ def make_session(url: BrokerURL, client_id: str) -> None:
     client.loop_stop()
 
 
-def preload(url: BrokerURL, messages: int, per_message: int, shape: tuple[int, ...]) -> int:
-    """Publish ``messages`` frames of ``per_message`` samples at QoS 1; wait for every ack."""
+def reading_payload(seq: int, rng: np.random.Generator) -> bytes:
+    """Reading ``seq`` of a 100 Hz 6-axis IMU as per-reading JSON."""
+    values = rng.standard_normal(6).round(4).tolist()
+    fields = READING_FIELDS.split(",")
+    return json.dumps({"ts": 1.7e9 + seq / 100, **dict(zip(fields, values, strict=True))}).encode()
+
+
+def preload(
+    url: BrokerURL, messages: int, per_message: int, shape: tuple[int, ...], readings: bool = False
+) -> int:
+    """Publish ``messages`` frames of ``per_message`` samples (or, ``readings``, per-reading
+    JSON messages) at QoS 1; wait for every ack."""
     task = SensorTask(shape) if len(shape) == 2 else None
     rng = np.random.default_rng(0)
     pool = []
@@ -85,8 +100,12 @@ def preload(url: BrokerURL, messages: int, per_message: int, shape: tuple[int, .
 
     client.on_publish = on_publish
     for seq in range(messages):
-        x, y, ts = pool[seq % len(pool)]
-        client.publish(samples_topic(DEVICE), encode_frame(x, y, ts, publisher="feed", seq=seq), 1)
+        if readings:
+            payload = reading_payload(seq, rng)
+        else:
+            x, y, ts = pool[seq % len(pool)]
+            payload = encode_frame(x, y, ts, publisher="feed", seq=seq)
+        client.publish(samples_topic(DEVICE), payload, 1)
         while seq - acked > 5000:
             time.sleep(0.001)
     deadline = time.monotonic() + 120
@@ -127,8 +146,9 @@ def drain_raw(url: BrokerURL, messages: int) -> float:
     return elapsed
 
 
-def drain_ingest(samples: int, config: IngestConfig) -> float:
-    """Seconds for the ingest daemon to commit (and acknowledge) everything."""
+def drain_ingest(samples: int, config: IngestConfig, counter: str = "received") -> float:
+    """Seconds for the ingest daemon to commit (and acknowledge) everything: ``samples`` of
+    the buffer's ``counter`` (``readings`` for per-reading JSON)."""
     buffer = config.buffer
     daemon = IngestDaemon(config)
     reader = BufferStore(buffer)
@@ -136,10 +156,10 @@ def drain_ingest(samples: int, config: IngestConfig) -> float:
     daemon.wait_connected(30)
     t0 = time.perf_counter()  # from the connection, as for the raw subscriber
     deadline = time.monotonic() + 300
-    while reader.stats()["received"] < samples and time.monotonic() < deadline:
+    while reader.stats().get(counter, 0) < samples and time.monotonic() < deadline:
         time.sleep(0.01)
     elapsed = time.perf_counter() - t0
-    got = reader.stats()["received"]
+    got = reader.stats().get(counter, 0)
     daemon.stop()
     reader.close()
     if got != samples:
@@ -148,29 +168,51 @@ def drain_ingest(samples: int, config: IngestConfig) -> float:
 
 
 def throughput_case(
-    url: BrokerURL, per_message: int, messages: int, shape: tuple[int, ...], reps: int, tmp: Path
+    url: BrokerURL,
+    per_message: int,
+    messages: int,
+    shape: tuple[int, ...],
+    reps: int,
+    tmp: Path,
+    readings: bool = False,
 ) -> dict[str, Any]:
-    """Raw and ingest drains of the same preloaded queue, alternated ``reps`` times."""
+    """Raw and ingest drains of the same preloaded queue, alternated ``reps`` times.
+
+    With ``readings`` the messages are per-reading JSON, windowed on ingest; the figures
+    then count readings (what arrives), and the windows made are reported beside them.
+    """
     raw: list[float] = []
     ingest: list[float] = []
+    spec = None
+    if readings:
+        spec = WindowSpec.from_options(
+            topics=[samples_topic(DEVICE)],
+            fields=READING_FIELDS,
+            window=READING_WINDOW,
+            stride=READING_STRIDE,
+        )
+        shape = spec.shape
     for rep in range(reps):
         make_session(url, "bench-raw")
         make_session(url, "bench-ingest")
-        acked = preload(url, messages, per_message, shape)  # queued for both sessions
+        acked = preload(url, messages, per_message, shape, readings)  # queued for both
         assert acked == messages, f"feeder: {acked} of {messages} acknowledged"
         raw.append(drain_raw(url, messages))
         config = IngestConfig(
             broker=url,
             device_id=DEVICE,
-            buffer=tmp / f"b{per_message}-{len(shape)}-{rep}.sqlite",
+            buffer=tmp / f"b{per_message}-{len(shape)}-{readings}-{rep}.sqlite",
             capacity=10**9,
             shape=shape,
             client_id="bench-ingest",
+            windowing=spec,
         )
-        ingest.append(drain_ingest(messages * per_message, config))
+        counter = "readings" if readings else "received"
+        ingest.append(drain_ingest(messages * per_message, config, counter))
     raw_s, ingest_s = statistics.median(raw), statistics.median(ingest)
     sample_bytes = 4 * math.prod(shape) + 16
     return {
+        "kind": "per-reading JSON, windowed" if readings else "binary frames",
         "samples-per-message": per_message,
         "shape": list(shape),
         "sample-bytes": sample_bytes,
@@ -263,19 +305,26 @@ def main() -> None:
     kind = args.broker or ("mosquitto" if mosquitto_available() else "embedded")
     small, big, seconds, reps = (5000, 500, 15.0, 1) if args.quick else (50_000, 4000, 60.0, 3)
     window, reading = (6, 32), (6,)
-    cases = [(1, small, window), (64, big, window), (64, big, reading)]
+    cases = [(1, small, window, False), (64, big, window, False), (64, big, reading, False)]
+    cases.append((1, small, window, True))  # per-reading JSON (the shape: the windows')
     broker = MosquittoBroker() if kind == "mosquitto" else EmbeddedBroker()
     results: dict[str, Any] = {"broker": kind, "cores": os.cpu_count(), "cases": []}
     with broker, tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
         url = BrokerURL.parse(broker.url)
-        for per, n, shape in cases:
-            case = throughput_case(url, per, n, shape, reps, tmp)
+        for per, n, shape, readings in cases:
+            case = throughput_case(url, per, n, shape, reps, tmp, readings)
             results["cases"].append(case)
+            what = (
+                f"per-reading JSON, windows of {READING_WINDOW} every {READING_STRIDE}"
+                if readings
+                else f"{per:>2} x {case['sample-bytes']} B samples/msg"
+            )
             print(
-                f"{per:>2} x {case['sample-bytes']} B samples/msg, {n} msgs, median of {reps}: "
+                f"{what}, {n} msgs, median of {reps}: "
                 f"raw {case['raw-msg-s']:,.0f} msg/s, ingest {case['ingest-msg-s']:,.0f} msg/s "
-                f"= {case['ingest-samples-s']:,.0f} samples/s ({case['ingest-mb-s']:.0f} MB/s), "
+                f"= {case['ingest-samples-s']:,.0f} {'readings' if readings else 'samples'}/s "
+                f"({case['ingest-mb-s']:.0f} MB/s), "
                 f"ingest/raw {case['ratio']:.2f}x",
                 flush=True,
             )

@@ -1,6 +1,7 @@
 """Stream emulation: what stands in for sensors, kept apart from the device runtime.
 
 - :mod:`~edge_client.emulation.publisher`: ``fedstream publish`` (samples at a rate, over MQTT);
+- :mod:`~edge_client.emulation.readings`: a recorded series as per-reading JSON;
 - :mod:`~edge_client.emulation.sources`: where samples come from (a task, a file, a
   dataset) and their label skew;
 - :mod:`~edge_client.emulation.schedule`: stream rates (ScaDLES' sets) and arrival processes;
@@ -21,6 +22,7 @@ from edge_client.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from edge_client.emulation.publisher import PublisherConfig, PublishReport, run_publisher
+    from edge_client.emulation.readings import SeriesReadings, series_channels
     from edge_client.emulation.replay import replay_into
     from edge_client.emulation.schedule import arrival_offsets, draw_rate
     from edge_client.emulation.simulation import simulated_node
@@ -39,6 +41,7 @@ _EXPORTS = {
     "PublishReport": "publisher",
     "PublisherConfig": "publisher",
     "SampleSource": "sources",
+    "SeriesReadings": "readings",
     "SyntheticSource": "sources",
     "VirtualStream": "virtual_stream",
     "arrival_offsets": "schedule",
@@ -49,6 +52,7 @@ _EXPORTS = {
     "pick_classes": "sources",
     "replay_into": "replay",
     "run_publisher": "publisher",
+    "series_channels": "readings",
     "simulated_node": "simulation",
 }
 __all__ = [
@@ -56,6 +60,7 @@ __all__ = [
     "PublishReport",
     "PublisherConfig",
     "SampleSource",
+    "SeriesReadings",
     "SyntheticSource",
     "VirtualStream",
     "arrival_offsets",
@@ -66,6 +71,7 @@ __all__ = [
     "pick_classes",
     "replay_into",
     "run_publisher",
+    "series_channels",
     "simulated_node",
 ]
 __getattr__ = lazy_exports(__name__, _EXPORTS)

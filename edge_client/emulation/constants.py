@@ -17,3 +17,6 @@ RATE_SETS: Final = {
     "S2p": ("normal", 256.0, 28.0),
 }
 MIN_STREAM_RATE: Final = 1.0
+# A replayed series starts again this much later in stream time: above any sane --max-gap,
+# so that no window spans the seam between its end and its start.
+REPLAY_GAP_S: Final = 60.0

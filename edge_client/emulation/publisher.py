@@ -1,7 +1,9 @@
 """The stream publisher: sends samples to ``fedstream/v1/<device-id>/samples`` at a rate.
 
 Messages are binary frames stamped with a publisher id (unique per run) and a sequence
-number, so that the ingest daemon can drop QoS 1 redeliveries. paho keeps QoS 1 messages
+number, so that the ingest daemon can drop QoS 1 redeliveries; or, from a
+:class:`~edge_client.emulation.readings.SeriesReadings`, per-reading JSON as a simple sensor
+sends it (told apart by their timestamps). paho keeps QoS 1 messages
 while the broker is away and resends them after it reconnects, so publishing goes on
 through broker restarts.
 """
@@ -20,6 +22,7 @@ import numpy as np
 import paho.mqtt.client as mqtt
 
 from edge_client.emulation.constants import PUBLISH_MAX_INFLIGHT, PUBLISH_MAX_OUTSTANDING
+from edge_client.emulation.readings import SeriesReadings
 from edge_client.emulation.schedule import arrival_offsets
 from edge_client.emulation.sources import SampleSource
 from edge_client.runtime.mqtt import BrokerURL, connect_async, make_client
@@ -33,7 +36,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class PublisherConfig:
-    """What to publish, where and how fast (rates in samples per second)."""
+    """What to publish, where and how fast (rates in samples, or readings, per second)."""
 
     broker: BrokerURL
     device_id: str
@@ -50,6 +53,7 @@ class PublisherConfig:
     connect_timeout: float = 30.0
     drain_timeout: float = 60.0
     publisher_id: str = field(default_factory=lambda: secrets.token_hex(6))
+    topic: str | None = None  # default: the device's samples topic
 
     def __post_init__(self) -> None:
         if (self.count is None) == (self.duration is None):
@@ -64,6 +68,8 @@ class PublisherConfig:
             raise ValueError(f"rate must be > 0, got {self.rate}")
         if self.qos not in (0, 1, 2):
             raise ValueError(f"qos must be 0, 1 or 2, got {self.qos}")
+        if self.topic is not None and (not self.topic or "+" in self.topic or "#" in self.topic):
+            raise ValueError(f"publish topic {self.topic!r} must be non-empty, without wildcards")
 
 
 @dataclass
@@ -124,7 +130,7 @@ class _Acks:
 
 def run_publisher(
     config: PublisherConfig,
-    source: SampleSource,
+    source: SampleSource | SeriesReadings,
     *,
     stop: threading.Event | None = None,
     on_progress: Callable[[int, float], None] | None = None,
@@ -135,8 +141,8 @@ def run_publisher(
     ----------
     config : PublisherConfig
         Broker, device, rate and amount.
-    source : SampleSource
-        Where the samples come from.
+    source : SampleSource or SeriesReadings
+        Where the samples come from (frames), or the readings (per-reading JSON).
     stop : threading.Event, optional
         Set it to stop early (samples sent so far are still drained).
     on_progress : callable, optional
@@ -178,13 +184,13 @@ def run_publisher(
 
 def _publish_loop(
     config: PublisherConfig,
-    source: SampleSource,
+    source: SampleSource | SeriesReadings,
     client: mqtt.Client,
     acks: _Acks,
     stop: threading.Event,
     on_progress: Callable[[int, float], None] | None,
 ) -> PublishReport:
-    topic = samples_topic(config.device_id)
+    topic = config.topic or samples_topic(config.device_id)
     rng = np.random.default_rng([config.seed, 7])
     offsets = arrival_offsets(config.rate / config.batch, config.distribution, rng)
     total = config.count
@@ -203,9 +209,12 @@ def _publish_loop(
         while messages - acks.count > PUBLISH_MAX_OUTSTANDING and not stop.wait(0.05):
             pass
         n = config.batch if total is None else min(config.batch, total - sent)
-        x, y = source.next(n)
-        ts = np.full(n, time.time())
-        payload = encode_frame(x, y, ts, publisher=config.publisher_id, seq=messages)
+        if isinstance(source, SeriesReadings):
+            payload = source.payload(n)
+        else:
+            x, y = source.next(n)
+            ts = np.full(n, time.time())
+            payload = encode_frame(x, y, ts, publisher=config.publisher_id, seq=messages)
         client.publish(topic, payload, qos=config.qos)
         sent += n
         messages += 1

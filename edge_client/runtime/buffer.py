@@ -17,6 +17,12 @@ Samples are stored one row per message ("chunk") with the features as a blob, so
 ``consumed``   samples taken by training
 ``fill``       samples in the buffer now (= accepted - evicted - consumed)
 
+Windowing a per-reading stream (:mod:`edge_client.runtime.windowing`) counts in readings
+instead: ``messages`` and ``rejected`` (messages refused whole, readings refused one by one),
+``duplicates`` (redelivered readings), ``readings`` (taken into windows), ``readings-at-gaps``
+(given up at a gap before they filled a window); samples are windows, and
+``windows-dropped:<reason>`` counts windows that never got a label.
+
 Policies: ``truncation`` keeps the newest ``capacity`` samples and evicts the oldest;
 ``persistence`` keeps everything until consumed and drops the newest arrivals once full.
 
@@ -31,7 +37,7 @@ import json
 import math
 import sqlite3
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +50,7 @@ from edge_client.runtime.constants import (
     POLICIES,
     POLICY_PERSISTENCE,
     POLICY_TRUNCATION,
+    WINDOWING_META,
 )
 from edge_client.runtime.dedup import SeqWindow
 from edge_client.runtime.schema import BufferStoreError, SqliteStore, transaction
@@ -57,6 +64,7 @@ COUNTERS = ("messages", "received", "accepted", "dropped", "duplicates", "reject
 
 _RESERVED_META = frozenset(
     {"shape", "created", "policy", "capacity", "capacity-bytes", "rate", "rate-updated"}
+    | {WINDOWING_META}
 )
 
 
@@ -175,6 +183,8 @@ class BufferStore(SqliteStore):
         rejected: Mapping[str, int] | None = None,
         messages: int | None = None,
         rate: float | None = None,
+        counts: Mapping[str, int] | None = None,
+        also: Callable[[sqlite3.Connection], None] | None = None,
     ) -> AppendResult:
         """Store decoded messages in one transaction, applying de-duplication and the policy.
 
@@ -190,6 +200,11 @@ class BufferStore(SqliteStore):
             Messages handled (defaults to ``len(arrivals) + sum(rejected)``).
         rate : float, optional
             Current stream-rate estimate to publish in the file.
+        counts : mapping of str to int, optional
+            More counter deltas to add in the same transaction.
+        also : callable, optional
+            More writes to commit in the same transaction (the windowing state: see
+            :meth:`~edge_client.runtime.windowing.Assembled.save`).
 
         Returns
         -------
@@ -250,7 +265,11 @@ class BufferStore(SqliteStore):
                 "fill": accepted - evicted,
             }
             deltas.update({f"rejected:{k}": v for k, v in rejected.items()})
+            for name, n in (counts or {}).items():
+                deltas[name] = deltas.get(name, 0) + n
             self._add(db, deltas)
+            if also is not None:
+                also(db)
             if rate is not None:
                 db.executemany(
                     "INSERT OR REPLACE INTO meta VALUES (?, ?)",
@@ -421,9 +440,14 @@ class BufferStore(SqliteStore):
             self._db.execute("COMMIT")
         out: dict[str, Any] = {name: int(counters.get(name, 0)) for name in COUNTERS}
         out["fill"] = int(counters.get("fill", 0))
-        out["rejected-by-reason"] = {
-            k.split(":", 1)[1]: int(v) for k, v in sorted(counters.items()) if ":" in k
-        }
+        out["rejected-by-reason"] = _by_reason(counters, "rejected")
+        if "readings" in counters:  # a per-reading stream, windowed on ingest
+            out["windows-dropped-by-reason"] = _by_reason(counters, "windows-dropped")
+            out["readings"] = int(counters["readings"])
+            out["readings-at-gaps"] = int(counters.get("readings-at-gaps", 0))
+            out["windows-held"] = int(
+                self._db.execute("SELECT count(*) FROM held_windows").fetchone()[0]
+            )
         updated = float(meta.get("rate-updated", 0.0))
         out["rate"] = float(meta.get("rate", 0.0))
         out["rate-age-s"] = round(time.time() - updated, 3) if updated else None
@@ -449,6 +473,12 @@ class BufferStore(SqliteStore):
             "ON CONFLICT(name) DO UPDATE SET value = value + excluded.value",
             [(k, v) for k, v in deltas.items() if v],
         )
+
+
+def _by_reason(counters: Mapping[str, int], family: str) -> dict[str, int]:
+    """The ``<family>:<reason>`` counters as ``{reason: count}``."""
+    prefix = f"{family}:"
+    return {k[len(prefix) :]: int(v) for k, v in sorted(counters.items()) if k.startswith(prefix)}
 
 
 def _rows(arrivals: Arrivals, keep: list[list[int]]) -> Iterator[tuple[int, Any, Any, Any]]:

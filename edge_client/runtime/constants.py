@@ -14,7 +14,7 @@ SQLITE_BUSY_TIMEOUT_S: Final = 30.0
 SQLITE_PAGE_SIZE: Final = 65_536
 CHUNK_MAX_SAMPLES: Final = 1024  # samples per stored row (several messages share a row)
 # The buffer file's layout (SQLite user_version); files of older layouts migrate on open.
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
 # De-duplication remembers out-of-order sequence numbers this far behind the newest:
 # more than any publisher can have outstanding (MQTT message ids are 16 bit).
 DEDUP_WINDOW: Final = 65_536
@@ -31,6 +31,13 @@ REJECT_LOG_INTERVAL_S: Final = 60.0
 RECONNECT_MIN_DELAY_S: Final = 1
 RECONNECT_MAX_DELAY_S: Final = 30
 KEEPALIVE_S: Final = 30
+
+# --- Windowing per-reading streams (edge_client.runtime.windowing) ---------------------------
+DEFAULT_MAX_GAP_S: Final = 1.0  # no window spans a longer silence between readings
+DEFAULT_MAX_SKEW_S: Final = 2.0  # how far one topic may run behind another
+DEFAULT_LABEL_WAIT_S: Final = 30.0  # stream seconds a window waits for its label
+RECENT_TIMESTAMPS: Final = 64  # per topic: a redelivered reading is known by its timestamp
+WINDOWING_META: Final = "windowing"  # the buffer's meta key holding the windowing state
 
 # --- Data injection (ScaDLES), device side --------------------------------------------------
 INJECT_POOL_SUFFIX: Final = ".inject.sqlite"  # next to the buffer: injected samples, apart

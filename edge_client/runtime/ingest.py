@@ -8,6 +8,11 @@ Acknowledging after the commit, with a persistent session (``clean_session=False
 stable client id) and de-duplication by ``(publisher, seq)`` inside the same transaction,
 makes the buffer hold each published sample exactly once, even across ``kill -9``: a message
 is either committed (and a redelivery is dropped) or unacknowledged (and redelivered).
+
+With a :class:`~edge_client.runtime.windowing.WindowSpec` the daemon takes per-reading JSON
+instead and cuts samples as windows of readings; the readings of unfinished windows are
+committed with the samples (:mod:`edge_client.runtime.windowing.assembler`), so the same
+holds for them, and a redelivered reading is known by its timestamp.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import sqlite3
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -42,6 +47,8 @@ from edge_client.runtime.inject import open_pool, receive
 from edge_client.runtime.mqtt import BrokerURL, connect_async, make_client
 from edge_client.runtime.outbox import Outbox
 from edge_client.runtime.rate import RateEstimator
+from edge_client.runtime.schema import connect
+from edge_client.runtime.windowing import WindowAssembler, WindowSpec
 from edge_client.task.constants import DEFAULT_NUM_CLASSES, DEFAULT_SHAPE
 from edge_client.wire.constants import INJECT_TOPIC
 from edge_client.wire.frames import decode_messages
@@ -51,9 +58,9 @@ __all__ = ["IngestConfig", "IngestDaemon"]
 
 log = logging.getLogger(__name__)
 
-# (ack tag, qos, payload, arrival time, from the injection topic). The ack tag is the MQTT
-# message id (16 bits) plus the connection it arrived on (above bit 16): see _send_acks.
-_Item = tuple[int, int, bytes | bytearray, float, bool]
+# (ack tag, qos, payload, arrival time, topic). The ack tag is the MQTT message id (16 bits)
+# plus the connection it arrived on (above bit 16): see _send_acks.
+_Item = tuple[int, int, bytes | bytearray, float, str]
 _MID_BITS = 16
 
 
@@ -75,13 +82,31 @@ class IngestConfig:
     status_interval: float = STATUS_INTERVAL_S
     client_id: str | None = None
     inject: bool = False  # opted in to ScaDLES data injection (see edge_client.runtime.inject)
+    topics: tuple[str, ...] = ()  # sample frames on these topics (default: the device's)
+    windowing: WindowSpec | None = None  # per-reading JSON, cut into windows
+    subscriptions: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
         if self.status_interval <= 0:
             raise ValueError(f"status interval must be > 0, got {self.status_interval}")
         if self.num_classes < 1:
             raise ValueError(f"num-classes must be >= 1, got {self.num_classes}")
-        samples_topic(self.device_id)  # validates the id
+        default = samples_topic(self.device_id)  # validates the id
+        spec = self.windowing
+        if spec is None:
+            self.subscriptions = self.topics or (default,)
+            return
+        if self.topics:
+            raise ValueError("with windowing, the topics are the windowing spec's")
+        if tuple(self.shape) not in (DEFAULT_SHAPE, spec.shape):
+            raise ValueError(
+                f"--shape {','.join(map(str, self.shape))} but {spec.channels} channels x "
+                f"window {spec.window} make samples of shape {spec.shape[0]},{spec.shape[1]}"
+            )
+        self.shape = spec.shape
+        self.num_classes = max(spec.num_classes, 1)
+        labels = () if spec.label_topic is None else (spec.label_topic.topic,)
+        self.subscriptions = (*(s.topic for s in spec.streams), *labels)
 
 
 class _RejectLog:
@@ -133,7 +158,6 @@ class IngestDaemon:
         self._published = 0
         self._last_retry_log = -1e18
         self._next_outbox = 0.0
-        self._topic = samples_topic(config.device_id)
         self._status_topic = status_topic(config.device_id)
         self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
         self._acks: collections.deque[tuple[int, int]] = collections.deque()  # (tag, qos)
@@ -143,6 +167,7 @@ class IngestDaemon:
         self._connected = threading.Event()
         self._rate = RateEstimator(time.monotonic())
         self._rejects = _RejectLog()
+        self.assembler = self._load_assembler()
         self._client = make_client(
             config.client_id or f"fedstream-ingest-{config.device_id}",
             config.broker,
@@ -171,7 +196,7 @@ class IngestDaemon:
         connect_async(self._client, self.config.broker)
         log.info(
             "ingesting %s from %s into %s (%s, capacity %d)",
-            self._topic,
+            ", ".join(self.config.subscriptions),
             self.config.broker,
             self.config.buffer,
             self.store.policy,
@@ -220,7 +245,7 @@ class IngestDaemon:
             log.error("broker %s refused the connection: %s", self.config.broker, rc)
             return
         # Subscribing again is harmless when the session survived, and needed when it did not.
-        client.subscribe(self._topic, qos=1)
+        client.subscribe([(topic, 1) for topic in self.config.subscriptions])
         if self.pool is not None:
             client.subscribe(INJECT_TOPIC, qos=1)
         log.info("connected to %s (session present: %s)", self.config.broker, flags.session_present)
@@ -235,7 +260,7 @@ class IngestDaemon:
 
     def _on_message(self, _c: mqtt.Client, _u: Any, msg: mqtt.MQTTMessage) -> None:
         tag = (self._connection << _MID_BITS) | msg.mid
-        self._queue.put((tag, msg.qos, msg.payload, time.time(), msg.topic == INJECT_TOPIC))
+        self._queue.put((tag, msg.qos, msg.payload, time.time(), msg.topic))
         if self._acks:
             self._send_acks()
 
@@ -252,6 +277,7 @@ class IngestDaemon:
                 try:
                     self._commit(pending)
                 except sqlite3.OperationalError as err:  # disk full, locked: keep them, retry
+                    self.assembler = self._load_assembler()  # back to what is committed
                     self._log_retry(err, len(pending))
                     if now >= next_status:  # say so where operators look, too
                         self._publish_status(online=True, error=f"cannot write the buffer: {err}")
@@ -259,6 +285,7 @@ class IngestDaemon:
                     time.sleep(1.0)
                     continue
                 except Exception:  # a message the store cannot take must not stall the rest
+                    self.assembler = self._load_assembler()
                     log.exception("could not commit %d message(s); one by one", len(pending))
                     if not self._commit_each(pending):
                         time.sleep(1.0)
@@ -280,9 +307,11 @@ class IngestDaemon:
             try:
                 self._commit([item])
             except sqlite3.OperationalError as err:
+                self.assembler = self._load_assembler()
                 self._log_retry(err, len(items))
                 return False
             except Exception:
+                self.assembler = self._load_assembler()
                 log.exception("dropping a message the buffer cannot store")
                 self.store.append([], rejected={"decode-error": 1}, messages=1)
                 if item[1] > 0:
@@ -337,21 +366,46 @@ class IngestDaemon:
                 break
         return items
 
+    def _load_assembler(self) -> WindowAssembler | None:
+        """The windowing state as last committed (None without windowing)."""
+        if self.config.windowing is None:
+            return None
+        db = connect(self.config.buffer)
+        try:
+            return WindowAssembler.load(self.config.windowing, db)
+        finally:
+            db.close()
+
     def _commit(self, items: list[_Item]) -> None:
-        shared = [payload for _, _, payload, _, inject in items if inject]
+        shared = [payload for _, _, payload, _, topic in items if topic == INJECT_TOPIC]
         if shared and self.pool is not None:
             refused = receive(
                 self.pool, shared, self.config.device_id, self.config.num_classes, time.time()
             )
             if refused:
                 self._rejects.record(Counter({f"inject:{r}": n for r, n in refused.items()}), 0)
-        arrivals, reasons = decode_messages(
-            [(payload, now) for _, _, payload, now, inject in items if not inject],
-            self.config.shape,
-            self.config.num_classes,
-        )
+        own = [
+            (topic, payload, now) for _, _, payload, now, topic in items if topic != INJECT_TOPIC
+        ]
         rate = self._rate.update(time.monotonic())
-        result = self.store.append(arrivals, rejected=reasons, messages=len(items), rate=rate)
+        if self.assembler is None:
+            arrivals, reasons = decode_messages(
+                [(payload, now) for _, payload, now in own],
+                self.config.shape,
+                self.config.num_classes,
+            )
+            result = self.store.append(arrivals, rejected=reasons, messages=len(items), rate=rate)
+        else:
+            made = self.assembler.feed(own)
+            reasons = made.rejected
+            result = self.store.append(
+                made.arrivals(),
+                rejected=reasons,
+                messages=len(items),
+                rate=rate,
+                counts=made.counts,
+                also=made.save,
+            )
         self._rate.add(result.received, time.monotonic())
         # Committed: now they may be acknowledged. paho's thread sends the acks with its next
         # message (no thread hand-off per ack); when the stream pauses, _drain sends them.
@@ -389,6 +443,8 @@ class IngestDaemon:
                 "rejected-by-reason": pool["rejected-by-reason"],
                 "published": self._published,
             }
+        if self.assembler is not None:
+            status["readings-waiting"] = self.assembler.windower.waiting
         status.update({"device-id": self.config.device_id, "online": online, "ts": time.time()})
         if error is not None:
             status["error"] = error

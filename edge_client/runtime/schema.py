@@ -13,7 +13,9 @@ The ingest daemon is installed on the device while the ClientApp arrives with ea
 the two may be of different versions. The layout is versioned in SQLite's ``user_version``:
 
 - 0: files made before versions existed (the tables below, ``seen_ahead`` possibly missing);
-- 1: the tables below, stamped.
+- 1: the tables below, stamped;
+- 2: ``held_windows``, windows of a per-reading stream waiting for their label
+  (:mod:`edge_client.runtime.windowing`).
 
 Opening a file migrates it to :data:`~edge_client.runtime.constants.SCHEMA_VERSION` in one
 transaction (a crash leaves the old layout whole); a file of a newer layout is refused with
@@ -62,8 +64,16 @@ def _to_v1(db: sqlite3.Connection) -> None:
         db.execute(statement)
 
 
+def _to_v2(db: sqlite3.Connection) -> None:
+    """1 -> 2: a table for windows waiting for their label."""
+    db.execute(
+        "CREATE TABLE IF NOT EXISTS held_windows "
+        "(id INTEGER PRIMARY KEY, ts REAL NOT NULL, x BLOB NOT NULL)"
+    )
+
+
 #: MIGRATIONS[v] takes a file from layout v to v + 1 (one per version: a test holds it).
-MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_to_v1,)
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_to_v1, _to_v2)
 
 
 Initialise = Callable[[sqlite3.Connection], object]

@@ -2,6 +2,7 @@
 
 - :mod:`~edge_client.task.interface`: the :class:`Task` interface a user's task implements,
   the built-in :class:`Classification`, and :func:`evaluate`;
+- :mod:`~edge_client.task.forecasting`: the built-in :class:`Forecast` (label-free streams);
 - :mod:`~edge_client.task.loading`: a run's task from its run config (built in, or a user's
   by import path);
 - :mod:`~edge_client.task.preprocess`: preprocessing with state kept on the device
@@ -25,6 +26,7 @@ from edge_client.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from edge_client.task.datasets import Dataset, load_dataset
+    from edge_client.task.forecasting import Forecast
     from edge_client.task.interface import (
         Classification,
         ModelFactory,
@@ -36,13 +38,14 @@ if TYPE_CHECKING:
     from edge_client.task.loading import load_task
     from edge_client.task.models import SensorCNN, SensorMLP, build_model
     from edge_client.task.preprocess import ChannelStandardizer, Preprocessor
-    from edge_client.task.recordings import load_recording
+    from edge_client.task.recordings import load_recording, load_series, series_windows
     from edge_client.task.synthetic import SensorTask
 
 _EXPORTS = {
     "ChannelStandardizer": "preprocess",
     "Classification": "interface",
     "Dataset": "datasets",
+    "Forecast": "forecasting",
     "ModelFactory": "interface",
     "Preprocessor": "preprocess",
     "Scores": "interface",
@@ -55,12 +58,15 @@ _EXPORTS = {
     "init_model": "interface",
     "load_dataset": "datasets",
     "load_recording": "recordings",
+    "load_series": "recordings",
     "load_task": "loading",
+    "series_windows": "recordings",
 }
 __all__ = [
     "ChannelStandardizer",
     "Classification",
     "Dataset",
+    "Forecast",
     "ModelFactory",
     "Preprocessor",
     "Scores",
@@ -73,6 +79,8 @@ __all__ = [
     "init_model",
     "load_dataset",
     "load_recording",
+    "load_series",
     "load_task",
+    "series_windows",
 ]
 __getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -109,6 +109,22 @@ class Classification(Task):
             return build_model(self.model, shape, num_outputs, seed=None, width=self.width)
         return call_model_factory(self.model, shape, num_outputs)
 
+    def targets(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The samples and their labels.
+
+        Raises
+        ------
+        ValueError
+            If a sample has no label (:data:`~edge_client.wire.constants.NO_LABEL`: cut from
+            a label-free stream, which a forecasting task learns from instead).
+        """
+        if len(y) and int(y.min()) < 0:
+            raise ValueError(
+                "classification needs labels, and these samples have none: ingest with "
+                '--label-field (and --classes), or learn the stream with task = "forecast"'
+            )
+        return x, y
+
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean cross-entropy of the logits."""
         return nn.functional.cross_entropy(outputs, targets)

@@ -1,6 +1,7 @@
 """What the device and the aggregator exchange, and what every side agrees on.
 
 - :mod:`~edge_client.wire.frames`: sample frames (binary and JSON), what sensors publish;
+- :mod:`~edge_client.wire.readings`: per-reading JSON, what simple sensors publish;
 - :mod:`~edge_client.wire.codec`: update frames (a model delta, compressed and checked);
 - :mod:`~edge_client.wire.records`: the round plan and the device's reply, as typed records;
 - :mod:`~edge_client.wire.run_config`: every run-config key, declared once;
@@ -36,6 +37,14 @@ if TYPE_CHECKING:
         encode_json,
     )
     from edge_client.wire.mapping import MappingError, from_mapping, kebab, to_mapping
+    from edge_client.wire.readings import (
+        FieldPath,
+        Reading,
+        ReadingFormat,
+        decode_readings,
+        encode_reading,
+        parse_fields,
+    )
     from edge_client.wire.records import (
         ARRAYS,
         CONFIG,
@@ -59,6 +68,12 @@ if TYPE_CHECKING:
     from edge_client.wire.topics import samples_topic, status_topic, validate_device_id
 
 _EXPORTS = {
+    "parse_fields": "readings",
+    "encode_reading": "readings",
+    "decode_readings": "readings",
+    "ReadingFormat": "readings",
+    "Reading": "readings",
+    "FieldPath": "readings",
     "check_setting": "run_config",
     "default": "run_config",
     "ARRAYS": "records",
@@ -108,8 +123,11 @@ __all__ = [
     "ControllerSettings",
     "DeviceReply",
     "FeedbackState",
+    "FieldPath",
     "FrameError",
     "MappingError",
+    "Reading",
+    "ReadingFormat",
     "RecordError",
     "ReplyMetrics",
     "RoundPlan",
@@ -119,14 +137,17 @@ __all__ = [
     "compress",
     "decode_messages",
     "decode_payload",
+    "decode_readings",
     "default",
     "encode_frame",
     "encode_json",
+    "encode_reading",
     "from_mapping",
     "kebab",
     "knob",
     "knobs",
     "number_list",
+    "parse_fields",
     "raw_size_limit",
     "samples_topic",
     "status_topic",

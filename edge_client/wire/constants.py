@@ -24,6 +24,10 @@ MAX_PAYLOAD_BYTES: Final = 16 * 1024 * 1024
 PUBLISHER_ID_MAX_BYTES: Final = 128
 INJECT_MAX_PAYLOAD_BYTES: Final = 256 * 1024  # larger injection messages are refused
 
+# --- Per-reading JSON (edge_client.wire.readings) ----------------------------------------
+TIME_UNITS: Final = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}  # seconds per unit
+NO_LABEL: Final = -1  # the label of a sample cut from a label-free stream
+
 # --- Update codec (edge_client.wire.codec) -----------------------------------------------
 CODEC_MAGIC: Final = b"FSUP"
 CODEC_VERSION: Final = 1

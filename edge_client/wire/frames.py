@@ -53,6 +53,7 @@ __all__ = [
     "decode_payload",
     "encode_frame",
     "encode_json",
+    "json_items",
 ]
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,12 @@ REJECT_REASONS = (
     "bad-utf8",
     "bad-json",
     "decode-error",
+    # per-reading JSON (edge_client.wire.readings) and windowing (edge_client.runtime.windowing)
+    "missing-field",
+    "unknown-label",
+    "bad-topic",
+    "late",
+    "clock-skew",
 )
 
 
@@ -425,20 +432,31 @@ def _parse_binary(payload: bytes | bytearray, shape: tuple[int, ...]) -> _Parsed
     )
 
 
-def _decode_json(payload: bytes, shape: tuple[int, ...], now: float) -> SampleBatch:
+def json_items(payload: bytes | bytearray, what: str = "samples") -> tuple[Any, list[Any]]:
+    """A JSON payload as parsed, and its items: its list, or its one value as a list of one.
+
+    Raises
+    ------
+    FrameError
+        ``bad-utf8``, ``bad-json``, ``empty`` (an empty list) or ``count-too-large`` (more
+        than :data:`~edge_client.wire.constants.FRAME_MAX_SAMPLES` of ``what``).
+    """
     try:
-        text = payload.decode("utf-8")
+        obj = json.loads(bytes(payload).decode("utf-8"))
     except UnicodeDecodeError as err:
         raise FrameError("bad-utf8", f"JSON payload is not utf-8 ({err.reason})") from err
-    try:
-        obj = json.loads(text)
     except (json.JSONDecodeError, RecursionError) as err:
         raise FrameError("bad-json", f"not JSON: {err}") from err
     items = obj if isinstance(obj, list) else [obj]
     if not items:
         raise FrameError("empty", "empty JSON list")
     if len(items) > FRAME_MAX_SAMPLES:
-        raise FrameError("count-too-large", f"{len(items)} samples > {FRAME_MAX_SAMPLES}")
+        raise FrameError("count-too-large", f"{len(items)} {what} > {FRAME_MAX_SAMPLES}")
+    return obj, items
+
+
+def _decode_json(payload: bytes, shape: tuple[int, ...], now: float) -> SampleBatch:
+    obj, items = json_items(payload)
     per = math.prod(shape)
     xs = np.empty((len(items), per), dtype=np.float32)
     ys = np.empty(len(items), dtype=np.int64)

@@ -2,7 +2,8 @@
 
 Broker, publishers, ingest daemons, a SuperLink and SuperNodes, started by
 ``fedstream demo`` exactly as a user runs it (these tests take about a minute each); the
-first streams a user's recording (``--source``), not the built-in task.
+first streams a user's recording (``--source``), not the built-in task, the second a series
+published reading by reading for forecasting.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ from pathlib import Path
 import numpy as np
 
 from aggregator.records import read_metrics
+from deploy.bench.forecast import DATA as CO2
 from deploy.demo import APP_DIR
 from deploy.flower import FlowerDeployment
 from deploy.local import ProcessGroup
+from deploy.probes import buffer_stats
 from tests.helpers import demo
 
 
@@ -89,3 +92,31 @@ def test_flwr_run_in_the_simulation_engine_trains_on_replayed_streams(tmp_path: 
     assert [r.round for r in records] == [1, 2]
     assert set(records[-1].devices) == {"sim-0", "sim-1", "sim-2"}
     assert len(list((tmp_path / "sim").glob("run-*/sim-*.sqlite"))) == 3
+
+
+def test_demo_forecasts_a_series_its_devices_publish_reading_by_reading(tmp_path: Path) -> None:
+    # Prepare: weekly Mauna Loa CO2 (a real recording), the first 80 % to stream, the rest
+    # for the aggregator's test set
+    lines = CO2.read_text().strip().splitlines()
+    split = 1 + int((len(lines) - 1) * 0.8)
+    (tmp_path / "train.csv").write_text("\n".join(lines[:split]) + "\n")
+    (tmp_path / "test.csv").write_text("\n".join([lines[0], *lines[split:]]) + "\n")
+    # Execute
+    rc, out, summary = demo(
+        tmp_path,
+        *("--source", str(tmp_path / "train.csv"), "--test", str(tmp_path / "test.csv")),
+        *("--task", "forecast", "--window", "56", "--run-config", "forecast-horizon=4"),
+        *("--devices", "2", "--rounds", "2"),
+    )
+    # Assert: per-reading JSON in, windows of 56 readings cut on ingest, label-free; the
+    # forecast beats repeating the last reading (0.754 ppmv on these weeks) on the test set
+    assert rc == 0, out[-3000:]
+    assert "as per-reading JSON (co2)" in out
+    assert summary["status"] == "finished:completed" and summary["rounds"] == 2
+    config = summary["run_config"]
+    assert (config["task"], config["sample-shape"]) == ("forecast", "1,56")
+    assert summary["test_accuracy"] < 0.9 * 0.754
+    run_dir = next(tmp_path.glob("run-*"))
+    for dev in ("dev-0", "dev-1"):
+        stats = buffer_stats(run_dir / "buffers" / f"{dev}.sqlite")
+        assert stats["readings"] > 0 and stats["rejected"] == 0 and stats["shape"] == [1, 56]

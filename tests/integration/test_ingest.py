@@ -167,6 +167,11 @@ def test_ingest_refuses_bad_configuration(tmp_path: Path) -> None:
         (["--device-id", "d", "--broker", "http://x"], "scheme"),
         (["--device-id", "d", "--capacity", "0"], "capacity"),
         (["--device-id", "d", "--shape", "6,zero"], "shape"),
+        (["--device-id", "d", "--fields", "ax"], "needs --window"),
+        (["--device-id", "d", "--fields", "ax,ay", "--window", "8", "--shape", "3,8"], "2,8"),
+        (["--device-id", "d", "--fields", "a..b", "--window", "8"], "imu.acc.x"),
+        (["--device-id", "d", "--topic", "a=x", "--topic", "b=y", "--window", "8"], "--rate"),
+        (["--device-id", "d", "--fields", "x", "--window", "8", "--label-field", "y"], "--classes"),
     ]
     for args, message in cases:
         proc = subprocess.run(

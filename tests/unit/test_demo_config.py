@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from deploy.demo import DemoConfig
+from deploy.demo import DemoConfig, _ingest_args, _source_args, _write_shards
+from edge_client.task.recordings import load_series
 from edge_client.wire.run_config import RunSettings
 
 
@@ -74,18 +75,26 @@ def test_a_recording_sets_the_shape_classes_model_and_test_file(tmp_path: Path) 
         DemoConfig(source=tmp_path / "missing.npz")
 
 
-def test_a_series_for_forecasting_is_cut_into_windows_in_time_order(tmp_path: Path) -> None:
+def test_a_series_for_forecasting_is_split_in_time_and_published_reading_by_reading(
+    tmp_path: Path,
+) -> None:
     # Prepare: a two-channel series with a time column and a missing reading.
     lines = ["date,temp,humidity"] + [f"{d},{20 + d % 7},{50 + d % 5}" for d in range(100)]
     lines[10] = "9,,54"
     (tmp_path / "series.csv").write_text("\n".join(lines) + "\n")
     # Execute
     config = DemoConfig(source=tmp_path / "series.csv", task="forecast", window=12)
-    # Assert: 2 channels x 12 readings, 89 windows split in time, no labels needed.
+    shards = _write_shards(config, tmp_path / "run")
+    # Assert: 2 channels x 12 readings; 4 stretches of 25 readings in time order, each a
+    # CSV with the channels' names that its device publishes and ingest windows (14 each)
     settings = config.settings
     assert (settings.task, settings.shape) == ("forecast", (2, 12))
-    assert config.recording is not None and config.recording[0].shape == (89, 2, 12)
-    assert config.in_order
+    assert config.channels == ["temp", "humidity"] and config.recording is None
+    assert shards == {f"dev-{i}": 25 - 12 + 1 for i in range(4)}
+    dev1 = load_series(tmp_path / "run" / "data" / "dev-1.csv")
+    assert np.allclose(dev1, load_series(tmp_path / "series.csv")[25:50])
+    assert _ingest_args(config) == ["--fields", "temp,humidity", "--window", "12", "--stride", "1"]
+    assert "--readings" in _source_args(config, tmp_path / "run", "dev-1")
     with pytest.raises(ValueError, match="give --source"):
         DemoConfig(task="forecast")
     with pytest.raises(ValueError, match="classification or forecast"):

@@ -77,9 +77,9 @@ def test_a_message_the_buffer_cannot_take_is_isolated_not_retried_forever(
 
     monkeypatch.setattr(daemon.store, "append", picky)
     items = [
-        (1, 1, frames(n=4, publisher="good", seq=1), 0.0, False),
-        (2, 1, frames(n=4, publisher="poison", seq=1), 0.0, False),
-        (3, 1, frames(n=4, publisher="good", seq=2), 0.0, False),
+        (1, 1, frames(n=4, publisher="good", seq=1), 0.0, "fedstream/v1/d/samples"),
+        (2, 1, frames(n=4, publisher="poison", seq=1), 0.0, "fedstream/v1/d/samples"),
+        (3, 1, frames(n=4, publisher="good", seq=2), 0.0, "fedstream/v1/d/samples"),
     ]
     # Execute
     done = daemon._commit_each(items)
@@ -97,7 +97,9 @@ def test_a_full_disk_holds_the_messages_for_a_retry(
 
     monkeypatch.setattr(daemon.store, "append", full)
 
-    done = daemon._commit_each([(1, 1, frames(n=2, publisher="p", seq=1), 0.0, False)])
+    done = daemon._commit_each(
+        [(1, 1, frames(n=2, publisher="p", seq=1), 0.0, "fedstream/v1/d/samples")]
+    )
 
     assert not done and not daemon._acks  # kept unacknowledged: retried when space returns
 

@@ -134,6 +134,26 @@ def test_every_layout_has_its_migration() -> None:
     assert len(MIGRATIONS) == SCHEMA_VERSION
 
 
+def test_a_layout_1_buffer_gains_the_held_windows_table_and_keeps_its_samples(
+    tmp_path: Path,
+) -> None:
+    # Prepare: a buffer of layout 1 (the release before windowing), with samples in it
+    path = tmp_path / "v1.sqlite"
+    with BufferStore(path, shape=(2, 3)) as store:
+        store.append([SampleBatch(np.ones((5, 2, 3), np.float32), np.zeros(5, np.int64),
+                                  np.arange(5.0))])  # fmt: skip
+    with sqlite3.connect(path) as db:
+        db.execute("DROP TABLE held_windows")
+        db.execute("PRAGMA user_version = 1")
+    # Execute
+    with BufferStore(path) as store:
+        stats = store.stats()
+    # Assert
+    assert user_version(path) == SCHEMA_VERSION and stats["fill"] == 5
+    with sqlite3.connect(path) as db:
+        assert db.execute("SELECT count(*) FROM held_windows").fetchone() == (0,)
+
+
 def test_an_old_buffer_that_cannot_be_written_says_why(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -147,7 +167,8 @@ def test_an_old_buffer_that_cannot_be_written_says_why(
 
     monkeypatch.setattr(schema, "MIGRATIONS", (read_only,))
     # Execute / Assert: the message says what is needed, not "not a fedstream buffer"
-    with pytest.raises(BufferStoreError, match="must be migrated to 1, which needs to write"):
+    match = f"must be migrated to {SCHEMA_VERSION}, which needs to write"
+    with pytest.raises(BufferStoreError, match=match):
         BufferStore(path)
     assert user_version(path) == 0  # left as it was
 

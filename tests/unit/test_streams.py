@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from edge_client.emulation.constants import REPLAY_GAP_S
+from edge_client.emulation.publisher import PublisherConfig
+from edge_client.emulation.readings import SeriesReadings, series_channels
 from edge_client.emulation.schedule import arrival_offsets, draw_rate
 from edge_client.emulation.sources import (
     ArraySource,
     SyntheticSource,
     label_distribution,
 )
+from edge_client.runtime.mqtt import BrokerURL
 from edge_client.runtime.seeding import device_rng
 from edge_client.task.recordings import load_recording
 from edge_client.task.synthetic import SensorTask
@@ -100,3 +105,25 @@ def test_file_sources(tmp_path: Path) -> None:
         load_recording(tmp_path / "bad.csv")
     with pytest.raises(ValueError, match=r"\.npz or \.csv"):
         load_recording(tmp_path / "s.txt")
+
+
+def test_a_series_is_published_reading_by_reading_evenly_stamped_with_a_gap_at_each_pass(
+    tmp_path: Path,
+) -> None:
+    # Prepare: 3 readings of two channels, with a time column that is not a channel
+    (tmp_path / "s.csv").write_text("date,temp,rh\n1,20.5,40\n2,21.0,41\n3,21.5,42\n")
+    readings = SeriesReadings.from_file(tmp_path / "s.csv", rate=10.0)
+    readings.start = 100.0
+    # Execute
+    first = json.loads(readings.payload(1))
+    rest = json.loads(readings.payload(3))
+    # Assert: ts = start + i / rate, and the second pass REPLAY_GAP_S later
+    assert first == {"ts": 100.0, "temp": 20.5, "rh": 40.0}
+    assert [r["ts"] for r in rest] == [100.1, 100.2, 100.3 + REPLAY_GAP_S]
+    assert [r["temp"] for r in rest] == [21.0, 21.5, 20.5]
+    assert series_channels(tmp_path / "s.csv") == ["temp", "rh"]
+
+
+def test_publishing_to_a_wildcard_topic_is_refused() -> None:
+    with pytest.raises(ValueError, match="without wildcards"):
+        PublisherConfig(BrokerURL.parse("mqtt://h"), "d", rate=1.0, count=1, topic="a/+/b")

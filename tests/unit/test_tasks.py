@@ -29,6 +29,7 @@ from edge_client.task.loading import load_task
 from edge_client.task.preprocess import ChannelStandardizer
 from edge_client.task.recordings import load_recording, series_windows
 from edge_client.task.synthetic import SensorTask
+from edge_client.wire.constants import NO_LABEL
 from edge_client.wire.run_config import RunSettings, upgrade_saved
 from tests.tasks import SampleLog, TinyTask
 
@@ -447,3 +448,14 @@ def test_forecasting_learns_an_unlabelled_stream_better_than_repeating_the_last_
     assert records[-1].metric == "mae"
     assert records[-1].test_accuracy < 0.7 * naive
     assert records[-1].accuracy < 0.8 * naive  # prequential: the model each round started from
+
+
+def test_classification_refuses_samples_of_a_label_free_stream_and_says_what_to_do() -> None:
+    # Prepare: windows cut from a stream ingested without --label-field
+    x = torch.zeros(4, 3, 8)
+    y = torch.full((4,), NO_LABEL)
+    # Execute / Assert
+    with pytest.raises(ValueError, match="--label-field"):
+        Classification().targets(x, y)
+    past, future = Forecast(2).targets(x, y)  # forecasting never reads them
+    assert past.shape == (4, 3, 6) and future.shape == (4, 6)

@@ -1,0 +1,92 @@
+"""A recorded series replayed as a sensor sends it: per-reading JSON, one reading at a time.
+
+``fedstream publish --source series.csv --readings`` publishes each row of the series as
+``{"ts": ..., "<channel>": value, ...}`` (the CSV's column names; ``x0``, ``x1``, ... for an
+``.npz``), for ``fedstream ingest --fields <channels> --window W`` to cut into samples.
+
+Timestamps are the publisher's clock at the first reading plus ``i / rate``: evenly spaced,
+as a sampling sensor stamps them, whatever the network does to the messages. When the series
+ends it starts again, :data:`~edge_client.emulation.constants.REPLAY_GAP_S` seconds of stream
+time later, so that no window is cut across the seam (the ingest daemon's ``--max-gap``).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+
+from edge_client.emulation.constants import REPLAY_GAP_S
+from edge_client.task.recordings import TIME_COLUMNS, load_series
+
+__all__ = ["SeriesReadings", "series_channels"]
+
+
+def series_channels(path: str | Path) -> list[str]:
+    """The channel names of a series file: a CSV's columns but its time columns, or
+    ``x0, x1, ...`` for an ``.npz``.
+
+    Raises
+    ------
+    ValueError
+        If the file cannot be read as a series (:func:`~edge_client.task.load_series`).
+    """
+    path = Path(path)
+    values = load_series(path)
+    if path.suffix == ".csv":
+        with path.open(newline="") as fh:
+            header = next(csv.reader(fh))
+        return [c for c in header if c.lower() not in TIME_COLUMNS]
+    return [f"x{c}" for c in range(values.shape[1])]
+
+
+class SeriesReadings:
+    """The readings of a series as per-reading JSON payloads, in order, looping.
+
+    Parameters
+    ----------
+    values : ndarray
+        ``(T, C)`` readings.
+    names : list of str
+        The ``C`` channels' field names.
+    rate : float
+        Readings per second: the spacing of the timestamps.
+    start : float, optional
+        The first reading's timestamp (default: now).
+    """
+
+    def __init__(
+        self,
+        values: npt.NDArray[np.float32],
+        names: list[str],
+        rate: float,
+        start: float | None = None,
+    ) -> None:
+        if values.ndim != 2 or values.shape[1] != len(names) or not len(values):
+            raise ValueError(f"{len(names)} channel names for readings of shape {values.shape}")
+        self.values = values
+        self.names = names
+        self.rate = rate
+        self.start = time.time() if start is None else start
+        self.sent = 0  # readings given so far, over all passes
+
+    @classmethod
+    def from_file(cls, path: str | Path, rate: float) -> SeriesReadings:
+        """The series in ``path`` (see :func:`series_channels`), stamped at ``rate``."""
+        return cls(load_series(path), series_channels(path), rate)
+
+    def payload(self, n: int) -> bytes:
+        """The next ``n`` readings: one JSON object, or a list of ``n`` of them."""
+        rows = []
+        for _ in range(n):
+            passes, i = divmod(self.sent, len(self.values))
+            ts = self.start + self.sent / self.rate + passes * REPLAY_GAP_S
+            reading = {"ts": round(ts, 6)}
+            reading.update(zip(self.names, map(float, self.values[i]), strict=True))
+            rows.append(reading)
+            self.sent += 1
+        return json.dumps(rows[0] if n == 1 else rows).encode()

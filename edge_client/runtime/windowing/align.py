@@ -1,0 +1,181 @@
+"""Readings of one or more topics onto one time base: rows of every channel, and breaks.
+
+With one topic and no rate, each reading is a row as it comes; two readings further apart
+than ``max_gap`` put a break between them.
+
+With a rate (always with several topics) the rows lie on a grid, ``k / rate`` seconds since
+the epoch, and each channel's value at a tick is interpolated linearly between its topic's
+readings either side of it. A tick is emitted once every topic has a reading at or after it,
+so a topic that runs behind (a slower network path, a clock a little late) holds the rows
+back: skew is absorbed. The rules for readings that are missing or late:
+
+- a tick whose readings either side, in some topic, are more than ``max_gap`` apart (or that
+  precedes a topic's first reading) is a break: no window spans it;
+- a topic more than ``max_skew`` seconds behind the newest reading of any other stops
+  holding the rows back: the ticks it has not reached become breaks, and its readings that
+  come later than ``max_gap`` before the next tick are refused as ``clock-skew``.
+
+A reading not newer than its topic's newest is a redelivery when its timestamp is one of the
+topic's recent ones (``duplicate``), and refused as ``late`` otherwise.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import deque
+from typing import Any
+
+from edge_client.runtime.constants import RECENT_TIMESTAMPS
+
+__all__ = ["Aligner", "Row"]
+
+#: A row: its time and every channel's value; None in a list of rows is a break.
+Row = tuple[float, tuple[float, ...]]
+
+
+class Aligner:
+    """Merge topics' readings into rows (see the module notes for the rules).
+
+    Parameters
+    ----------
+    channels : sequence of int
+        Channels per topic, in the order their values are concatenated.
+    rate : float, optional
+        Ticks per second; None passes a single topic's readings through.
+    max_gap, max_skew : float
+        Seconds, as in the module notes.
+    """
+
+    def __init__(
+        self, channels: tuple[int, ...], rate: float | None, max_gap: float, max_skew: float
+    ) -> None:
+        if rate is None and len(channels) != 1:
+            raise ValueError("several topics need a rate to be aligned")
+        self.channels = channels
+        self.rate = rate
+        self.max_gap = max_gap
+        self.max_skew = max_skew
+        n = len(channels)
+        self.newest: list[float | None] = [None] * n
+        self.recent: list[deque[float]] = [deque(maxlen=RECENT_TIMESTAMPS) for _ in range(n)]
+        # Resampling: each topic's readings from the one before the next tick on.
+        self.pending: list[list[Row]] = [[] for _ in range(n)]
+        self.next_k: int | None = None
+        self._out: list[Row | None] = []
+
+    # -- input ----------------------------------------------------------------------------
+
+    def add(self, topic: int, ts: float, values: tuple[float, ...]) -> str | None:
+        """Take one reading of topic ``topic``; return why it was refused, or None.
+
+        Returns
+        -------
+        str or None
+            ``duplicate``, ``late`` or ``clock-skew`` when refused.
+        """
+        newest = self.newest[topic]
+        if newest is not None and ts <= newest:
+            return "duplicate" if ts in self.recent[topic] else "late"
+        k, rate = self.next_k, self.rate
+        if k is not None and rate is not None and ts < k / rate - self.max_gap:
+            return "clock-skew"  # behind ticks already given up on for it
+        self.newest[topic] = ts
+        self.recent[topic].append(ts)
+        if self.rate is None:
+            if newest is not None and ts - newest > self.max_gap:
+                self._out.append(None)
+            self._out.append((ts, values))
+        else:
+            self.pending[topic].append((ts, values))
+        return None
+
+    # -- output ---------------------------------------------------------------------------
+
+    def rows(self) -> list[Row | None]:
+        """The rows (and breaks) that are final now, oldest first; each is given once."""
+        if self.rate is not None:
+            self._resample(self.rate)
+        out, self._out = self._out, []
+        return out
+
+    def _resample(self, rate: float) -> None:
+        if self.next_k is None:  # the grid starts once every topic has begun (or skew says so)
+            firsts = [p[0][0] for p in self.pending if p]
+            if not firsts:
+                return
+            lead = max(ts for ts in self.newest if ts is not None)
+            if len(firsts) < len(self.pending) and lead - min(firsts) <= self.max_skew:
+                return
+            self.next_k = math.ceil(min(firsts) * rate)
+        while True:
+            t = self.next_k / rate
+            behind = [i for i, ts in enumerate(self.newest) if ts is None or ts < t]
+            if behind:
+                lead = max(ts for ts in self.newest if ts is not None)
+                give_up = lead - self.max_skew
+                if give_up < t:
+                    return  # wait for the topics behind: within the skew tolerance
+                # Beyond it: every tick up to give_up lacks a reading of those topics.
+                self._break()
+                self.next_k = max(self.next_k + 1, math.floor(give_up * rate) + 1)
+                self._prune(self.next_k / rate)
+                continue
+            row: list[float] = []
+            for i in range(len(self.channels)):
+                values = self._at(i, t)
+                if values is None:
+                    break
+                row.extend(values)
+            if len(row) == sum(self.channels):
+                self._out.append((t, tuple(row)))
+            else:
+                self._break()
+            self.next_k += 1
+            self._prune(self.next_k / rate)
+
+    def _at(self, topic: int, t: float) -> tuple[float, ...] | None:
+        """The topic's values at ``t``, interpolated; None across a gap or before its start."""
+        readings = self.pending[topic]
+        j = bisect.bisect_left(readings, t, key=lambda r: r[0])  # first at or after t
+        after = readings[j]
+        if after[0] == t:
+            return after[1]
+        if j == 0:
+            return None
+        before = readings[j - 1]
+        span = after[0] - before[0]
+        if span > self.max_gap:
+            return None
+        w = (t - before[0]) / span
+        return tuple(a + w * (b - a) for a, b in zip(before[1], after[1], strict=True))
+
+    def _prune(self, t: float) -> None:
+        """Drop readings no tick from ``t`` on needs (keep the last one before it)."""
+        for readings in self.pending:
+            j = bisect.bisect_left(readings, t, key=lambda r: r[0])
+            if j > 1:
+                del readings[: j - 1]
+
+    def _break(self) -> None:
+        if self._out and self._out[-1] is None:
+            return
+        self._out.append(None)
+
+    # -- state ----------------------------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """What a restart needs, JSON-ready (rows already given are not in it)."""
+        return {
+            "newest": self.newest,
+            "recent": [list(r) for r in self.recent],
+            "pending": [[[ts, list(v)] for ts, v in p] for p in self.pending],
+            "next-k": self.next_k,
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Continue from :meth:`state`."""
+        self.newest = list(state["newest"])
+        self.recent = [deque(r, maxlen=RECENT_TIMESTAMPS) for r in state["recent"]]
+        self.pending = [[(ts, tuple(v)) for ts, v in p] for p in state["pending"]]
+        self.next_k = state["next-k"]

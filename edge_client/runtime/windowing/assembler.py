@@ -1,0 +1,261 @@
+"""Per-reading messages in, labelled windows out: decode, align, window, join labels.
+
+The ingest writer gives each batch of messages to :meth:`WindowAssembler.feed` and commits
+what comes back in one transaction with the samples: the windows ready to store, the
+windows that wait for a label (kept in the buffer file's ``held_windows``), and the
+assembler's state (readings of unfinished windows included) in the file's meta. A message
+is acknowledged only after that commit, so readings waiting in an unfinished window outlive
+a ``kill -9`` like stored samples do, and a redelivered reading is known by its timestamp.
+
+If the commit fails, the caller throws the assembler away and loads it again from the file
+(:meth:`WindowAssembler.load`): its memory never runs ahead of what is committed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+import paho.mqtt.client as mqtt
+
+from edge_client.runtime.constants import WINDOWING_META
+from edge_client.runtime.windowing.align import Aligner
+from edge_client.runtime.windowing.labels import LabelJoin
+from edge_client.runtime.windowing.spec import WindowSpec
+from edge_client.runtime.windowing.windows import Windower
+from edge_client.wire.constants import NO_LABEL
+from edge_client.wire.frames import Arrivals, FrameError
+from edge_client.wire.readings import decode_readings
+
+__all__ = ["Assembled", "WindowAssembler"]
+
+log = logging.getLogger(__name__)
+
+#: (topic, payload, arrival time) of one message, as the ingest writer hands them over.
+Message = tuple[str, bytes | bytearray, float]
+
+
+@dataclass
+class Assembled:
+    """What one :meth:`WindowAssembler.feed` made, to commit in one transaction.
+
+    Attributes
+    ----------
+    x, y, ts : ndarray
+        Windows to store now, ``(n, channels, window)``, their labels and end times.
+    hold : list of (int, float, ndarray)
+        New windows waiting for a label: id, end time, values.
+    release : list of int
+        Held windows leaving the file (stored above, or dropped).
+    counts : Counter
+        Counter deltas: ``readings``, ``readings-at-gaps``, ``duplicates`` (readings),
+        ``windows-dropped:<reason>``.
+    rejected : Counter
+        Messages refused whole, and single readings refused, by reason.
+    state : str
+        The assembler's state after this batch (JSON).
+    """
+
+    x: npt.NDArray[np.float32]
+    y: npt.NDArray[np.int64]
+    ts: npt.NDArray[np.float64]
+    hold: list[tuple[int, float, npt.NDArray[np.float32]]] = field(default_factory=list)
+    release: list[int] = field(default_factory=list)
+    counts: Counter[str] = field(default_factory=Counter)
+    rejected: Counter[str] = field(default_factory=Counter)
+    state: str = ""
+
+    def arrivals(self) -> Arrivals:
+        """The windows to store now, as the buffer store takes them (one message's worth,
+        without a publisher: a redelivered reading was dropped already)."""
+        n = len(self.y)
+        return Arrivals(
+            x=self.x,
+            y=self.y,
+            ts=self.ts,
+            counts=[n] if n else [],
+            publishers=[None] if n else [],
+            seqs=[0] if n else [],
+        )
+
+    def save(self, db: sqlite3.Connection) -> None:
+        """Write the held windows and the state (inside the caller's transaction)."""
+        db.executemany("DELETE FROM held_windows WHERE id = ?", [(i,) for i in self.release])
+        db.executemany(
+            "INSERT INTO held_windows (id, ts, x) VALUES (?, ?, ?)",
+            [(i, end, x.astype("<f4").tobytes()) for i, end, x in self.hold],
+        )
+        db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (WINDOWING_META, self.state))
+
+
+class WindowAssembler:
+    """Turn per-reading messages into samples (see the package notes for the rules).
+
+    Parameters
+    ----------
+    spec : WindowSpec
+        Topics, channels, window, stride, gaps, rate, labels.
+    """
+
+    def __init__(self, spec: WindowSpec) -> None:
+        self.spec = spec
+        self.aligner = Aligner(
+            tuple(s.channels for s in spec.streams), spec.rate, spec.max_gap, spec.max_skew
+        )
+        self.windower = Windower(spec.window, spec.stride)
+        self.labels = LabelJoin(spec.label_wait) if spec.labelled else None
+        self.held: dict[int, npt.NDArray[np.float32]] = {}
+        self.next_id = 0
+        self.now: float | None = None  # the newest reading's time
+        self.stale: list[int] = []  # held windows of other settings, to drop on the next feed
+
+    # -- persistence ----------------------------------------------------------------------
+
+    @classmethod
+    def load(cls, spec: WindowSpec, db: sqlite3.Connection) -> WindowAssembler:
+        """The assembler as last committed in a buffer file (new if none was, or if it was
+        made for other topics, channels, rate or window: then it starts afresh)."""
+        assembler = cls(spec)
+        row = db.execute("SELECT value FROM meta WHERE key = ?", (WINDOWING_META,)).fetchone()
+        if row is None:
+            return assembler
+        state = json.loads(row[0])
+        if state.get("spec") != spec.fingerprint():
+            stale = [int(i) for (i,) in db.execute("SELECT id FROM held_windows")]
+            log.warning(
+                "the buffer was windowed with other settings (%s): starting afresh, dropping "
+                "%d reading(s) of an unfinished window and %d window(s) waiting for a label",
+                state.get("spec"),
+                len(state.get("windower", {}).get("rows", [])),
+                len(stale),
+            )
+            assembler.stale = stale
+            assembler.next_id = max(stale, default=-1) + 1
+            return assembler
+        assembler.aligner.restore(state["aligner"])
+        assembler.windower.restore(state["windower"])
+        if assembler.labels is not None and state.get("labels") is not None:
+            assembler.labels.restore(state["labels"])
+            rows = db.execute("SELECT id, x FROM held_windows").fetchall()
+            assembler.held = {
+                int(i): np.frombuffer(x, "<f4").reshape(spec.shape).copy() for i, x in rows
+            }
+        assembler.next_id = int(state["next-id"])
+        assembler.now = state["now"]
+        return assembler
+
+    def state(self) -> str:
+        """The state :meth:`load` continues from, as JSON."""
+        return json.dumps(
+            {
+                "spec": self.spec.fingerprint(),
+                "aligner": self.aligner.state(),
+                "windower": self.windower.state(),
+                "labels": None if self.labels is None else self.labels.state(),
+                "next-id": self.next_id,
+                "now": self.now,
+            }
+        )
+
+    # -- the work -------------------------------------------------------------------------
+
+    def feed(self, messages: Sequence[Message]) -> Assembled:
+        """Take a batch of messages, in arrival order; return what to commit.
+
+        Messages on a topic that is none of the spec's are refused as ``bad-topic``.
+        """
+        counts: Counter[str] = Counter()
+        rejected: Counter[str] = Counter()
+        ready: list[tuple[float, npt.NDArray[np.float32], int]] = []
+        hold: list[tuple[int, float, npt.NDArray[np.float32]]] = []
+        release: list[int] = []
+        if self.stale:
+            release.extend(self.stale)
+            counts["windows-dropped:reconfigured"] += len(self.stale)
+            self.stale = []
+        for topic, payload, _arrival in messages:
+            self._take(topic, payload, counts, rejected)
+            windows = self.windower.feed(self.aligner.rows())
+            if self.windower.given_up:
+                counts["readings-at-gaps"] += self.windower.given_up
+                self.windower.given_up = 0
+            for end, x in windows:
+                if self.labels is None:
+                    ready.append((end, x, NO_LABEL))
+                    continue
+                self.held[self.next_id] = x
+                self.labels.hold(self.next_id, end)
+                hold.append((self.next_id, end, x))
+                self.next_id += 1
+            if self.labels is not None and self.now is not None:
+                labelled, dropped, reasons = self.labels.resolve(self.now)
+                for window_id, end, label in labelled:
+                    ready.append((end, self.held.pop(window_id), label))
+                for window_id in dropped:
+                    self.held.pop(window_id)
+                counts.update({f"windows-dropped:{r}": n for r, n in reasons.items()})
+                release.extend(i for i, _, _ in labelled)
+                release.extend(dropped)
+        # A window held and released within this batch never needs to reach the file.
+        held_now, released_now = {h[0] for h in hold}, set(release)
+        hold = [h for h in hold if h[0] not in released_now]
+        release = [i for i in release if i not in held_now]
+        shape = self.spec.shape
+        return Assembled(
+            x=np.stack([x for _, x, _ in ready]) if ready else np.empty((0, *shape), np.float32),
+            y=np.array([y for _, _, y in ready], dtype=np.int64),
+            ts=np.array([t for t, _, _ in ready], dtype=np.float64),
+            hold=hold,
+            release=release,
+            counts=counts,
+            rejected=rejected,
+            state=self.state(),
+        )
+
+    def _take(
+        self, topic: str, payload: bytes | bytearray, counts: Counter[str], rejected: Counter[str]
+    ) -> None:
+        """Decode one message and give its readings to the aligner and the label join."""
+        spec = self.spec
+        if spec.label_topic is not None and mqtt.topic_matches_sub(spec.label_topic.topic, topic):
+            fmt = spec.label_topic.format
+            index = None
+        else:
+            index = next(
+                (i for i, s in enumerate(spec.streams) if mqtt.topic_matches_sub(s.topic, topic)),
+                None,
+            )
+            if index is None:
+                rejected["bad-topic"] += 1
+                return
+            fmt = spec.streams[index].format
+        try:
+            readings = decode_readings(payload, fmt)
+        except FrameError as err:
+            rejected[err.reason] += 1
+            return
+        except Exception:  # a decoder bug must not stop ingest: count it, keep going
+            log.exception("unexpected error decoding a reading")
+            rejected["decode-error"] += 1
+            return
+        for reading in readings:
+            if index is None:  # a label event
+                assert self.labels is not None and reading.label is not None
+                reason = self.labels.add(reading.ts, reading.label)
+            else:
+                reason = self.aligner.add(index, reading.ts, reading.values)
+                if reason is None:
+                    counts["readings"] += 1
+                    self.now = reading.ts if self.now is None else max(self.now, reading.ts)
+                    if reading.label is not None and self.labels is not None:
+                        self.labels.add(reading.ts, reading.label)
+            if reason == "duplicate":
+                counts["duplicates"] += 1
+            elif reason is not None:
+                rejected[reason] += 1

@@ -1,0 +1,223 @@
+"""What the ingest daemon makes of per-reading streams: topics, channels, windows, labels."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+
+from edge_client.runtime.constants import (
+    DEFAULT_LABEL_WAIT_S,
+    DEFAULT_MAX_GAP_S,
+    DEFAULT_MAX_SKEW_S,
+)
+from edge_client.wire.readings import ReadingFormat, parse_fields
+
+__all__ = ["StreamSpec", "WindowSpec", "channel_names", "parse_topic"]
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    """One subscribed topic (MQTT wildcards allowed) and what its readings carry."""
+
+    topic: str
+    format: ReadingFormat
+
+    @property
+    def channels(self) -> int:
+        """Channels this topic contributes to a sample."""
+        return len(self.format.fields)
+
+
+def parse_topic(option: str) -> tuple[str, str | None]:
+    """Split a ``--topic`` value: ``TOPIC`` or ``TOPIC=FIELDS`` (fields of that topic).
+
+    Raises
+    ------
+    ValueError
+        If the topic is empty or holds ``=`` twice.
+    """
+    topic, sep, fields = option.partition("=")
+    if not topic.strip() or "=" in fields or (sep and not fields.strip()):
+        raise ValueError(f"--topic {option!r}: write TOPIC or TOPIC=field1,field2")
+    return topic.strip(), fields.strip() if sep else None
+
+
+@dataclass(frozen=True)
+class WindowSpec:
+    """How readings become samples: windows of ``window`` readings every ``stride``.
+
+    Parameters
+    ----------
+    streams : tuple of StreamSpec
+        The data topics; their channels are concatenated in this order.
+    window, stride : int
+        Readings per sample and between sample starts: ``N`` readings without a gap make
+        ``(N - window) // stride + 1`` samples of shape ``(channels, window)``.
+    max_gap : float
+        Seconds between consecutive readings beyond which a window is not built across.
+    rate : float, optional
+        Resample onto this many readings per second (needed with several topics, optional
+        with one: without it a single topic's readings are used as they come).
+    max_skew : float
+        Seconds one topic may run behind another before its readings are given up on.
+    label_topic : StreamSpec, optional
+        Labels published on a topic of their own (joined to windows by timestamp).
+    label_wait : float
+        Seconds of stream time a window waits for its label before it is dropped.
+    """
+
+    streams: tuple[StreamSpec, ...]
+    window: int
+    stride: int = 0  # 0: the window (no overlap)
+    max_gap: float = DEFAULT_MAX_GAP_S
+    rate: float | None = None
+    max_skew: float = DEFAULT_MAX_SKEW_S
+    label_topic: StreamSpec | None = None
+    label_wait: float = DEFAULT_LABEL_WAIT_S
+    labelled: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        if self.stride == 0:
+            object.__setattr__(self, "stride", self.window)
+        if not self.streams:
+            raise ValueError("windowing needs at least one data topic")
+        if any(s.channels == 0 for s in self.streams):
+            raise ValueError("every data topic needs --fields (its channels)")
+        if self.window < 1 or self.stride < 1:
+            raise ValueError(f"window and stride must be >= 1, got {self.window}, {self.stride}")
+        for name, value in (("max-gap", self.max_gap), ("max-skew", self.max_skew)):
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be > 0 seconds, got {value}")
+        if not (math.isfinite(self.label_wait) and self.label_wait >= 0):
+            raise ValueError(f"label-wait must be >= 0 seconds, got {self.label_wait}")
+        if self.rate is not None and not (math.isfinite(self.rate) and self.rate > 0):
+            raise ValueError(f"rate must be > 0 readings per second, got {self.rate}")
+        if len(self.streams) > 1 and self.rate is None:
+            raise ValueError("several topics are aligned onto one time base: give --rate")
+        if self.rate is not None and self.max_gap < 1 / self.rate:
+            raise ValueError(f"max-gap {self.max_gap} s is shorter than one tick at {self.rate}/s")
+        topics = [s.topic for s in self.streams]
+        if self.label_topic is not None:
+            topics.append(self.label_topic.topic)
+            if self.label_topic.format.label_field is None:
+                raise ValueError("a label topic needs --label-field")
+        if len(set(topics)) != len(topics):
+            raise ValueError(f"a topic is named twice: {topics}")
+        inline = [s for s in self.streams if s.format.label_field is not None]
+        if self.label_topic is not None and inline:
+            raise ValueError("labels come from the label topic or from a data topic, not both")
+        if len(inline) > 1:
+            raise ValueError("labels come from one topic")
+        object.__setattr__(self, "labelled", bool(inline) or self.label_topic is not None)
+
+    @property
+    def channels(self) -> int:
+        """Channels of a sample (every topic's, in order)."""
+        return sum(s.channels for s in self.streams)
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        """A sample's shape: ``(channels, window)``, the run config's ``sample-shape``."""
+        return (self.channels, self.window)
+
+    @property
+    def num_classes(self) -> int:
+        """Classes the labels index (0 when label-free)."""
+        fmt = self._label_format()
+        return 0 if fmt is None else fmt.num_classes
+
+    def _label_format(self) -> ReadingFormat | None:
+        if self.label_topic is not None:
+            return self.label_topic.format
+        return next((s.format for s in self.streams if s.format.label_field), None)
+
+    def fingerprint(self) -> str:
+        """What a saved windowing state depends on (a restart with another resets it)."""
+        return json.dumps(
+            {
+                "topics": [[s.topic, [f.text for f in s.format.fields]] for s in self.streams],
+                "rate": self.rate,
+                "window": self.window,
+                "labels": None if self.label_topic is None else self.label_topic.topic,
+            }
+        )
+
+    @classmethod
+    def from_options(
+        cls,
+        *,
+        topics: list[str],
+        window: int,
+        fields: str | None = None,
+        stride: int = 0,
+        time_field: str = "ts",
+        time_unit: str = "s",
+        label_field: str | None = None,
+        label_topic: str | None = None,
+        classes: str | None = None,
+        num_classes: int = 0,
+        max_gap: float = DEFAULT_MAX_GAP_S,
+        rate: float | None = None,
+        max_skew: float = DEFAULT_MAX_SKEW_S,
+        label_wait: float = DEFAULT_LABEL_WAIT_S,
+    ) -> WindowSpec:
+        """Build it from ``fedstream ingest`` options (see its ``--help``).
+
+        Raises
+        ------
+        ValueError
+            If the options contradict one another or a value is out of range.
+        """
+        names = tuple(c.strip() for c in classes.split(",")) if classes else ()
+        if names and (not all(names) or len(set(names)) != len(names)):
+            raise ValueError(f"--classes {classes!r}: names must be distinct and non-empty")
+        if label_field is None and (names or label_topic):
+            raise ValueError("--classes and --label-topic need --label-field")
+        if names and num_classes and num_classes != len(names):
+            raise ValueError(f"--num-classes {num_classes} but {len(names)} --classes")
+        k = len(names) or num_classes
+        if label_field is not None and k < 1:
+            raise ValueError("labelled streams need --classes (names) or --num-classes")
+        when = parse_fields(time_field)
+        label = parse_fields(label_field)[0] if label_field else None
+        if len(when) != 1 or (label_field and len(parse_fields(label_field)) != 1):
+            raise ValueError("--time-field and --label-field name one field each")
+        parsed = [parse_topic(t) for t in topics]
+        if fields is not None:
+            if len(parsed) != 1 or parsed[0][1] is not None:
+                raise ValueError("--fields goes with one --topic; give several as TOPIC=FIELDS")
+            parsed = [(parsed[0][0], fields)]
+        if any(f is None for _, f in parsed):
+            raise ValueError("name each topic's channels: --fields, or --topic TOPIC=FIELDS")
+
+        def fmt(channels: str, with_label: bool) -> ReadingFormat:
+            return ReadingFormat(
+                parse_fields(channels) if channels else (),
+                time_field=when[0],
+                time_unit=time_unit,
+                label_field=label if with_label else None,
+                classes=names,
+                num_classes=k,
+            )
+
+        inline = label is not None and label_topic is None
+        streams = tuple(
+            StreamSpec(t, fmt(f or "", inline and i == 0)) for i, (t, f) in enumerate(parsed)
+        )
+        labels = None if label_topic is None else StreamSpec(label_topic, fmt("", True))
+        return cls(
+            streams,
+            window,
+            stride,
+            max_gap=max_gap,
+            rate=rate,
+            max_skew=max_skew,
+            label_topic=labels,
+            label_wait=label_wait,
+        )
+
+
+def channel_names(spec: WindowSpec) -> list[str]:
+    """The sample's channels by field path, in order (for status and docs)."""
+    return [f.text for s in spec.streams for f in s.format.fields]

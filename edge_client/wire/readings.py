@@ -1,0 +1,268 @@
+"""Per-reading JSON: what simple sensors publish, one reading (or a list of them) per message.
+
+``{"ts": 1700000000.02, "ax": 0.1, "ay": 9.8, "az": 0.3, "activity": "walk"}``
+
+A :class:`ReadingFormat` names where each channel, the timestamp and the label are:
+
+- **channels** by field path: ``ax`` (a key), ``imu.acc.x`` (nested keys), ``acc[0]`` (an
+  array element), ``acc[0:3]`` (a slice: three channels ``acc[0]``, ``acc[1]``, ``acc[2]``);
+- **the timestamp** in a field (``ts`` by default): a number of seconds, milliseconds,
+  microseconds or nanoseconds since the epoch (``time_unit``), or an ISO 8601 string (UTC
+  when it names no zone). Exactly-once across restarts rests on it: readings of a stream are
+  told apart by their timestamps, which must increase;
+- **the label**, optionally, in a field: a class name from a declared list (``walk`` ->
+  its index in ``classes``) or an integer class index.
+
+Decoding validates everything and raises :class:`~edge_client.wire.frames.FrameError` with a
+kebab-case reason, as the sample frames do: a message is taken whole or refused whole.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from edge_client.wire.constants import MAX_PAYLOAD_BYTES, TIME_UNITS
+from edge_client.wire.frames import FrameError, json_items
+
+__all__ = [
+    "FieldPath",
+    "Reading",
+    "ReadingFormat",
+    "decode_readings",
+    "encode_reading",
+    "parse_fields",
+]
+
+_STEP = re.compile(r"([^.\[\]]+)|\[(\d+)\]|\[(\d+):(\d+)\]|(\.)")
+
+
+@dataclass(frozen=True)
+class FieldPath:
+    """Where one value is in a reading: keys and array indices, e.g. ``imu.acc[2]``."""
+
+    text: str
+    steps: tuple[str | int, ...]
+
+    def get(self, obj: Any) -> Any:
+        """The value at this path in ``obj``.
+
+        Raises
+        ------
+        KeyError
+            If a key is missing or an index is out of range (named by the path).
+        """
+        for step in self.steps:
+            if isinstance(step, int):
+                if not isinstance(obj, list) or step >= len(obj):
+                    raise KeyError(self.text)
+            elif not isinstance(obj, dict) or step not in obj:
+                raise KeyError(self.text)
+            obj = obj[step]
+        return obj
+
+
+def parse_fields(text: str) -> tuple[FieldPath, ...]:
+    """Field paths from a comma-separated list; a slice ``a[i:j]`` gives ``j - i`` paths.
+
+    Parameters
+    ----------
+    text : str
+        E.g. ``"ax,ay,az"``, ``"imu.acc.x,imu.acc.y"`` or ``"acc[0:3],temp"``.
+
+    Raises
+    ------
+    ValueError
+        If the list is empty, a path is malformed, a slice is empty, or a path repeats.
+    """
+    paths: list[FieldPath] = []
+    for item in (part.strip() for part in text.split(",")):
+        if not item:
+            raise ValueError(f"fields {text!r}: an empty field name")
+        paths.extend(_expand(item))
+    names = [p.text for p in paths]
+    if len(set(names)) != len(names):
+        raise ValueError(f"fields {text!r}: a field is named twice")
+    return tuple(paths)
+
+
+def _expand(item: str) -> list[FieldPath]:
+    steps: list[str | int] = []
+    span: tuple[int, int] | None = None
+    pos = 0
+    expect_key = True
+    for match in _STEP.finditer(item):
+        if match.start() != pos or span is not None:
+            break  # a character no step matches, or a step after a slice
+        pos = match.end()
+        key, index, lo, hi, dot = match.groups()
+        if dot:
+            if expect_key:
+                break
+            expect_key = True
+        elif key is not None:
+            if not expect_key:
+                break
+            steps.append(key)
+            expect_key = False
+        elif index is not None:
+            if not steps:
+                break
+            steps.append(int(index))
+        else:
+            if not steps:
+                break
+            span = (int(lo), int(hi))
+    if pos != len(item) or expect_key:
+        raise ValueError(f"field {item!r}: write keys and indices as imu.acc.x, acc[0] or acc[0:3]")
+    if span is None:
+        return [FieldPath(item, tuple(steps))]
+    lo_i, hi_i = span
+    if hi_i <= lo_i:
+        raise ValueError(f"field {item!r}: the slice is empty")
+    base = item[: item.rindex("[")]
+    return [FieldPath(f"{base}[{i}]", (*steps, i)) for i in range(lo_i, hi_i)]
+
+
+@dataclass(frozen=True)
+class ReadingFormat:
+    """How to read one topic's per-reading JSON.
+
+    Parameters
+    ----------
+    fields : tuple of FieldPath
+        The channels, in order (empty on a topic that carries only labels).
+    time_field : FieldPath
+        The timestamp.
+    time_unit : str
+        ``s``, ``ms``, ``us`` or ``ns``: the unit of a numeric timestamp.
+    label_field : FieldPath, optional
+        The label; None for label-free readings.
+    classes : tuple of str
+        Class names, in index order; string labels must be one of them.
+    num_classes : int
+        Integer labels must lie in ``[0, num_classes)``.
+    """
+
+    fields: tuple[FieldPath, ...]
+    time_field: FieldPath = field(default_factory=lambda: parse_fields("ts")[0])
+    time_unit: str = "s"
+    label_field: FieldPath | None = None
+    classes: tuple[str, ...] = ()
+    num_classes: int = 0
+
+    def __post_init__(self) -> None:
+        if self.time_unit not in TIME_UNITS:
+            raise ValueError(
+                f"time unit must be one of {tuple(TIME_UNITS)}, got {self.time_unit!r}"
+            )
+        if not self.fields and self.label_field is None:
+            raise ValueError("a topic must carry channels, a label, or both")
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """One decoded reading: its time, its channel values, its class index (or None)."""
+
+    ts: float
+    values: tuple[float, ...]
+    label: int | None
+
+
+def decode_readings(payload: bytes | bytearray, fmt: ReadingFormat) -> list[Reading]:
+    """Decode one message of per-reading JSON: an object, or a list of objects.
+
+    Parameters
+    ----------
+    payload : bytes or bytearray
+        The message payload.
+    fmt : ReadingFormat
+        Where the channels, timestamp and label are.
+
+    Returns
+    -------
+    list of Reading
+        In the message's order.
+
+    Raises
+    ------
+    FrameError
+        ``empty``, ``too-large``, ``bad-utf8``, ``bad-json``, ``count-too-large``,
+        ``missing-field`` (a channel, timestamp or label absent, or a channel not a number),
+        ``non-finite``, ``bad-timestamp``, ``unknown-label`` (a class name not in the list)
+        or ``bad-label`` (an integer label out of range, or neither name nor integer).
+    """
+    if not payload:
+        raise FrameError("empty", "empty payload")
+    if len(payload) > MAX_PAYLOAD_BYTES:
+        raise FrameError("too-large", f"{len(payload)} bytes > {MAX_PAYLOAD_BYTES}")
+    _, items = json_items(payload, "readings")
+    return [_reading(item, fmt) for item in items]
+
+
+def _reading(item: Any, fmt: ReadingFormat) -> Reading:
+    if not isinstance(item, dict):
+        raise FrameError("bad-json", "each reading must be a JSON object")
+    values = tuple(_number(item, path) for path in fmt.fields)
+    if not all(math.isfinite(v) for v in values):
+        raise FrameError("non-finite", "a channel is NaN or infinite")
+    ts = _timestamp(_get(item, fmt.time_field), fmt.time_unit)
+    label = None if fmt.label_field is None else _label(_get(item, fmt.label_field), fmt)
+    return Reading(ts, values, label)
+
+
+def _get(item: dict[str, Any], path: FieldPath) -> Any:
+    try:
+        return path.get(item)
+    except KeyError as err:
+        raise FrameError("missing-field", f"no field {path.text!r}") from err
+
+
+def _number(item: dict[str, Any], path: FieldPath) -> float:
+    value = _get(item, path)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        hint = " (name its elements: field[0:n])" if isinstance(value, list) else ""
+        raise FrameError("missing-field", f"{path.text!r} is not a number{hint}")
+    return float(value)
+
+
+def _timestamp(value: Any, unit: str) -> float:
+    if isinstance(value, str):
+        try:
+            stamp = datetime.fromisoformat(value)
+        except ValueError as err:
+            raise FrameError("bad-timestamp", f"{value!r:.40} is not ISO 8601") from err
+        if stamp.tzinfo is None:
+            stamp = stamp.replace(tzinfo=UTC)
+        return stamp.timestamp()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise FrameError("bad-timestamp", f"timestamp {value!r:.40} is not a number or string")
+    ts = float(value) * TIME_UNITS[unit]
+    if not (math.isfinite(ts) and ts >= 0):
+        raise FrameError("bad-timestamp", "timestamps must be finite and non-negative")
+    return ts
+
+
+def _label(value: Any, fmt: ReadingFormat) -> int:
+    if isinstance(value, str):
+        try:
+            return fmt.classes.index(value)
+        except ValueError:
+            raise FrameError("unknown-label", f"{value!r:.40} is not one of the classes") from None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < fmt.num_classes:
+        raise FrameError(
+            "bad-label", f"label {value!r:.40} is not a class in [0, {fmt.num_classes})"
+        )
+    return value
+
+
+def encode_reading(ts: float, values: Sequence[float], names: Sequence[str], **extra: Any) -> bytes:
+    """One reading as per-reading JSON (the publisher's emulation and the tests use it)."""
+    obj: dict[str, Any] = {"ts": ts, **dict(zip(names, map(float, values), strict=True))}
+    obj.update(extra)
+    return json.dumps(obj).encode()
