@@ -17,6 +17,8 @@ RATE_SETS: Final = {
     "S2p": ("normal", 256.0, 28.0),
 }
 MIN_STREAM_RATE: Final = 1.0
-# A replayed series starts again this much later in stream time: above any sane --max-gap,
-# so that no window spans the seam between its end and its start.
-REPLAY_GAP_S: Final = 60.0
+# A replayed series starts again this much later in stream time: above the ingest daemon's
+# --max-gap (default 1 s), so that no window spans the seam between its end and its start.
+# Each pass puts the stamps this much further ahead of the clock (ingest refuses readings
+# stamped more than a day ahead: about 17,000 passes).
+REPLAY_GAP_S: Final = 5.0

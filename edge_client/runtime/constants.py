@@ -37,6 +37,8 @@ DEFAULT_MAX_GAP_S: Final = 1.0  # no window spans a longer silence between readi
 DEFAULT_MAX_SKEW_S: Final = 2.0  # how far one topic may run behind another
 DEFAULT_LABEL_WAIT_S: Final = 30.0  # stream seconds a window waits for its label
 RECENT_TIMESTAMPS: Final = 64  # per topic: a redelivered reading is known by its timestamp
+LABEL_EVENTS_MAX: Final = 4096  # labels kept ahead of the data (each commit saves them)
+MAX_AHEAD_S: Final = 86_400.0  # a reading stamped further ahead of the host clock is refused
 WINDOWING_META: Final = "windowing"  # the buffer's meta key holding the windowing state
 
 # --- Data injection (ScaDLES), device side --------------------------------------------------

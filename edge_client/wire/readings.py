@@ -239,10 +239,11 @@ def _timestamp(value: Any, unit: str) -> float:
             raise FrameError("bad-timestamp", f"{value!r:.40} is not ISO 8601") from err
         if stamp.tzinfo is None:
             stamp = stamp.replace(tzinfo=UTC)
-        return stamp.timestamp()
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        ts = stamp.timestamp()
+    elif isinstance(value, bool) or not isinstance(value, (int, float)):
         raise FrameError("bad-timestamp", f"timestamp {value!r:.40} is not a number or string")
-    ts = float(value) * TIME_UNITS[unit]
+    else:
+        ts = float(value) * TIME_UNITS[unit]
     if not (math.isfinite(ts) and ts >= 0):
         raise FrameError("bad-timestamp", "timestamps must be finite and non-negative")
     return ts

@@ -240,8 +240,8 @@ def test_a_label_free_series_from_mosquitto_pub_is_windowed_and_forecast_better_
         "--time-unit", "ms", "--max-gap", str(8 * 24 * 3600),
     )  # fmt: skip
     lines = "".join(
-        json.dumps({"ts": int(T0 * 1000) + i * week_ms, "co2": float(series[i])}) + "\n"
-        for i in range(n)
+        json.dumps({"ts": int(T0 * 1000) + (i - n) * week_ms, "co2": float(series[i])}) + "\n"
+        for i in range(n)  # the weeks up to T0 (a reading dated ahead of the clock is refused)
     )
     # Execute
     subprocess.run(

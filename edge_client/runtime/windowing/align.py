@@ -122,31 +122,35 @@ class Aligner:
                 self._prune(self.next_k / rate)
                 continue
             row: list[float] = []
+            resume = t  # the first time every topic has a value again, across gaps
             for i in range(len(self.channels)):
-                values = self._at(i, t)
-                if values is None:
-                    break
-                row.extend(values)
-            if len(row) == sum(self.channels):
+                at = self._at(i, t)
+                if isinstance(at, tuple):
+                    row.extend(at)
+                else:
+                    resume = max(resume, at)
+            if resume == t:
                 self._out.append((t, tuple(row)))
-            else:
+                self.next_k += 1
+            else:  # no tick before ``resume`` has every topic's value: one break, skip them
                 self._break()
-            self.next_k += 1
+                self.next_k = max(self.next_k + 1, math.ceil(resume * rate))
             self._prune(self.next_k / rate)
 
-    def _at(self, topic: int, t: float) -> tuple[float, ...] | None:
-        """The topic's values at ``t``, interpolated; None across a gap or before its start."""
+    def _at(self, topic: int, t: float) -> tuple[float, ...] | float:
+        """The topic's values at ``t``, interpolated; or, across a gap (or before its first
+        reading), the time of the reading after it, where the topic has values again."""
         readings = self.pending[topic]
         j = bisect.bisect_left(readings, t, key=lambda r: r[0])  # first at or after t
         after = readings[j]
         if after[0] == t:
             return after[1]
         if j == 0:
-            return None
+            return after[0]
         before = readings[j - 1]
         span = after[0] - before[0]
         if span > self.max_gap:
-            return None
+            return after[0]
         w = (t - before[0]) / span
         return tuple(a + w * (b - a) for a, b in zip(before[1], after[1], strict=True))
 

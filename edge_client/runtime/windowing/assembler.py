@@ -24,7 +24,7 @@ import numpy as np
 import numpy.typing as npt
 import paho.mqtt.client as mqtt
 
-from edge_client.runtime.constants import WINDOWING_META
+from edge_client.runtime.constants import MAX_AHEAD_S, WINDOWING_META
 from edge_client.runtime.windowing.align import Aligner
 from edge_client.runtime.windowing.labels import LabelJoin
 from edge_client.runtime.windowing.spec import WindowSpec
@@ -113,6 +113,7 @@ class WindowAssembler:
         self.held: dict[int, npt.NDArray[np.float32]] = {}
         self.next_id = 0
         self.now: float | None = None  # the newest reading's time
+        self.horizon: float | None = None  # the newest row's: later windows end after it
         self.stale: list[int] = []  # held windows of other settings, to drop on the next feed
 
     # -- persistence ----------------------------------------------------------------------
@@ -148,6 +149,7 @@ class WindowAssembler:
             }
         assembler.next_id = int(state["next-id"])
         assembler.now = state["now"]
+        assembler.horizon = state["horizon"]
         return assembler
 
     def state(self) -> str:
@@ -160,6 +162,7 @@ class WindowAssembler:
                 "labels": None if self.labels is None else self.labels.state(),
                 "next-id": self.next_id,
                 "now": self.now,
+                "horizon": self.horizon,
             }
         )
 
@@ -179,9 +182,11 @@ class WindowAssembler:
             release.extend(self.stale)
             counts["windows-dropped:reconfigured"] += len(self.stale)
             self.stale = []
-        for topic, payload, _arrival in messages:
-            self._take(topic, payload, counts, rejected)
-            windows = self.windower.feed(self.aligner.rows())
+        for topic, payload, arrival in messages:
+            self._take(topic, payload, arrival, counts, rejected)
+            rows = self.aligner.rows()
+            self.horizon = next((r[0] for r in reversed(rows) if r is not None), self.horizon)
+            windows = self.windower.feed(rows)
             if self.windower.given_up:
                 counts["readings-at-gaps"] += self.windower.given_up
                 self.windower.given_up = 0
@@ -194,7 +199,7 @@ class WindowAssembler:
                 hold.append((self.next_id, end, x))
                 self.next_id += 1
             if self.labels is not None and self.now is not None:
-                labelled, dropped, reasons = self.labels.resolve(self.now)
+                labelled, dropped, reasons = self.labels.resolve(self.now, self.horizon)
                 for window_id, end, label in labelled:
                     ready.append((end, self.held.pop(window_id), label))
                 for window_id in dropped:
@@ -219,9 +224,19 @@ class WindowAssembler:
         )
 
     def _take(
-        self, topic: str, payload: bytes | bytearray, counts: Counter[str], rejected: Counter[str]
+        self,
+        topic: str,
+        payload: bytes | bytearray,
+        arrival: float,
+        counts: Counter[str],
+        rejected: Counter[str],
     ) -> None:
-        """Decode one message and give its readings to the aligner and the label join."""
+        """Decode one message and give its readings to the aligner and the label join.
+
+        A reading stamped more than :data:`~edge_client.runtime.constants.MAX_AHEAD_S` ahead
+        of its arrival is refused as ``bad-timestamp`` (a unit mix-up, milliseconds read as
+        seconds, would otherwise put the topic's clock centuries ahead and make every later
+        reading ``late``)."""
         spec = self.spec
         if spec.label_topic is not None and mqtt.topic_matches_sub(spec.label_topic.topic, topic):
             fmt = spec.label_topic.format
@@ -245,6 +260,9 @@ class WindowAssembler:
             rejected["decode-error"] += 1
             return
         for reading in readings:
+            if reading.ts > arrival + MAX_AHEAD_S:
+                rejected["bad-timestamp"] += 1
+                continue
             if index is None:  # a label event
                 assert self.labels is not None and reading.label is not None
                 reason = self.labels.add(reading.ts, reading.label)

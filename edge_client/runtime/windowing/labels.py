@@ -13,15 +13,23 @@ one could still land in between). So a window waits:
 
 Labels carried by the readings themselves (``--label-field`` on a data topic) are the same
 thing with no wait: a reading's label arrives with it, so a window takes its last reading's.
-A label older than every one a waiting or future window could still take is refused as
-``late``; one repeated with its timestamp is a ``duplicate``.
+
+Which labels are kept: every one a waiting or future window could still take. Future windows
+end after the newest row the aligner has made (with several topics, that can be well behind
+the newest reading), so the labels from the one in force then are kept; before any row, all
+are, up to :data:`~edge_client.runtime.constants.LABEL_EVENTS_MAX` (then the oldest go). A
+label older than every one kept is refused as ``late``; one repeated with its timestamp is a
+``duplicate``.
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 from collections import Counter
 from typing import Any
+
+from edge_client.runtime.constants import LABEL_EVENTS_MAX
 
 __all__ = ["LabelJoin"]
 
@@ -41,7 +49,7 @@ class LabelJoin:
         self.labels: list[int] = []
         self.reached: float | None = None  # the newest label's time
         self.held: list[tuple[int, float]] = []  # (window id, end) waiting, by end
-        self.now: float | None = None  # the stream's time at the last resolve
+        self.horizon: float | None = None  # the newest row made: later windows end after it
 
     def add(self, ts: float, label: int) -> str | None:
         """Take one label event; return why it was refused, or None."""
@@ -51,10 +59,12 @@ class LabelJoin:
                 return "duplicate"
             self.labels[i] = label  # a correction of the same moment
         elif i == 0 and self.ts and self.ts[0] <= self._needed_from():
-            return "late"  # older than the label every waiting window already has
+            return "late"  # older than the label every waiting or future window takes
         else:
             self.ts.insert(i, ts)
             self.labels.insert(i, label)
+            if len(self.ts) > LABEL_EVENTS_MAX:  # labels far ahead of the data: bounded
+                del self.ts[0], self.labels[0]
         self.reached = ts if self.reached is None else max(self.reached, ts)
         return None
 
@@ -62,13 +72,17 @@ class LabelJoin:
         """A window ending at ``end`` waits for its label (windows come in order of end)."""
         self.held.append((window_id, end))
 
-    def resolve(self, now: float) -> tuple[list[tuple[int, float, int]], list[int], Counter[str]]:
+    def resolve(
+        self, now: float, horizon: float | None
+    ) -> tuple[list[tuple[int, float, int]], list[int], Counter[str]]:
         """Label what can be labelled; drop what waited too long.
 
         Parameters
         ----------
         now : float
-            The stream's time: its newest reading's.
+            The stream's time, its newest reading's: what waits are measured against.
+        horizon : float, optional
+            The newest row made so far: windows still to come end after it.
 
         Returns
         -------
@@ -80,7 +94,7 @@ class LabelJoin:
         labelled: list[tuple[int, float, int]] = []
         dropped: list[int] = []
         reasons: Counter[str] = Counter()
-        self.now = now
+        self.horizon = horizon
         while self.held:
             window_id, end = self.held[0]
             if self.reached is not None and self.reached >= end:
@@ -101,10 +115,10 @@ class LabelJoin:
 
     def _needed_from(self) -> float:
         """The earliest end a window could still be labelled at: the first waiting one's,
-        or (none waiting) the stream's time, which later windows end after."""
+        or (none waiting) the newest row's; before any row, any."""
         if self.held:
             return self.held[0][1]
-        return float("inf") if self.now is None else self.now
+        return -math.inf if self.horizon is None else self.horizon
 
     def _prune(self) -> None:
         """Forget labels older than the one in force at the earliest end still to come."""
@@ -120,7 +134,7 @@ class LabelJoin:
             "labels": self.labels,
             "reached": self.reached,
             "held": self.held,
-            "now": self.now,
+            "horizon": self.horizon,
         }
 
     def restore(self, state: dict[str, Any]) -> None:
@@ -129,4 +143,4 @@ class LabelJoin:
         self.labels = list(state["labels"])
         self.reached = state["reached"]
         self.held = [(int(i), float(e)) for i, e in state["held"]]
-        self.now = state["now"]
+        self.horizon = state["horizon"]

@@ -140,6 +140,7 @@ class WindowSpec:
                 "rate": self.rate,
                 "window": self.window,
                 "labels": None if self.label_topic is None else self.label_topic.topic,
+                "labelled": self.labelled,
             }
         )
 
