@@ -6,6 +6,8 @@
 - :mod:`~aggregator.strategy`: per-device plans out, validated and weighted updates in;
 - :mod:`~aggregator.fleet`: the fleet registry (nodes, devices, failures, refusals);
 - :mod:`~aggregator.aggregation`, :mod:`~aggregator.robust`: how updates are combined;
+- :mod:`~aggregator.fedbuff`: buffered asynchronous aggregation (FedBuff's rule and its
+  bookkeeping; not yet driven by the round loop);
 - :mod:`~aggregator.controller`: the batch controller (OmniLearn, with ScaDLES' cap);
 - :mod:`~aggregator.compression`, :mod:`~aggregator.injection`: the round's codec mode,
   and who shares samples (ScaDLES);
