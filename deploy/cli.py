@@ -414,11 +414,6 @@ def ingest(
             )
         elif fields or label_field or label_topic or classes:
             raise ValueError("per-reading JSON needs --window (readings per sample)")
-        if spec is not None and shape is not None and _parse_shape(shape) != spec.shape:
-            raise ValueError(
-                f"--shape {shape}, but {spec.channels} channels x --window {spec.window} make "
-                f"samples of shape {spec.channels},{spec.window}"
-            )
         config = IngestConfig(
             broker=BrokerURL.parse(broker),
             device_id=device_id,
@@ -426,7 +421,7 @@ def ingest(
             policy=policy.value,
             capacity=capacity,
             capacity_bytes=capacity_bytes,
-            shape=_parse_shape(shape) if shape and spec is None else DEFAULT_SHAPE,
+            shape=_parse_shape(shape) if shape else DEFAULT_SHAPE,  # checked against --window
             num_classes=num_classes or DEFAULT_NUM_CLASSES,
             username=username,
             password=password,

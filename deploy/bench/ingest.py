@@ -40,6 +40,7 @@ from edge_client.runtime.mqtt import BrokerURL, connect_async, make_client
 from edge_client.runtime.windowing import WindowSpec
 from edge_client.task.synthetic import SensorTask
 from edge_client.wire.frames import encode_frame
+from edge_client.wire.readings import encode_readings
 from edge_client.wire.topics import samples_topic
 
 DEVICE = "bench"
@@ -72,8 +73,7 @@ def make_session(url: BrokerURL, client_id: str) -> None:
 def reading_payload(seq: int, rng: np.random.Generator) -> bytes:
     """Reading ``seq`` of a 100 Hz 6-axis IMU as per-reading JSON."""
     values = rng.standard_normal(6).round(4).tolist()
-    fields = READING_FIELDS.split(",")
-    return json.dumps({"ts": 1.7e9 + seq / 100, **dict(zip(fields, values, strict=True))}).encode()
+    return encode_readings([1.7e9 + seq / 100], [values], READING_FIELDS.split(","))
 
 
 def preload(

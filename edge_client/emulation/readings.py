@@ -13,7 +13,6 @@ time later, so that no window is cut across the seam (the ingest daemon's ``--ma
 from __future__ import annotations
 
 import csv
-import json
 import time
 from pathlib import Path
 
@@ -22,6 +21,7 @@ import numpy.typing as npt
 
 from edge_client.emulation.constants import REPLAY_GAP_S
 from edge_client.task.recordings import TIME_COLUMNS, load_series
+from edge_client.wire.readings import encode_readings
 
 __all__ = ["SeriesReadings", "series_channels"]
 
@@ -81,12 +81,10 @@ class SeriesReadings:
 
     def payload(self, n: int) -> bytes:
         """The next ``n`` readings: one JSON object, or a list of ``n`` of them."""
-        rows = []
+        stamps, rows = [], []
         for _ in range(n):
             passes, i = divmod(self.sent, len(self.values))
-            ts = self.start + self.sent / self.rate + passes * REPLAY_GAP_S
-            reading = {"ts": round(ts, 6)}
-            reading.update(zip(self.names, map(float, self.values[i]), strict=True))
-            rows.append(reading)
+            stamps.append(round(self.start + self.sent / self.rate + passes * REPLAY_GAP_S, 6))
+            rows.append(self.values[i])
             self.sent += 1
-        return json.dumps(rows[0] if n == 1 else rows).encode()
+        return encode_readings(stamps, rows, self.names)

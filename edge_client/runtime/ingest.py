@@ -277,7 +277,6 @@ class IngestDaemon:
                 try:
                     self._commit(pending)
                 except sqlite3.OperationalError as err:  # disk full, locked: keep them, retry
-                    self.assembler = self._load_assembler()  # back to what is committed
                     self._log_retry(err, len(pending))
                     if now >= next_status:  # say so where operators look, too
                         self._publish_status(online=True, error=f"cannot write the buffer: {err}")
@@ -285,7 +284,6 @@ class IngestDaemon:
                     time.sleep(1.0)
                     continue
                 except Exception:  # a message the store cannot take must not stall the rest
-                    self.assembler = self._load_assembler()
                     log.exception("could not commit %d message(s); one by one", len(pending))
                     if not self._commit_each(pending):
                         time.sleep(1.0)
@@ -307,11 +305,9 @@ class IngestDaemon:
             try:
                 self._commit([item])
             except sqlite3.OperationalError as err:
-                self.assembler = self._load_assembler()
                 self._log_retry(err, len(items))
                 return False
             except Exception:
-                self.assembler = self._load_assembler()
                 log.exception("dropping a message the buffer cannot store")
                 self.store.append([], rejected={"decode-error": 1}, messages=1)
                 if item[1] > 0:
@@ -384,28 +380,30 @@ class IngestDaemon:
             )
             if refused:
                 self._rejects.record(Counter({f"inject:{r}": n for r, n in refused.items()}), 0)
-        own = [
-            (topic, payload, now) for _, _, payload, now, topic in items if topic != INJECT_TOPIC
-        ]
         rate = self._rate.update(time.monotonic())
         if self.assembler is None:
             arrivals, reasons = decode_messages(
-                [(payload, now) for _, payload, now in own],
+                [(payload, now) for _, _, payload, now, topic in items if topic != INJECT_TOPIC],
                 self.config.shape,
                 self.config.num_classes,
             )
             result = self.store.append(arrivals, rejected=reasons, messages=len(items), rate=rate)
         else:
-            made = self.assembler.feed(own)
-            reasons = made.rejected
-            result = self.store.append(
-                made.arrivals(),
-                rejected=reasons,
-                messages=len(items),
-                rate=rate,
-                counts=made.counts,
-                also=made.save,
-            )
+            own = [(t, payload, now) for _, _, payload, now, t in items if t != INJECT_TOPIC]
+            try:
+                made = self.assembler.feed(own)
+                reasons = made.rejected
+                result = self.store.append(
+                    made.arrivals(),
+                    rejected=reasons,
+                    messages=len(items),
+                    rate=rate,
+                    counts=made.counts,
+                    also=made.save,
+                )
+            except BaseException:  # not committed: back to what is, so a retry starts there
+                self.assembler = self._load_assembler()
+                raise
         self._rate.add(result.received, time.monotonic())
         # Committed: now they may be acknowledged. paho's thread sends the acks with its next
         # message (no thread hand-off per ack); when the stream pauses, _drain sends them.

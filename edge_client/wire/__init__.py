@@ -42,7 +42,7 @@ if TYPE_CHECKING:
         Reading,
         ReadingFormat,
         decode_readings,
-        encode_reading,
+        encode_readings,
         parse_fields,
     )
     from edge_client.wire.records import (
@@ -69,7 +69,7 @@ if TYPE_CHECKING:
 
 _EXPORTS = {
     "parse_fields": "readings",
-    "encode_reading": "readings",
+    "encode_readings": "readings",
     "decode_readings": "readings",
     "ReadingFormat": "readings",
     "Reading": "readings",
@@ -141,7 +141,7 @@ __all__ = [
     "default",
     "encode_frame",
     "encode_json",
-    "encode_reading",
+    "encode_readings",
     "from_mapping",
     "kebab",
     "knob",

@@ -35,7 +35,7 @@ __all__ = [
     "Reading",
     "ReadingFormat",
     "decode_readings",
-    "encode_reading",
+    "encode_readings",
     "parse_fields",
 ]
 
@@ -262,8 +262,23 @@ def _label(value: Any, fmt: ReadingFormat) -> int:
     return value
 
 
-def encode_reading(ts: float, values: Sequence[float], names: Sequence[str], **extra: Any) -> bytes:
-    """One reading as per-reading JSON (the publisher's emulation and the tests use it)."""
-    obj: dict[str, Any] = {"ts": ts, **dict(zip(names, map(float, values), strict=True))}
-    obj.update(extra)
-    return json.dumps(obj).encode()
+def encode_readings(
+    ts: Sequence[float], values: Sequence[Sequence[float]], names: Sequence[str]
+) -> bytes:
+    """Readings as per-reading JSON, ``{"ts": ..., "<name>": value, ...}``: one object for
+    one reading, a list for more (what the publisher's emulation and the benchmark send).
+
+    Parameters
+    ----------
+    ts : sequence of float
+        Each reading's timestamp, in seconds.
+    values : sequence of sequences of float
+        Each reading's channel values, in the order of ``names``.
+    names : sequence of str
+        The channels' field names.
+    """
+    objs = [
+        {"ts": t, **dict(zip(names, map(float, row), strict=True))}
+        for t, row in zip(ts, values, strict=True)
+    ]
+    return json.dumps(objs[0] if len(objs) == 1 else objs).encode()

@@ -22,7 +22,7 @@ from __future__ import annotations
 from edge_client.runtime.windowing.align import Aligner
 from edge_client.runtime.windowing.assembler import Assembled, WindowAssembler
 from edge_client.runtime.windowing.labels import LabelJoin
-from edge_client.runtime.windowing.spec import StreamSpec, WindowSpec, channel_names, parse_topic
+from edge_client.runtime.windowing.spec import StreamSpec, WindowSpec, parse_topic
 from edge_client.runtime.windowing.windows import Windower
 
 __all__ = [
@@ -33,6 +33,5 @@ __all__ = [
     "WindowAssembler",
     "WindowSpec",
     "Windower",
-    "channel_names",
     "parse_topic",
 ]

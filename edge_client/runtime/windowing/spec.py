@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from edge_client.runtime.constants import (
     DEFAULT_LABEL_WAIT_S,
@@ -13,7 +13,7 @@ from edge_client.runtime.constants import (
 )
 from edge_client.wire.readings import ReadingFormat, parse_fields
 
-__all__ = ["StreamSpec", "WindowSpec", "channel_names", "parse_topic"]
+__all__ = ["StreamSpec", "WindowSpec", "parse_topic"]
 
 
 @dataclass(frozen=True)
@@ -75,7 +75,6 @@ class WindowSpec:
     max_skew: float = DEFAULT_MAX_SKEW_S
     label_topic: StreamSpec | None = None
     label_wait: float = DEFAULT_LABEL_WAIT_S
-    labelled: bool = field(init=False)
 
     def __post_init__(self) -> None:
         if self.stride == 0:
@@ -109,7 +108,6 @@ class WindowSpec:
             raise ValueError("labels come from the label topic or from a data topic, not both")
         if len(inline) > 1:
             raise ValueError("labels come from one topic")
-        object.__setattr__(self, "labelled", bool(inline) or self.label_topic is not None)
 
     @property
     def channels(self) -> int:
@@ -120,6 +118,11 @@ class WindowSpec:
     def shape(self) -> tuple[int, int]:
         """A sample's shape: ``(channels, window)``, the run config's ``sample-shape``."""
         return (self.channels, self.window)
+
+    @property
+    def labelled(self) -> bool:
+        """Whether windows carry labels (from a data topic's field or a label topic)."""
+        return self._label_format() is not None
 
     @property
     def num_classes(self) -> int:
@@ -217,8 +220,3 @@ class WindowSpec:
             label_topic=labels,
             label_wait=label_wait,
         )
-
-
-def channel_names(spec: WindowSpec) -> list[str]:
-    """The sample's channels by field path, in order (for status and docs)."""
-    return [f.text for s in spec.streams for f in s.format.fields]
