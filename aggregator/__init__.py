@@ -1,13 +1,17 @@
 """The aggregator: fedstream's ServerApp and what it is built from.
 
 - :mod:`~aggregator.server_app`: the ServerApp (``app``, or :func:`make_server_app` around a
-  user's task) and its round loop;
+  user's task) and its synchronous round loop;
+- :mod:`~aggregator.asynchronous`: the asynchronous mode's loop (FedBuff);
+- :mod:`~aggregator.session`: what both loops share (start or resume, probe, evaluation,
+  checkpoint and record);
+- :mod:`~aggregator.exchange`: pushing messages and pulling their replies;
 - :mod:`~aggregator.evaluation`: server-side evaluation on ``eval-data``;
 - :mod:`~aggregator.strategy`: per-device plans out, validated and weighted updates in;
 - :mod:`~aggregator.fleet`: the fleet registry (nodes, devices, failures, refusals);
 - :mod:`~aggregator.aggregation`, :mod:`~aggregator.robust`: how updates are combined;
 - :mod:`~aggregator.fedbuff`: buffered asynchronous aggregation (FedBuff's rule and its
-  bookkeeping; not yet driven by the round loop);
+  bookkeeping);
 - :mod:`~aggregator.controller`: the batch controller (OmniLearn, with ScaDLES' cap);
 - :mod:`~aggregator.compression`, :mod:`~aggregator.injection`: the round's codec mode,
   and who shares samples (ScaDLES);
@@ -31,29 +35,31 @@ if TYPE_CHECKING:
         WeightedMean,
         make_accumulator,
     )
+    from aggregator.asynchronous import run_async
     from aggregator.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
     from aggregator.compression import choose_mode, round_mode
     from aggregator.controller import BatchController, Plan
     from aggregator.evaluation import ServerEvaluation
+    from aggregator.exchange import Exchange, exchange, wait_for_nodes
+    from aggregator.fedbuff import UpdateBuffer, staleness_weight
     from aggregator.fleet import FleetRegistry
     from aggregator.injection import pick_injectors
     from aggregator.records import RoundRecord, append_record, read_metrics, virtual_round_s
     from aggregator.robust import robust_aggregate
-    from aggregator.server_app import (
-        Exchange,
-        exchange,
-        make_server_app,
-        run_rounds,
-        wait_for_nodes,
-    )
+    from aggregator.server_app import make_server_app, run_rounds
+    from aggregator.session import RunSession
     from aggregator.strategy import RoundReport, StreamStrategy
 
 _EXPORTS = {
     "Accumulator": "aggregation",
-    "Exchange": "server_app",
+    "Exchange": "exchange",
     "append_record": "records",
     "virtual_round_s": "records",
-    "wait_for_nodes": "server_app",
+    "wait_for_nodes": "exchange",
+    "run_async": "asynchronous",
+    "RunSession": "session",
+    "UpdateBuffer": "fedbuff",
+    "staleness_weight": "fedbuff",
     "BatchController": "controller",
     "Checkpoint": "checkpoint",
     "FleetRegistry": "fleet",
@@ -65,7 +71,7 @@ _EXPORTS = {
     "StreamStrategy": "strategy",
     "WeightedMean": "aggregation",
     "choose_mode": "compression",
-    "exchange": "server_app",
+    "exchange": "exchange",
     "load_checkpoint": "checkpoint",
     "make_accumulator": "aggregation",
     "pick_injectors": "injection",
@@ -88,8 +94,10 @@ __all__ = [
     "RobustRule",
     "RoundRecord",
     "RoundReport",
+    "RunSession",
     "ServerEvaluation",
     "StreamStrategy",
+    "UpdateBuffer",
     "WeightedMean",
     "append_record",
     "choose_mode",
@@ -101,8 +109,10 @@ __all__ = [
     "read_metrics",
     "robust_aggregate",
     "round_mode",
+    "run_async",
     "run_rounds",
     "save_checkpoint",
+    "staleness_weight",
     "virtual_round_s",
     "wait_for_nodes",
 ]

@@ -1,17 +1,24 @@
-"""Buffered asynchronous aggregation (FedBuff), the core of the asynchronous mode to come.
+"""Buffered asynchronous aggregation (FedBuff): the rule and its bookkeeping.
 
 In asynchronous mode no device waits for the others: the aggregator gives a device new work
 as soon as its reply arrives, and a reply's update was trained from whatever model version
-the device was sent. :class:`UpdateBuffer` holds the updates that arrive until there are
-``size`` of them (FedBuff's K), then applies them as one step:
+the device was sent (:mod:`aggregator.asynchronous` drives it). :class:`UpdateBuffer` holds
+the updates that arrive until there are ``size`` of them (FedBuff's K, the run config's
+``async-buffer``), then applies them as one step:
 
-    w <- w + server_lr * sum_i(n_i * s(tau_i) * delta_i) / sum_i(n_i)
+    w <- w + server_lr * sum_i(u_i * s(tau_i) * delta_i) / sum_i(u_i)
 
-with ``n_i`` the samples update ``i`` was trained on and ``s(tau_i)`` the weight of its
-staleness ``tau_i`` (versions applied since the version it started from). Dividing by the
-samples alone, not by the staleness-weighted samples, keeps the weight a damping: a buffer
-of stale updates takes a shorter step (as FedBuff's ``s(tau) / K``), rather than the same
-step in the stale updates' direction.
+with ``s(tau_i)`` the weight of update ``i``'s staleness ``tau_i`` (versions applied since
+the version it started from) and ``u_i`` its weight as the run's ``aggregation`` gives it:
+
+- ``fedavg``: the samples it was trained on;
+- ``fednova``: 1, the update normalised by its local steps and the sum scaled back by the
+  buffer's mean steps (each update counts once, whatever its batch: FedBuff's own rule,
+  which weighs every buffered update the same).
+
+Dividing by the ``u_i`` alone, not by the staleness-weighted ones, keeps the staleness
+weight a damping: a buffer of stale updates takes a shorter step (as FedBuff's
+``s(tau) / K``), rather than the same step in the stale updates' direction.
 
 Staleness weights (Xie et al., FedAsync, 2019; :func:`staleness_weight`):
 
@@ -22,9 +29,6 @@ Staleness weights (Xie et al., FedAsync, 2019; :func:`staleness_weight`):
 An update staler than ``max_staleness`` is refused (``too-stale``); one whose id was taken
 already is a ``duplicate``; one claiming a version not yet made is ``bad-version``. So every
 update is counted in exactly one aggregation, or refused with a reason.
-
-Not yet wired into the ServerApp or the run config (see the issue "Asynchronous buffered
-aggregation"): this module is the aggregation rule and its bookkeeping, tested on its own.
 """
 
 from __future__ import annotations
@@ -38,17 +42,20 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from edge_client.wire.constants import STALENESS_RULES
+from edge_client.wire.run_config import RunSettings
+
 __all__ = [
-    "STALENESS_RULES",
+    "WEIGHTINGS",
     "Aggregation",
     "Contribution",
     "UpdateBuffer",
     "staleness_weight",
 ]
 
-STALENESS_RULES = ("constant", "polynomial", "hinge")
-
 Delta = dict[str, npt.NDArray[np.float64]]
+#: How buffered updates weigh against each other: the run's ``aggregation``, as it applies.
+WEIGHTINGS = ("fedavg", "fednova")
 
 
 def staleness_weight(staleness: int, rule: str, a: float = 0.5, b: int = 4) -> float:
@@ -93,6 +100,7 @@ class Contribution:
     staleness: int
     weight: float  # the staleness weight s(tau)
     num_examples: int
+    local_steps: int = 1
 
 
 @dataclass
@@ -118,6 +126,8 @@ class UpdateBuffer:
     size : int
         Updates per aggregation (K), >= 1.
     rule, a, b : see :func:`staleness_weight`
+    weighting : {"fedavg", "fednova"}
+        How updates weigh against each other (see the module notes).
     server_lr : float
         The step applied to the buffered mean, > 0.
     max_staleness : int
@@ -133,6 +143,7 @@ class UpdateBuffer:
         rule: str = "polynomial",
         a: float = 0.5,
         b: int = 4,
+        weighting: str = "fedavg",
         server_lr: float = 1.0,
         max_staleness: int = 100,
         version: int = 0,
@@ -143,18 +154,43 @@ class UpdateBuffer:
             raise ValueError(f"server-lr must be > 0, got {server_lr}")
         if max_staleness < 0:
             raise ValueError(f"max-staleness must be >= 0, got {max_staleness}")
+        if weighting not in WEIGHTINGS:
+            raise ValueError(f"weighting must be one of {WEIGHTINGS}, got {weighting!r}")
         staleness_weight(0, rule, a, b)  # validates the rule
         self.shapes = dict(shapes)
+        self.weighting = weighting
         self.size = size
         self.rule, self.a, self.b = rule, a, b
         self.server_lr = server_lr
         self.max_staleness = max_staleness
         self.version = version
         self._sum = {k: np.zeros(s, np.float64) for k, s in self.shapes.items()}
-        self._samples = 0
+        self._total = 0.0  # sum of the updates' weights u_i
         self._pending: list[Contribution] = []
         # Ids taken in the last max_staleness + 1 versions: older ones are refused anyway.
         self._recent: deque[set[str]] = deque([set()], maxlen=max_staleness + 1)
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: RunSettings,
+        shapes: Mapping[str, tuple[int, ...]],
+        size: int,
+        version: int = 0,
+    ) -> UpdateBuffer:
+        """The buffer a run's settings ask for, ``size`` updates per aggregation, from model
+        ``version``."""
+        return cls(
+            shapes,
+            size,
+            rule=settings.staleness,
+            a=settings.staleness_exponent,
+            b=settings.staleness_hinge,
+            weighting="fednova" if settings.aggregation == "fednova" else "fedavg",
+            server_lr=settings.server_lr,
+            max_staleness=settings.max_staleness,
+            version=version,
+        )
 
     def __len__(self) -> int:
         return len(self._pending)
@@ -171,6 +207,7 @@ class UpdateBuffer:
         base_version: int,
         delta: Mapping[str, np.ndarray],
         num_examples: int,
+        local_steps: int = 1,
     ) -> str | None:
         """Buffer one update; return why it was refused, or None.
 
@@ -198,12 +235,15 @@ class UpdateBuffer:
         ):
             raise ValueError("the update's tensors are not the model's")
         weight = staleness_weight(staleness, self.rule, self.a, self.b)
+        steps = max(1, local_steps)
+        # fedavg: u = samples, the update as it is; fednova: u = 1, the update per step.
+        u, scale = (1.0, 1.0 / steps) if self.weighting == "fednova" else (num_examples, 1.0)
         for k, total in self._sum.items():
-            total += (num_examples * weight) * np.asarray(delta[k], np.float64)
-        self._samples += num_examples
+            total += (u * weight * scale) * np.asarray(delta[k], np.float64)
+        self._total += u
         self._recent[-1].add(update_id)
         self._pending.append(
-            Contribution(update_id, device, base_version, staleness, weight, num_examples)
+            Contribution(update_id, device, base_version, staleness, weight, num_examples, steps)
         )
         return None
 
@@ -224,12 +264,14 @@ class UpdateBuffer:
         """
         if not self._pending:
             raise ValueError("no update is buffered")
-        step = self.server_lr / self._samples
+        step = self.server_lr / self._total
+        if self.weighting == "fednova":  # scaled back by the mean steps
+            step *= sum(c.local_steps for c in self._pending) / len(self._pending)
         new = {k: np.asarray(arrays[k], np.float64) + step * self._sum[k] for k in self.shapes}
         self.version += 1
         made = Aggregation(self.version, self._pending)
         self._pending = []
-        self._samples = 0
+        self._total = 0.0
         for total in self._sum.values():
             total.fill(0.0)
         self._recent.append(set())

@@ -19,14 +19,21 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from edge_client.wire.mapping import MappingError, from_mapping, kebab, to_mapping
 from edge_client.wire.records import ReplyMetrics
 
-__all__ = ["FORMAT_VERSION", "RoundRecord", "append_record", "read_metrics", "virtual_round_s"]
+__all__ = [
+    "FORMAT_VERSION",
+    "RoundRecord",
+    "UpdateInfo",
+    "append_record",
+    "read_metrics",
+    "virtual_round_s",
+]
 
 #: The layout of a line of ``metrics.jsonl``.
 FORMAT_VERSION = 2
@@ -42,6 +49,31 @@ _FORMAT_0_DEVICE_KEYS = {
     "loss": "train_loss",
     "gap": "compress_gap",
 }
+
+
+@dataclass(frozen=True)
+class UpdateInfo:
+    """One update as an asynchronous aggregation took it (``updates`` of its record).
+
+    Attributes
+    ----------
+    device : str
+        Who trained it.
+    base_version : int
+        The model version it was trained from.
+    staleness : int
+        Versions applied between that one and the aggregation.
+    weight : float
+        Its staleness weight.
+    num_examples : int
+        Samples it was trained on.
+    """
+
+    device: str
+    base_version: int
+    staleness: int
+    weight: float
+    num_examples: int
 
 
 @dataclass(frozen=True)
@@ -90,6 +122,15 @@ class RoundRecord:
         The round on the virtual clock: the slowest device's compute + wait + transfer.
     wall_s, run_wall_s : float
         The round's wall time, and the run's so far.
+    mode : str
+        ``sync``, or ``async``: then ``round`` is the model version this aggregation made,
+        ``devices`` holds each contributing device's latest reply, ``bytes-up`` every
+        update's frame, and ``virtual-s`` the time since the previous aggregation (virtual
+        on the in-process runner, else wall).
+    updates : list of UpdateInfo
+        Asynchronous mode: every update the aggregation took, in arrival order.
+    in_flight : int
+        Asynchronous mode: messages out without a reply when the aggregation was made.
     format_version : int
         The line's layout (:data:`FORMAT_VERSION`).
     """
@@ -119,6 +160,9 @@ class RoundRecord:
     test_accuracy: float = math.nan
     test_loss: float = math.nan
     metric: str = "accuracy"
+    mode: str = "sync"
+    updates: list[UpdateInfo] = field(default_factory=list)
+    in_flight: int = 0
     format_version: int = FORMAT_VERSION
 
     @property

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -37,6 +37,7 @@ from aggregator.compression import round_mode
 from aggregator.controller import BatchController, Plan
 from aggregator.fleet import FleetRegistry
 from aggregator.injection import pick_injectors
+from aggregator.records import UpdateInfo
 from edge_client.wire.codec import CodecError, decode, raw_size_limit
 from edge_client.wire.records import (
     ARRAYS,
@@ -50,7 +51,7 @@ from edge_client.wire.records import (
 )
 from edge_client.wire.run_config import RunSettings
 
-__all__ = ["RoundReport", "StreamStrategy"]
+__all__ = ["RoundReport", "StreamStrategy", "Update"]
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +110,40 @@ class RoundReport:
     eval_count: int = 0
     eval_metric: float = math.nan
     eval_loss: float = math.nan
+    updates: list[UpdateInfo] = field(default_factory=list)
+    bytes_up: int = 0
+    _sums: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0], repr=False)
+
+    def add_reply(self, device: str, metrics: ReplyMetrics, planned: int) -> None:
+        """Count an accepted reply: its metrics, its plan, its scores and its samples (a
+        device that replies twice, as in asynchronous mode, is listed with its latest)."""
+        self.replies[device] = metrics
+        self.planned[device] = planned
+        self.bytes_up += metrics.bytes_up
+        if metrics.eval_count > 0 and math.isfinite(metrics.eval_metric):
+            self.eval_count += metrics.eval_count
+            self._sums[0] += metrics.eval_metric * metrics.eval_count
+            self._sums[1] += metrics.eval_loss * metrics.eval_count
+        if metrics.num_examples > 0:
+            self.num_examples += metrics.num_examples
+            self._sums[2] += metrics.train_loss * metrics.num_examples
+
+    def close(self) -> None:
+        """Turn the sums into the sample-weighted scores and training loss."""
+        if self.eval_count:
+            self.eval_metric = self._sums[0] / self.eval_count
+            self.eval_loss = self._sums[1] / self.eval_count
+        if self.num_examples:
+            self.train_loss = self._sums[2] / self.num_examples
+
+
+@dataclass(frozen=True)
+class Update:
+    """A reply read and checked: the device, its decoded delta and its metrics."""
+
+    device: str
+    delta: dict[str, np.ndarray]
+    metrics: ReplyMetrics
 
 
 @dataclass
@@ -121,6 +156,7 @@ class _Round:
     plan: Plan
     mode: str
     injectors: list[str]
+    broadcast: ArrayRecord  # the model as sent down
     broadcast_bytes: int
     planned: dict[int, int]  # node -> planned batch
 
@@ -150,6 +186,7 @@ class StreamStrategy:
         self.controller = controller or BatchController(settings)
         self.fleet = fleet or FleetRegistry()
         self._round_s = 0.0  # the last round's duration: the availability cap's horizon
+        self._cycle_s: dict[str, float] = {}  # async: each device's last cycle, its horizon
         self._round: _Round | None = None
         self._shape = settings.shape
         self._wrong_shape: dict[str, tuple[int, ...]] = {}  # device -> shape logged
@@ -205,9 +242,44 @@ class StreamStrategy:
 
         ``config`` entries are added to every device's plan record.
         """
+        nodes = self.fleet.live_nodes(grid.get_node_ids())
+        self._round = self._plan_round(server_round, arrays, nodes)
+        return [self._message(node, self._round, config) for node in nodes]
+
+    def plan_async(self, arrays: ArrayRecord, version: int, nodes: Sequence[int]) -> None:
+        """Asynchronous mode: plan the work towards version ``version + 1`` for the live
+        ``nodes`` (batches, codec mode, who shares samples), from the model of ``version``."""
+        self._round = self._plan_round(version + 1, arrays, nodes)
+
+    def configure_async(
+        self, node: int, arrays: ArrayRecord, version: int, nodes: Sequence[int]
+    ) -> Message:
+        """Asynchronous mode: the message that gives ``node`` the model of ``version`` and
+        its device's plan (``server-round`` is ``version + 1``, the version it works
+        towards). The plan of :meth:`plan_async` is used, made again when it is for another
+        version or does not name ``node`` (a newcomer)."""
+        current = self._round
+        if current is None or current.server_round != version + 1 or node not in current.planned:
+            self.plan_async(arrays, version, nodes)
+        assert self._round is not None
+        return self._message(node, self._round, ConfigRecord())
+
+    def planned_batch(self, node: int) -> int:
+        """The batch the current plan gives ``node`` (0 when it names no such node)."""
+        return 0 if self._round is None else self._round.planned.get(node, 0)
+
+    def async_report(self) -> RoundReport:
+        """A fresh report for the aggregation the current plan works towards."""
+        if self._round is None:
+            raise RuntimeError("nothing was configured yet (configure_async)")
+        return self._report(self._round)
+
+    def _plan_round(self, server_round: int, arrays: ArrayRecord, nodes: Sequence[int]) -> _Round:
+        """The fleet's plan for ``server_round``: each device's batch (controller, capped by
+        its stream), the codec mode, and who shares samples."""
         s = self.settings
         model = {k: a.numpy().astype(np.float32) for k, a in arrays.items()}
-        devices = {n: self.fleet.device_of(n) for n in self.fleet.live_nodes(grid.get_node_ids())}
+        devices = {n: self.fleet.device_of(n) for n in nodes}
         plan = self.controller.plan(list(devices.values()), server_round, self._available())
         gaps = [
             m.compress_gap
@@ -219,40 +291,43 @@ class StreamStrategy:
             self.fleet.opted_in(devices.values()), s.inject_alpha, s.seed, server_round
         )
         down = self._broadcast(arrays, model)
-        self._round = _Round(
+        return _Round(
             server_round=server_round,
             model=model,
             shapes={k: v.shape for k, v in model.items()},
             plan=plan,
             mode=mode,
             injectors=injectors,
+            broadcast=down,
             broadcast_bytes=sum(len(a.data) for a in down.values()),
             planned={node: plan.batches[device] for node, device in devices.items()},
         )
-        messages = []
-        for node, device in devices.items():
-            local = RoundPlan(
-                server_round=server_round,
-                batch_size=plan.batches[device],
-                local_steps=s.local_steps,
-                lr=s.lr * plan.lr_scale,
-                wait_policy=s.wait_policy,
-                b_min=s.b_min,
-                deadline_s=s.round_timeout / 2,
-                compress=mode,
-                compress_ratio=s.compress_ratio,
-                proximal_mu=s.proximal_mu,
-                inject_mix=s.inject_mix if s.inject_alpha > 0 else 0.0,
-                inject_publish=device in injectors,
-                inject_beta=s.inject_beta,
-                inject_budget=s.inject_budget // max(1, len(injectors)),
-            )
-            record = local.to_record()  # a fresh record per message
-            for key, value in config.items():
-                record[key] = value
-            content = RecordDict({ARRAYS: down, CONFIG: record})
-            messages.append(Message(content, node, MessageType.TRAIN, group_id=str(server_round)))
-        return messages
+
+    def _message(self, node: int, current: _Round, config: ConfigRecord) -> Message:
+        """The message that gives ``node`` its device's plan in ``current``."""
+        s = self.settings
+        device = self.fleet.device_of(node)
+        local = RoundPlan(
+            server_round=current.server_round,
+            batch_size=current.planned[node],
+            local_steps=s.local_steps,
+            lr=s.lr * current.plan.lr_scale,
+            wait_policy=s.wait_policy,
+            b_min=s.b_min,
+            deadline_s=s.round_timeout / 2,
+            compress=current.mode,
+            compress_ratio=s.compress_ratio,
+            proximal_mu=s.proximal_mu,
+            inject_mix=s.inject_mix if s.inject_alpha > 0 else 0.0,
+            inject_publish=device in current.injectors,
+            inject_beta=s.inject_beta,
+            inject_budget=s.inject_budget // max(1, len(current.injectors)),
+        )
+        record = local.to_record()  # a fresh record per message
+        for key, value in config.items():
+            record[key] = value
+        content = RecordDict({ARRAYS: current.broadcast, CONFIG: record})
+        return Message(content, node, MessageType.TRAIN, group_id=str(current.server_round))
 
     def _broadcast(self, arrays: ArrayRecord, model: Mapping[str, np.ndarray]) -> ArrayRecord:
         """The model as sent down: float32, or float16 when the broadcast is compressed."""
@@ -261,15 +336,16 @@ class StreamStrategy:
         return arrays
 
     def _available(self) -> dict[str, float]:
-        """ScaDLES cap, per step: what each device can have by the end of the round (its
-        fill plus its rate times the last round's duration) over the ``K`` steps that share
-        it. None when the run asks for conventional, stream-blind batches."""
+        """ScaDLES cap, per step: what each device can have by the time it trains again (its
+        fill plus its rate times that horizon) over the ``K`` steps that share it. The
+        horizon is the device's own last cycle in asynchronous mode, else the last round's
+        duration. None when the run asks for conventional, stream-blind batches."""
         if not self.settings.availability_cap:
             return {}
         horizon = self._round_s or self.settings.round_timeout / 2
         steps = self.settings.local_steps
         return {
-            d: (m.buffer_fill + m.stream_rate * horizon) / steps
+            d: (m.buffer_fill + m.stream_rate * self._cycle_s.get(d, horizon)) / steps
             for d, m in self.fleet.last_replies.items()
         }
 
@@ -277,6 +353,11 @@ class StreamStrategy:
         """How long the round just run took: the horizon of the next round's availability
         cap (each device's fill plus its stream rate times this)."""
         self._round_s = seconds
+
+    def record_cycle(self, device: str, seconds: float) -> None:
+        """Asynchronous mode: how long ``device`` took from being sent work to replying, the
+        horizon of its availability cap."""
+        self._cycle_s[device] = seconds
 
     def aggregate_train(
         self,
@@ -309,9 +390,29 @@ class StreamStrategy:
             raise RuntimeError(f"round {server_round} was not configured (configure_train)")
         sent = sent or {}
         accumulator = make_accumulator(self.settings, current.shapes)
-        cap = raw_size_limit(current.shapes)
-        report = RoundReport(
-            server_round=server_round,
+        report = self._report(current)
+        answered: set[str] = set()
+        for msg in replies:  # may be a generator: each reply is dropped once added in
+            answered.add(msg.metadata.reply_to_message_id)
+            node = sent.get(msg.metadata.reply_to_message_id, msg.metadata.src_node_id)
+            update = self.read_update(msg, node, report, current.planned.get(node, 0))
+            if update is not None and update.metrics.num_examples > 0:
+                m = update.metrics
+                accumulator.update(update.delta, m.num_examples, update.device, m.local_steps)
+        for message_id, node in sent.items():  # no reply before the round's timeout
+            if message_id not in answered:
+                self.fail(report, self.fleet.device_of(node))
+        report.close()
+        result = accumulator.result()
+        if result is None:
+            return None, report
+        step, report.aggregated = result
+        new = {k: (g + step[k]).astype(np.float32) for k, g in current.model.items()}
+        return ArrayRecord({k: Array(v) for k, v in new.items()}), report
+
+    def _report(self, current: _Round) -> RoundReport:
+        return RoundReport(
+            server_round=current.server_round,
             planned={d: b for d, b in current.plan.batches.items() if not d.startswith("node-")},
             sum_b=current.plan.total,
             lr_scale=current.plan.lr_scale,
@@ -319,55 +420,48 @@ class StreamStrategy:
             injectors=current.injectors,
             broadcast_bytes=current.broadcast_bytes,
         )
-        answered: set[str] = set()
-        loss = eval_metric = eval_loss = 0.0
-        for msg in replies:  # may be a generator: each reply is dropped once added in
-            answered.add(msg.metadata.reply_to_message_id)
-            node = sent.get(msg.metadata.reply_to_message_id, msg.metadata.src_node_id)
-            if msg.has_error():
-                self._fail(report, self.fleet.device_of(node))
-                continue
-            try:
-                reply = DeviceReply.from_content(msg.content)
-            except RecordError as err:
-                self._refuse(report, self.fleet.device_of(node), err.reason)
-                continue
-            device = reply.device_id
-            self._learn(node, device)
-            if not self._shape_fits(device, reply.metrics):
-                self._refuse(report, device, "shape-mismatch")
-                continue
-            try:
-                delta = decode(reply.frame, current.shapes, cap)
-            except CodecError as err:
-                self._refuse(report, device, err.reason)
-                continue
-            metrics = replace(reply.metrics, bytes_up=len(reply.frame))  # as received
-            self.fleet.record_reply(device, metrics)
-            report.replies[device] = metrics
-            report.planned[device] = current.planned.get(node, 0)
-            if metrics.eval_count > 0 and math.isfinite(metrics.eval_metric):
-                report.eval_count += metrics.eval_count
-                eval_metric += metrics.eval_metric * metrics.eval_count
-                eval_loss += metrics.eval_loss * metrics.eval_count
-            if metrics.num_examples > 0:
-                accumulator.update(delta, metrics.num_examples, device, metrics.local_steps)
-                report.num_examples += metrics.num_examples
-                loss += metrics.train_loss * metrics.num_examples
-                self.controller.observe(device, metrics.batch_size, metrics.step_s)
-        for message_id, node in sent.items():  # no reply before the round's timeout
-            if message_id not in answered:
-                self._fail(report, self.fleet.device_of(node))
-        if report.eval_count:
-            report.eval_metric = eval_metric / report.eval_count
-            report.eval_loss = eval_loss / report.eval_count
-        result = accumulator.result()
-        if result is None:
-            return None, report
-        step, report.aggregated = result
-        report.train_loss = loss / report.num_examples
-        new = {k: (g + step[k]).astype(np.float32) for k, g in current.model.items()}
-        return ArrayRecord({k: Array(v) for k, v in new.items()}), report
+
+    def read_update(
+        self, msg: Message, node: int, report: RoundReport, planned: int
+    ) -> Update | None:
+        """Read and check one reply to a training message sent to ``node``.
+
+        An error reply is a failure of its device; an unreadable reply, samples of another
+        shape than the run's, or a frame the codec refuses is a refusal (counted by reason).
+        Otherwise the device is learned, its reply recorded in the fleet and in ``report``
+        (with the batch it was ``planned``), its step time given to the controller, and its
+        decoded update returned (its delta is against the model it was sent).
+        """
+        if msg.has_error():
+            self.fail(report, self.fleet.device_of(node))
+            return None
+        try:
+            reply = DeviceReply.from_content(msg.content)
+        except RecordError as err:
+            self.refuse(report, self.fleet.device_of(node), err.reason)
+            return None
+        device = reply.device_id
+        self._learn(node, device)
+        if not self._shape_fits(device, reply.metrics):
+            self.refuse(report, device, "shape-mismatch")
+            return None
+        shapes = self._shapes()
+        try:
+            delta = decode(reply.frame, shapes, raw_size_limit(shapes))
+        except CodecError as err:
+            self.refuse(report, device, err.reason)
+            return None
+        metrics = replace(reply.metrics, bytes_up=len(reply.frame))  # as received
+        self.fleet.record_reply(device, metrics)
+        report.add_reply(device, metrics, planned)
+        if metrics.num_examples > 0:
+            self.controller.observe(device, metrics.batch_size, metrics.step_s)
+        return Update(device, delta, metrics)
+
+    def _shapes(self) -> dict[str, tuple[int, ...]]:
+        if self._round is None:
+            raise RuntimeError("nothing was configured yet")
+        return self._round.shapes
 
     def _learn(self, node: int, device: str) -> None:
         """A node named its device: the fleet maps it, and the controller forgets the
@@ -394,10 +488,12 @@ class StreamStrategy:
             )
         return False
 
-    def _fail(self, report: RoundReport, device: str) -> None:
+    def fail(self, report: RoundReport, device: str) -> None:
+        """Count a failure of ``device`` (an error reply, or none in time)."""
         self.fleet.record_failure(device)
         report.failed.append(device)
 
-    def _refuse(self, report: RoundReport, device: str, reason: str) -> None:
+    def refuse(self, report: RoundReport, device: str, reason: str) -> None:
+        """Count a refusal of ``device``'s reply or update, and why."""
         self.fleet.record_refusal(device, reason)
         report.refused[device] = reason

@@ -6,13 +6,28 @@ replayed synthetic stream whose deliveries are a function of its rate and the vi
 (:class:`~edge_client.emulation.virtual_stream.VirtualStream`), and a slowdown charged on that
 clock instead of slept. It also plays the broker for data injection: after each round it
 delivers every opted-in device's outbox to the other opted-in devices' pools
-(:func:`edge_client.runtime.inject.receive`, as their ingest daemons would). A round costs
-the slowest device's ``compute * slowdown + wait + bytes / bandwidth`` (synchronous rounds).
+(:func:`edge_client.runtime.inject.receive`, as their ingest daemons would).
+
+Synchronous rounds (``mode = "sync"``): a push is a round, which costs the slowest device's
+``compute * slowdown + wait + bytes / bandwidth``; with ``deadline_s`` a reply that would
+arrive later is dropped (an error reply: what a sync round with a deadline does) and the
+round costs the deadline. A device offline when the round starts answers with an error at
+once (the most favourable case for sync rounds: they never wait for it).
+
+Asynchronous mode (``mode = "async"``): events on one virtual clock per device. A pushed
+message starts on its device when the device is free and online (a message to a device that
+is off waits for it, as a SuperNode's messages wait at the SuperLink), is served by the
+ClientApp there and then, and its reply arrives ``wait + compute * slowdown + bytes /
+bandwidth`` later; a pull returns the earliest reply among those asked for and moves the
+grid's clock to its arrival. So updates are applied in order of virtual arrival.
+
 Every time it reports is virtual-clock time; say so wherever it is printed.
 """
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import statistics
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
@@ -72,7 +87,10 @@ class VirtualDevice:
     initial : int
         Samples buffered before the first round.
     fail_rounds : set of int
-        Rounds in which it does not answer (dropout).
+        Rounds in which it does not answer (dropout; synchronous rounds).
+    offline : sequence of (float, float)
+        Spans of virtual time ``[start, end)`` in which the device is off (intermittent
+        devices): see the module notes for what each mode makes of it.
     labels : sequence of int, optional
         Only these classes (pathological label skew).
     dirichlet : float, optional
@@ -94,6 +112,7 @@ class VirtualDevice:
     rate: float = 200.0
     initial: int = default("sim_initial")
     fail_rounds: set[int] = field(default_factory=set)
+    offline: Sequence[tuple[float, float]] = ()
     labels: Sequence[int] | None = None
     dirichlet: float | None = None
     feature_shift: float = 0.0
@@ -101,6 +120,20 @@ class VirtualDevice:
     policy: str = POLICY_TRUNCATION
     capacity: int = 10**7
     source: SampleSource | None = None
+
+    def online_at(self, at: float) -> bool:
+        """Whether the device is on at virtual time ``at``."""
+        return not any(start <= at < end for start, end in self.offline)
+
+    def online_from(self, at: float) -> float:
+        """The first virtual time from ``at`` at which the device is on."""
+        moved = True
+        while moved:  # spans may touch or overlap
+            moved = False
+            for start, end in self.offline:
+                if start <= at < end:
+                    at, moved = end, True
+        return at
 
 
 class LocalGrid(Grid):
@@ -188,7 +221,11 @@ class InProcessGrid(LocalGrid):
         slowdown`` per step on the virtual clock instead of its measured time, which makes
         results independent of the host's load.
     on_round : callable, optional
-        Called with ``(round, grid)`` before each round (e.g. to change slowdowns).
+        Called with ``(round, grid)`` before each round (e.g. to change slowdowns;
+        synchronous rounds only).
+    deadline_s : float, optional
+        Synchronous rounds: virtual seconds after which a round stops waiting; later
+        replies are dropped (error replies).
     """
 
     #: Times are virtual: the ServerApp takes the cap's horizon from this clock.
@@ -203,14 +240,25 @@ class InProcessGrid(LocalGrid):
         seed: int | None = None,
         step_time: Callable[[int], float] | None = None,
         on_round: Callable[[int, InProcessGrid], None] | None = None,
+        deadline_s: float | None = None,
     ) -> None:
         super().__init__()
+        if deadline_s is not None and not deadline_s > 0:
+            raise ValueError(f"deadline_s must be > 0, got {deadline_s}")
         self.devices = {FIRST_NODE_ID + i: d for i, d in enumerate(devices)}
         self.settings = settings or RunSettings()
         self._run_config = self.settings.to_run_config()  # what every ClientApp is handed
         self.client_app = client_app or default_client_app
         self.step_time = step_time
         self.on_round = on_round
+        self.deadline_s = deadline_s
+        self.asynchronous = self.settings.mode == "async"
+        self.missed = 0  # sync replies dropped at the deadline
+        # Async events: (virtual arrival, push order, message id) of the replies out, and
+        # when each device is next free.
+        self._arrivals: list[tuple[float, int, str]] = []
+        self._order = itertools.count()
+        self._free_at: dict[int, float] = {}
         self.fill_log: list[dict[str, int]] = []  # per round: each buffer's fill before training
         self.clock = 0.0  # virtual seconds
         self.round = 0
@@ -253,18 +301,74 @@ class InProcessGrid(LocalGrid):
         return list(self.devices)
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        """Run each device's ClientApp now (one push = one round); keep the replies."""
+        """Synchronous: run each device's ClientApp now (one push = one round).
+        Asynchronous: start each message on its device's own clock. Keep the replies."""
         messages = list(messages)
         ids = self.assign_ids(messages)
         queries = [m for m in messages if m.metadata.message_type == MessageType.QUERY]
-        run = self._probe(queries) if queries else self._round(messages)
+        if queries:
+            run = self._probe(queries)
+        elif self.asynchronous:
+            run = [self._start(m, i) for m, i in zip(messages, ids, strict=True)]
+        else:
+            run = self._round(messages)
         for reply in run:
             self._replies[reply.metadata.reply_to_message_id] = reply
         return ids
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        """The replies to these messages (all are there after the push)."""
-        return [self._replies.pop(i) for i in message_ids if i in self._replies]
+        """Synchronous: the replies to these messages (all are there after the push).
+        Asynchronous: the one among them that arrives first; the clock moves to it."""
+        ids = list(message_ids)
+        if not self.asynchronous or not self._arrivals:
+            return [self._replies.pop(i) for i in ids if i in self._replies]
+        wanted = set(ids)
+        passed: list[tuple[float, int, str]] = []
+        reply = None
+        while self._arrivals:
+            event = heapq.heappop(self._arrivals)
+            if event[2] in wanted:
+                self.clock = max(self.clock, event[0])
+                reply = self._replies.pop(event[2])
+                break
+            passed.append(event)
+        for event in passed:
+            heapq.heappush(self._arrivals, event)
+        if reply is None:
+            return []
+        self._deliver_injections()
+        return [reply]
+
+    def _start(self, msg: Message, message_id: str) -> Message:
+        """Asynchronous: serve ``msg`` on its device from when the device is free and on;
+        schedule its reply's arrival."""
+        node = msg.metadata.dst_node_id
+        dev = self.devices[node]
+        start = dev.online_from(max(self.clock, self._free_at.get(node, 0.0)))
+        reply, seconds = self._serve(msg, node, dev, start)
+        self._free_at[node] = start + seconds
+        heapq.heappush(self._arrivals, (start + seconds, next(self._order), message_id))
+        return reply
+
+    def _serve(
+        self, msg: Message, node: int, dev: VirtualDevice, at: float
+    ) -> tuple[Message, float]:
+        """Run the device's ClientApp at virtual time ``at``; return the reply (its timings
+        charged on the virtual clock) and the virtual seconds it took (0 for a reply that
+        is not a device's)."""
+        plan = RoundPlan.from_record(msg.content.config_records[CONFIG])
+        virtual_wait = self.streams[node].wait_for(plan, at)
+        # The wait was charged on the virtual clock; the ClientApp must not sleep it again.
+        msg.content.config_records[CONFIG][kebab("deadline_s")] = 0.0
+        reply = self.client_app(msg, self._context(node, dev))
+        if not reply.has_content():
+            return reply, 0.0
+        try:
+            charged = self._charge(DeviceReply.from_content(reply.content), dev, virtual_wait)
+        except RecordError:  # a reply the aggregator will refuse: left as it is
+            return reply, virtual_wait
+        reply.content.metric_records[METRICS] = charged.to_record()
+        return reply, virtual_round_s([charged], self.settings.uplink_mbps)
 
     def _round(self, messages: list[Message]) -> list[Message]:
         """Run each device's ClientApp; charge the round on the virtual clock."""
@@ -274,32 +378,22 @@ class InProcessGrid(LocalGrid):
         for node, dev in self.devices.items():  # a rate on_round changed applies from now
             self.streams[node].set_rate(dev.rate, self.clock)
         replies: list[Message] = []
-        replied: list[ReplyMetrics] = []  # as charged on the virtual clock
+        round_s = 0.0
         fills: dict[str, int] = {}
         for msg in messages:
             node = msg.metadata.dst_node_id
             dev = self.devices[node]
-            if self.round in dev.fail_rounds:
+            if self.round in dev.fail_rounds or not dev.online_at(self.clock):
                 replies.append(Message(Error(code=0, reason="device offline"), reply_to=msg))
                 continue
-            plan = RoundPlan.from_record(msg.content.config_records[CONFIG])
-            virtual_wait = self.streams[node].wait_for(plan, self.clock)
-            # The wait was charged on the virtual clock; the ClientApp must not sleep it again.
-            msg.content.config_records[CONFIG][kebab("deadline_s")] = 0.0
             fills[dev.device_id] = self.stores[node].fill
-            reply = self.client_app(msg, self._context(node, dev))
-            if reply.has_content():
-                try:
-                    charged = self._charge(
-                        DeviceReply.from_content(reply.content), dev, virtual_wait
-                    )
-                except RecordError:  # a reply the aggregator will refuse: left as it is
-                    pass
-                else:
-                    reply.content.metric_records[METRICS] = charged.to_record()
-                    replied.append(charged)
+            reply, seconds = self._serve(msg, node, dev, self.clock)
+            if self.deadline_s is not None and seconds > self.deadline_s:
+                self.missed += 1
+                reply = Message(Error(code=0, reason="missed the round's deadline"), reply_to=msg)
+                seconds = self.deadline_s
+            round_s = max(round_s, seconds)
             replies.append(reply)
-        round_s = virtual_round_s(replied, self.settings.uplink_mbps)
         self._deliver_injections()
         self.fill_log.append(fills)
         self.round_times.append(round_s)

@@ -1,7 +1,7 @@
 """The aggregator's cost per round as the fleet grows (issue: paper effects, scale).
 
 Rounds of the real strategy for N devices on a 100k-parameter model, through the message
-exchange the ServerApp uses (:func:`aggregator.server_app.exchange`): plan (controller and
+exchange the ServerApp uses (:func:`aggregator.exchange.exchange`): plan (controller and
 per-device ConfigRecords), push, then pull the replies and decode, validate and add each
 update frame as it is pulled, and feed the controller. The grid stands in for a SuperLink
 whose devices have all answered: it makes each reply when it is pulled, with its own copy of
@@ -27,8 +27,8 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message
 from matplotlib.axes import Axes
 
+from aggregator.exchange import PULL_BATCH, exchange
 from aggregator.fleet import FleetRegistry
-from aggregator.server_app import PULL_BATCH, exchange
 from aggregator.strategy import StreamStrategy
 from deploy.bench.common import Panel, Result, footnote, markdown_table, save_figure, verdict
 from deploy.inprocess import StaticGrid

@@ -36,6 +36,9 @@ from edge_client.wire.constants import (
     COMPRESS_MODES,
     CONTROLLER_MODES,
     DEFAULT_TOPK_RATIO,
+    MODES,
+    ROBUST_AGGREGATIONS,
+    STALENESS_RULES,
     WAIT_POLICIES,
 )
 from edge_client.wire.mapping import MappingError, from_mapping, kebab, to_mapping
@@ -135,7 +138,32 @@ class RunSettings(ControllerSettings):
     the two together).
     """
 
-    num_rounds: int = knob(10, "federated rounds", ge=1)
+    num_rounds: int = knob(
+        10, "federated rounds (async mode: model versions, one per aggregation)", ge=1
+    )
+    mode: str = knob(
+        "sync",
+        "sync (rounds that wait for every device) or async (FedBuff: a device gets new work "
+        "as soon as it replies; the model moves every async-buffer updates)",
+        choices=MODES,
+    )
+    async_buffer: int = knob(
+        0, "async: updates per aggregation (M; 0: half the devices connected at the start)", ge=0
+    )
+    staleness: str = knob(
+        "polynomial",
+        "async: weight of an update trained from a model s versions old: constant (1), "
+        "polynomial ((1 + s)^-a) or hinge (1 up to s = b, then 1 / (a (s - b) + 1))",
+        choices=STALENESS_RULES,
+    )
+    staleness_exponent: float = knob(
+        0.5, "async: a, the polynomial's exponent or the hinge's slope", gt=0
+    )
+    staleness_hinge: int = knob(4, "async: b, the staleness the hinge weighs fully", ge=0)
+    server_lr: float = knob(1.0, "async: step the aggregator takes along the buffered mean", gt=0)
+    max_staleness: int = knob(
+        50, "async: an update more versions old than this is refused (counted as too-stale)", ge=0
+    )
     local_steps: int = knob(20, "SGD steps a device trains per round (K)", ge=1)
     lr: float = knob(0.05, "learning rate (scaled by sum(b)/B when streams cap batches)", gt=0)
     task: str = knob(
@@ -258,6 +286,11 @@ class RunSettings(ControllerSettings):
             raise ValueError(
                 f"model must be one of {MODELS} or an import path 'package.module:Name', "
                 f"got {self.model!r}"
+            )
+        if self.mode == "async" and self.aggregation in ROBUST_AGGREGATIONS:
+            raise ValueError(
+                f"aggregation {self.aggregation} needs every update of a round: async mode "
+                "takes fedavg or fednova"
             )
         if self.sim_labels > self.num_classes:
             raise ValueError(f"sim-labels must be in 0..num-classes ({self.num_classes})")

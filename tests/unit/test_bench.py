@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord
 
+from aggregator.exchange import PULL_BATCH
 from aggregator.records import RoundRecord
-from aggregator.server_app import PULL_BATCH
 from deploy.bench import forecast
 from deploy.bench.common import (
     Result,

@@ -1,0 +1,244 @@
+"""A run as the ServerApp drives it, in either mode: what is learned, the model and the state
+it starts or resumes from, the timing probe, evaluation on ``eval-data``, and after each
+round (or asynchronous aggregation) the checkpoint and the line of ``metrics.jsonl``.
+
+The synchronous round loop (:mod:`aggregator.server_app`) and the asynchronous one
+(:mod:`aggregator.asynchronous`) differ in how they exchange messages and combine updates;
+everything else they share is here.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from flwr.app import ArrayRecord
+from flwr.serverapp import Grid
+from torch import nn
+
+from aggregator.checkpoint import RUN_CONFIG, Checkpoint, load_checkpoint, save_checkpoint
+from aggregator.controller import BatchController
+from aggregator.evaluation import ServerEvaluation
+from aggregator.exchange import exchange, wait_for_nodes
+from aggregator.fleet import FleetRegistry
+from aggregator.records import RoundRecord, append_record
+from aggregator.strategy import RoundReport, StreamStrategy
+from edge_client.task.interface import Scores, Task, init_model
+from edge_client.task.loading import load_task
+from edge_client.wire.mapping import kebab
+from edge_client.wire.run_config import RunSettings, parse_shape, upgrade_saved
+
+__all__ = ["MODEL_SETTINGS", "RunSession", "is_virtual"]
+
+log = logging.getLogger(__name__)
+
+#: Settings a checkpoint's model depends on: a resume must not change them.
+MODEL_SETTINGS = ("task", "model", "model_width", "sample_shape", "num_classes")
+
+
+def is_virtual(grid: Grid) -> bool:
+    """Whether ``grid`` runs on a virtual clock (the in-process runner says so with a
+    ``virtual_clock`` attribute, and keeps the time in ``clock``; Flower's grids run on the
+    wall clock)."""
+    return bool(getattr(grid, "virtual_clock", False))
+
+
+@dataclass
+class RunSession:
+    """One run's shared state; :meth:`open` makes it from the settings (and checkpoint).
+
+    Attributes
+    ----------
+    settings : RunSettings
+        The run's tunables.
+    task : Task
+        What is learned.
+    arrays : ArrayRecord
+        The global model as it stands.
+    strategy : StreamStrategy
+        Plans and replies (with the run's controller and fleet registry).
+    start : int
+        The first round (asynchronous mode: model version) still to make.
+    saved : dict
+        What else the checkpoint held (an asynchronous run's buffer state).
+    """
+
+    settings: RunSettings
+    task: Task
+    arrays: ArrayRecord
+    strategy: StreamStrategy
+    start: int = 1
+    saved: dict[str, Any] = field(default_factory=dict)
+    _model: nn.Module | None = field(default=None, repr=False)  # scratch model for eval-data
+    _held_out: ServerEvaluation | None = field(default=None, repr=False)
+    _out: Path | None = field(default=None, repr=False)
+    _started: float = field(default_factory=time.monotonic, repr=False)
+
+    @classmethod
+    def open(cls, settings: RunSettings, task: Task | None = None) -> RunSession:
+        """Start a run, or resume it from ``checkpoint-dir`` when the settings ask.
+
+        Raises
+        ------
+        ValueError
+            If the checkpoint holds a model for another task, model, sample shape or
+            class count.
+        """
+        task = task or load_task(settings)
+        model = init_model(task, settings.shape, settings.num_classes, settings.seed)
+        arrays = ArrayRecord(model.state_dict())
+        controller = BatchController(settings)
+        fleet = FleetRegistry()
+        start, saved = 1, {}
+        ckpt = (
+            load_checkpoint(settings.checkpoint_dir)
+            if settings.checkpoint_dir and settings.resume
+            else None
+        )
+        if ckpt is not None:
+            _check_resumable(ckpt, settings)
+            arrays = ckpt.arrays
+            controller = BatchController.from_state_dict(ckpt.controller, settings)
+            fleet.load_state_dict(ckpt.extra)
+            start, saved = ckpt.server_round + 1, ckpt.extra
+            log.info("resuming after round %d from %s", ckpt.server_round, settings.checkpoint_dir)
+            if start > settings.num_rounds:
+                log.info("the checkpoint already holds all %d rounds: nothing to do", start - 1)
+        out = Path(settings.out_dir) if settings.out_dir else None
+        if out is not None:
+            out.mkdir(parents=True, exist_ok=True)
+        return cls(
+            settings,
+            task,
+            arrays,
+            StreamStrategy(settings, controller, fleet),
+            start,
+            saved,
+            model,
+            ServerEvaluation.from_settings(settings, task),
+            out,
+        )
+
+    def probe(self, grid: Grid) -> None:
+        """Before the first round of a fresh run: time each device's steps so that the first
+        plan follows its speed."""
+        if self.start != 1:
+            return
+        s = self.settings
+        wait_for_nodes(grid, s.min_nodes, s.round_timeout)
+        messages = self.strategy.configure_probe(grid)
+        if not messages:
+            return
+        t0 = time.monotonic()
+        done = exchange(grid, messages, s.round_timeout)
+        probed = self.strategy.read_probe(done.replies, done.sent)
+        log.info(
+            "probed %d of %d devices' step times in %.1f s",
+            len(probed),
+            len(messages),
+            time.monotonic() - t0,
+        )
+
+    def evaluate(self, arrays: ArrayRecord) -> Scores | None:
+        """Score ``arrays`` on ``eval-data`` (None when the run has none)."""
+        if self._held_out is None or self._model is None:
+            return None
+        self._model.load_state_dict(arrays.to_torch_state_dict())
+        return self._held_out(self._model)
+
+    def record(
+        self,
+        report: RoundReport,
+        test: Scores | None,
+        wall: float,
+        virtual_s: float,
+        **extra: Any,
+    ) -> RoundRecord:
+        """The round's (or aggregation's) line of ``metrics.jsonl``; ``extra``: the
+        asynchronous mode's fields."""
+        fleet = self.strategy.fleet
+        return RoundRecord(
+            round=report.server_round,
+            accuracy=report.eval_metric,
+            loss=report.eval_loss,
+            eval_count=report.eval_count,
+            test_accuracy=math.nan if test is None else test.metric,
+            test_loss=math.nan if test is None else test.loss,
+            metric=self.task.metric,
+            global_batch=self.settings.global_batch,
+            sum_b=report.sum_b,
+            lr_scale=report.lr_scale,
+            planned=report.planned,
+            devices=report.replies,
+            failed=dict(fleet.failed),
+            rejected=dict(fleet.rejected),
+            rejected_reasons=dict(fleet.rejected_reasons),
+            compress=report.compress,
+            aggregation=self.settings.aggregation,
+            aggregated=sorted(report.aggregated),
+            bytes_up=report.bytes_up,
+            broadcast_bytes=report.broadcast_bytes,
+            inject_picked=report.injectors,
+            inject_bytes=sum(m.inject_bytes for m in report.replies.values()),
+            virtual_s=round(virtual_s, 6),
+            wall_s=round(wall, 3),
+            run_wall_s=round(time.monotonic() - self._started, 3),
+            mode=self.settings.mode,
+            updates=list(report.updates),
+            **extra,
+        )
+
+    def commit(self, record: RoundRecord, arrays: ArrayRecord, **state: Any) -> None:
+        """Checkpoint ``arrays`` as of ``record``'s round (with ``state``: more to resume
+        from), then append the record to ``metrics.jsonl``.
+
+        Checkpoint first: a crash between the two leaves a round checkpointed but not in
+        ``metrics.jsonl`` (a gap in a log), never a logged round that a resume runs again.
+        """
+        self.arrays = arrays
+        if self.settings.checkpoint_dir:
+            fleet = self.strategy.fleet
+            save_checkpoint(
+                self.settings.checkpoint_dir,
+                Checkpoint(
+                    record.round,
+                    arrays,
+                    self.strategy.controller.state_dict(),
+                    {**fleet.state_dict(), RUN_CONFIG: self.settings.to_run_config(), **state},
+                ),
+            )
+        if self._out is not None:
+            append_record(self._out / "metrics.jsonl", record)
+
+
+def _check_resumable(ckpt: Checkpoint, settings: RunSettings) -> None:
+    """Refuse a checkpoint made for another model (its arrays would not fit).
+
+    Raises
+    ------
+    ValueError
+        If the checkpoint's run config names another task, model, sample shape or class
+        count.
+    """
+    saved = upgrade_saved(ckpt.extra.get(RUN_CONFIG, {}))
+
+    def same(name: str) -> bool:
+        old, new = saved[kebab(name)], getattr(settings, name)
+        if name == "sample_shape":  # "6,32" and "6x32" are one shape
+            return parse_shape(str(old)) == settings.shape
+        return bool(old == new)
+
+    changed = [
+        f"{kebab(name)}: {saved[kebab(name)]!r} -> {getattr(settings, name)!r}"
+        for name in MODEL_SETTINGS
+        if kebab(name) in saved and not same(name)
+    ]
+    if changed:
+        raise ValueError(
+            f"cannot resume from {settings.checkpoint_dir}: it holds a model for another "
+            f"configuration ({'; '.join(changed)}); use a new checkpoint-dir or resume=false"
+        )
