@@ -54,6 +54,7 @@ class _Dispatch:
     """A training message out: to which node, from which version, with which batch."""
 
     node: int
+    device: str  # as the fleet knew the node then
     version: int
     planned: int
     sent_at: float  # time.monotonic()
@@ -74,96 +75,159 @@ def run_async(
     Raises
     ------
     RuntimeError
-        If no node is connected for ``round-timeout`` seconds.
+        If no node is connected for ``round-timeout`` seconds, or none sent an update that
+        could be used for that long (every reply an error, a refusal or empty).
     """
-    s = session.settings
-    strategy = session.strategy
-    records: list[RoundRecord] = []
-    if session.start > s.num_rounds:
-        return records
-    wait_for_nodes(grid, s.min_nodes, s.round_timeout)
-    nodes = strategy.fleet.live_nodes(grid.get_node_ids())
-    shapes = {k: tuple(a.shape) for k, a in session.arrays.items()}
-    size = s.async_buffer or default_buffer_size(len(nodes))
-    buffer = UpdateBuffer.from_settings(s, shapes, size, version=session.start - 1)
-    if FEDBUFF_STATE in session.saved:
-        buffer.load_state_dict(session.saved[FEDBUFF_STATE])
-    log.info(
-        "asynchronous training from version %d: %d updates per aggregation, staleness %s",
-        buffer.version,
-        size,
-        s.staleness,
-    )
-    virtual = is_virtual(grid)
-    arrays = session.arrays
-    in_flight: dict[str, _Dispatch] = {}
-    strategy.plan_async(arrays, buffer.version, nodes)
-    report = strategy.async_report()
-    since_wall, since_clock = time.monotonic(), _clock(grid)
-    while True:
-        live = strategy.fleet.live_nodes(grid.get_node_ids())
-        if not live and not in_flight:
-            wait_for_nodes(grid, 1, s.round_timeout)  # raises when none comes back
-            continue
-        busy = {d.node for d in in_flight.values()}
-        idle = [n for n in live if n not in busy]
-        if idle:
-            messages = [strategy.configure_async(n, arrays, buffer.version, live) for n in idle]
-            ids = list(grid.push_messages(messages))
-            now = time.monotonic()
-            for message_id, node in zip(ids, idle, strict=True):
-                in_flight[message_id] = _Dispatch(
-                    node, buffer.version, strategy.planned_batch(node), now
+    if session.start > session.settings.num_rounds:
+        return []
+    return _AsyncLoop(grid, session, stop).run()
+
+
+class _AsyncLoop:
+    """One asynchronous run: the messages out, the buffer, and the version being built."""
+
+    def __init__(
+        self, grid: Grid, session: RunSession, stop: Callable[[RoundRecord], bool] | None
+    ) -> None:
+        s = self.settings = session.settings
+        self.grid, self.session, self.stop = grid, session, stop
+        self.strategy = session.strategy
+        wait_for_nodes(grid, s.min_nodes, s.round_timeout)
+        nodes = self.strategy.fleet.live_nodes(grid.get_node_ids())
+        shapes = {k: tuple(a.shape) for k, a in session.arrays.items()}
+        size = s.async_buffer or default_buffer_size(len(nodes))
+        self.buffer = UpdateBuffer.from_settings(s, shapes, size, version=session.start - 1)
+        if FEDBUFF_STATE in session.saved:
+            self.buffer.load_state_dict(session.saved[FEDBUFF_STATE])
+        log.info(
+            "asynchronous training from version %d: %d updates per aggregation, staleness %s",
+            self.buffer.version,
+            size,
+            s.staleness,
+        )
+        self.virtual = is_virtual(grid)
+        self.arrays = session.arrays
+        self.in_flight: dict[str, _Dispatch] = {}
+        # Nodes whose last reply brought nothing usable (an error, a refusal, no samples, no
+        # reply in time) get work again with the next version, not at once: a device that
+        # cannot train must not spin through messages.
+        self.held: set[int] = set()
+        self.records: list[RoundRecord] = []
+        self.strategy.plan_async(self.arrays, self.buffer.version, nodes)
+        self.report = self.strategy.async_report()
+        self.since_wall, self.since_clock = time.monotonic(), _clock(grid)
+        self.last_update = time.monotonic()
+
+    def run(self) -> list[RoundRecord]:
+        s = self.settings
+        while True:
+            live = self.strategy.fleet.live_nodes(self.grid.get_node_ids())
+            if not live and not self.in_flight:
+                wait_for_nodes(self.grid, 1, s.round_timeout)  # raises when none comes back
+                continue
+            self._dispatch(live)
+            replies = _pull(self.grid, list(self.in_flight), self.virtual)
+            for reply in replies:
+                if self._take(reply) and self.buffer.full:
+                    self._aggregate(live)
+                    done = self.buffer.version >= s.num_rounds
+                    if done or (self.stop is not None and self.stop(self.records[-1])):
+                        return self.records
+            self._expire()
+            if time.monotonic() - self.last_update > s.round_timeout:
+                raise RuntimeError(
+                    f"no usable update for {s.round_timeout:.0f} s (round-timeout): failures "
+                    f"{dict(self.strategy.fleet.failed)}, refusals "
+                    f"{dict(self.strategy.fleet.rejected_reasons)}"
                 )
-        replies = _pull(grid, list(in_flight), virtual)
-        for reply in replies:
-            message_id = reply.metadata.reply_to_message_id
-            sent = in_flight.pop(message_id, None)
-            if sent is None:
-                log.warning("dropped a message that answers none pending: %r", message_id)
-                continue
-            update = strategy.read_update(reply, sent.node, report, sent.planned)
-            if update is None:
-                continue
-            m = update.metrics
-            cycle = (
-                virtual_round_s([m], s.uplink_mbps) if virtual else time.monotonic() - sent.sent_at
-            )
-            strategy.record_cycle(update.device, cycle)
-            if m.num_examples <= 0:
-                continue  # trained nothing (an empty stream): nothing to buffer
-            why = buffer.add(
-                message_id, update.device, sent.version, update.delta, m.num_examples, m.local_steps
-            )
-            if why is not None:
-                strategy.refuse(report, update.device, why)
-                continue
-            if not buffer.full:
-                continue
-            new, made = buffer.apply({k: a.numpy() for k, a in arrays.items()})
-            arrays = ArrayRecord({k: Array(v.astype(np.float32)) for k, v in new.items()})
-            report.aggregated = made.devices
-            report.updates = [
-                UpdateInfo(c.device, c.base_version, c.staleness, c.weight, c.num_examples)
-                for c in made.contributions
-            ]
-            wall = time.monotonic() - since_wall
-            virtual_s = _clock(grid) - since_clock if virtual else wall
-            record = _aggregation_record(session, report, arrays, wall, virtual_s, len(in_flight))
-            session.commit(record, arrays, **{FEDBUFF_STATE: buffer.state_dict()})
-            records.append(record)
-            since_wall, since_clock = time.monotonic(), _clock(grid)
-            if buffer.version >= s.num_rounds or (stop is not None and stop(record)):
-                return records
-            strategy.plan_async(arrays, buffer.version, live)
-            report = strategy.async_report()
-        now = time.monotonic()
-        for message_id, sent in list(in_flight.items()):  # no reply in time: a failure
-            if now - sent.sent_at > s.round_timeout:
-                del in_flight[message_id]
-                strategy.fail(report, strategy.fleet.device_of(sent.node))
-        if not replies:
+            if not replies:
+                time.sleep(PULL_INTERVAL_S)
+
+    def _dispatch(self, live: list[int]) -> None:
+        """Send work from the newest version to every live node with none out."""
+        busy = {d.node for d in self.in_flight.values()}
+        idle = [n for n in live if n not in busy and n not in self.held]
+        if not idle and not self.in_flight and self.held:  # all held: nothing else will come
+            self.held.clear()
             time.sleep(PULL_INTERVAL_S)
+            return
+        if not idle:
+            return
+        version = self.buffer.version
+        messages = [self.strategy.configure_async(n, self.arrays, version, live) for n in idle]
+        ids = list(self.grid.push_messages(messages))
+        now = time.monotonic()
+        for message_id, node in zip(ids, idle, strict=True):
+            self.in_flight[message_id] = _Dispatch(
+                node,
+                self.strategy.fleet.device_of(node),
+                version,
+                self.strategy.planned_batch(node),
+                now,
+            )
+
+    def _take(self, reply: Message) -> bool:
+        """Read one reply and buffer its update; return whether it was buffered."""
+        message_id = reply.metadata.reply_to_message_id
+        sent = self.in_flight.pop(message_id, None)
+        if sent is None:
+            log.warning("dropped a message that answers none pending: %r", message_id)
+            return False
+        strategy = self.strategy
+        update = strategy.read_update(reply, sent.node, self.report, sent.planned, sent.device)
+        if update is None:
+            self.held.add(sent.node)
+            return False
+        m = update.metrics
+        cycle = (
+            virtual_round_s([m], self.settings.uplink_mbps)
+            if self.virtual
+            else time.monotonic() - sent.sent_at
+        )
+        strategy.record_cycle(update.device, cycle)
+        if m.num_examples <= 0:  # trained nothing (an empty stream): nothing to buffer
+            self.held.add(sent.node)
+            return False
+        why = self.buffer.add(
+            message_id, update.device, sent.version, update.delta, m.num_examples, m.local_steps
+        )
+        if why is not None:
+            strategy.refuse(self.report, update.device, why)
+            self.held.add(sent.node)
+            return False
+        self.last_update = time.monotonic()
+        return True
+
+    def _aggregate(self, live: list[int]) -> None:
+        """Apply the buffer: a new version, evaluated, checkpointed and recorded."""
+        new, made = self.buffer.apply({k: a.numpy() for k, a in self.arrays.items()})
+        self.arrays = ArrayRecord({k: Array(v.astype(np.float32)) for k, v in new.items()})
+        report = self.report
+        report.aggregated = made.devices
+        report.updates = [
+            UpdateInfo(c.device, c.base_version, c.staleness, c.weight, c.num_examples)
+            for c in made.contributions
+        ]
+        wall = time.monotonic() - self.since_wall
+        virtual_s = _clock(self.grid) - self.since_clock if self.virtual else wall
+        record = _aggregation_record(
+            self.session, report, self.arrays, wall, virtual_s, len(self.in_flight)
+        )
+        self.session.commit(record, self.arrays, **{FEDBUFF_STATE: self.buffer.state_dict()})
+        self.records.append(record)
+        self.since_wall, self.since_clock = time.monotonic(), _clock(self.grid)
+        self.held.clear()
+        self.strategy.plan_async(self.arrays, self.buffer.version, live)
+        self.report = self.strategy.async_report()
+
+    def _expire(self) -> None:
+        """Count a failure for each message without a reply after ``round-timeout``."""
+        now = time.monotonic()
+        for message_id, sent in list(self.in_flight.items()):
+            if now - sent.sent_at > self.settings.round_timeout:
+                del self.in_flight[message_id]
+                self.strategy.fail(self.report, self.strategy.sender(sent.node, sent.device))
+                self.held.add(sent.node)
 
 
 def _aggregation_record(

@@ -422,7 +422,7 @@ class StreamStrategy:
         )
 
     def read_update(
-        self, msg: Message, node: int, report: RoundReport, planned: int
+        self, msg: Message, node: int, report: RoundReport, planned: int, sent_to: str = ""
     ) -> Update | None:
         """Read and check one reply to a training message sent to ``node``.
 
@@ -430,15 +430,17 @@ class StreamStrategy:
         shape than the run's, or a frame the codec refuses is a refusal (counted by reason).
         Otherwise the device is learned, its reply recorded in the fleet and in ``report``
         (with the batch it was ``planned``), its step time given to the controller, and its
-        decoded update returned (its delta is against the model it was sent).
+        decoded update returned (its delta is against the model it was sent). ``sent_to``:
+        the device the node served when the message was sent, charged with a failure when
+        the node has been retired since (its device came back on another node).
         """
         if msg.has_error():
-            self.fail(report, self.fleet.device_of(node))
+            self.fail(report, self.sender(node, sent_to))
             return None
         try:
             reply = DeviceReply.from_content(msg.content)
         except RecordError as err:
-            self.refuse(report, self.fleet.device_of(node), err.reason)
+            self.refuse(report, self.sender(node, sent_to), err.reason)
             return None
         device = reply.device_id
         self._learn(node, device)
@@ -487,6 +489,11 @@ class StreamStrategy:
                 "x".join(map(str, self._shape)),
             )
         return False
+
+    def sender(self, node: int, sent_to: str = "") -> str:
+        """The device behind ``node``: as the fleet knows it now, else ``sent_to`` (what it
+        was when a message went out), else the node's placeholder name."""
+        return self.fleet.node_devices.get(node) or sent_to or self.fleet.device_of(node)
 
     def fail(self, report: RoundReport, device: str) -> None:
         """Count a failure of ``device`` (an error reply, or none in time)."""

@@ -464,7 +464,7 @@ def status(
 @app.command("run-config")
 def run_config_keys(
     toml: Annotated[
-        bool, typer.Option("--toml", help="Print a [tool.flwr.app.config] block instead.")
+        bool, typer.Option("--toml", help="Print the tool.flwr.app.config block of pyproject.toml instead.")
     ] = False,
 ) -> None:
     """List every run-config key: default, allowed values, what it does."""
@@ -499,6 +499,16 @@ def demo(
     controller: Annotated[
         str | None,
         typer.Option(help=_run_help("controller", "Batch controller: fixed | static | dynamic.")),
+    ] = None,
+    mode: Annotated[
+        str | None,
+        typer.Option(
+            help=_run_help(
+                "mode",
+                "sync rounds, or async (FedBuff: no device waits for the others; --rounds then "
+                "counts model versions).",
+            )
+        ),
     ] = None,
     slowdowns: Annotated[
         str | None, typer.Option(help="Comma-separated slowdown per device (default 1,1,2,4).")
@@ -657,6 +667,7 @@ def demo(
         "num_rounds": rounds,
         "local_steps": local_steps,
         "controller": controller,
+        "mode": mode,
         "round_timeout": round_timeout,
         "compress": compress,
         "compress_ratio": compress_ratio,

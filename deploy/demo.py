@@ -702,6 +702,7 @@ def run_demo(config: DemoConfig, console: Console) -> bool:
         "runs": runs,  # more than one when the aggregator was killed and the run resumed
         "status": status.get("status"),
         "controller": settings.controller,
+        "mode": settings.mode,
         "slowdowns": config.slowdowns,
         "rates": config.rates,
         "compress": settings.compress,
@@ -838,18 +839,24 @@ def _kill_and_resume(
 
 def _progress_table(records: list[RoundRecord], rounds: int, state: str) -> Table:
     last = records[-1] if records else None
-    title = f"round {len(records)}/{rounds}"
+    asynchronous = last is not None and last.mode == "async"
+    title = f"{'version' if asynchronous else 'round'} {len(records)}/{rounds}"
     if last is not None:
         title += f", {last.metric} {last.accuracy:.3f} (prequential)"
         if not math.isnan(last.test_accuracy):
             title += f", {last.test_accuracy:.3f} (test set)"
         title += f", sum b {last.sum_b}"
+        if asynchronous:
+            title += f", {len(last.updates)} updates, {last.in_flight} in flight"
     table = Table(title=f"{title} ({state})")
-    for col in ("device", "planned b", "batch", "compute s", "wait s", "rate/s", "fill"):
+    columns = ["device", "planned b", "batch", "compute s", "wait s", "rate/s", "fill"]
+    if asynchronous:
+        columns += ["updates", "staleness"]
+    for col in columns:
         table.add_column(col, justify="right")
     if last is not None:
         for dev, m in sorted(last.devices.items()):
-            table.add_row(
+            row = [
                 dev,
                 str(last.planned.get(dev, "-")),
                 str(m.batch_size),
@@ -857,5 +864,9 @@ def _progress_table(records: list[RoundRecord], rounds: int, state: str) -> Tabl
                 f"{m.wait_s:.2f}",
                 f"{m.stream_rate:.0f}",
                 str(m.buffer_fill),
-            )
+            ]
+            if asynchronous:  # this version's updates from the device, and how old each was
+                stale = [str(u.staleness) for u in last.updates if u.device == dev]
+                row += [str(len(stale)), ",".join(stale) or "-"]
+            table.add_row(*row)
     return table

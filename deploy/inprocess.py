@@ -254,6 +254,7 @@ class InProcessGrid(LocalGrid):
         self.deadline_s = deadline_s
         self.asynchronous = self.settings.mode == "async"
         self.missed = 0  # sync replies dropped at the deadline
+        self.served = 0  # async messages served
         # Async events: (virtual arrival, push order, message id) of the replies out, and
         # when each device is next free.
         self._arrivals: list[tuple[float, int, str]] = []
@@ -346,6 +347,7 @@ class InProcessGrid(LocalGrid):
         dev = self.devices[node]
         start = dev.online_from(max(self.clock, self._free_at.get(node, 0.0)))
         reply, seconds = self._serve(msg, node, dev, start)
+        self.served += 1
         self._free_at[node] = start + seconds
         heapq.heappush(self._arrivals, (start + seconds, next(self._order), message_id))
         return reply

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,9 @@ def summarize(records: Sequence[RoundRecord], wall_s: float) -> dict[str, Any]:
     ``accuracy`` is prequential (the devices' scores of the model each received, on the
     samples they then trained on); ``test_accuracy`` the aggregator's, on ``eval-data``
     (None without). ``virtual_s`` sums each round's slowest device (compute + wait +
-    transfer): the synchronous round time on the virtual clock, whatever the wall clock did.
+    transfer): the synchronous round time on the virtual clock, whatever the wall clock did
+    (asynchronous mode: the time between aggregations). In asynchronous mode ``rounds``
+    counts model versions.
     """
     devices = sorted({d for r in records for d in r.devices})
     last = records[-1] if records else None
@@ -40,6 +43,9 @@ def summarize(records: Sequence[RoundRecord], wall_s: float) -> dict[str, Any]:
         "compress_modes": [r.compress for r in records],
         "inject_bytes_per_round": [r.inject_bytes for r in records],
         "inject_bytes": sum(r.inject_bytes for r in records),
+        # Asynchronous mode: each update's staleness (versions old), and updates per device.
+        "staleness": dict(sorted(Counter(u.staleness for r in records for u in r.updates).items())),
+        "updates": dict(sorted(Counter(u.device for r in records for u in r.updates).items())),
         "rejected": last.rejected if last else {},
         "rejected_reasons": last.rejected_reasons if last else {},
         "devices": {

@@ -26,6 +26,7 @@ SCENARIOS = {
     "scale": "deploy.bench.scale",
     "forecast": "deploy.bench.forecast",
     "reliability": "deploy.bench.reliability",
+    "async": "deploy.bench.asynchronous",
 }
 
 

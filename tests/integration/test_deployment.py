@@ -120,3 +120,60 @@ def test_demo_forecasts_a_series_its_devices_publish_reading_by_reading(tmp_path
     for dev in ("dev-0", "dev-1"):
         stats = buffer_stats(run_dir / "buffers" / f"{dev}.sqlite")
         assert stats["readings"] > 0 and stats["rejected"] == 0 and stats["shape"] == [1, 56]
+
+
+def test_async_demo_does_not_wait_for_a_slow_supernode_and_resumes_its_version(
+    tmp_path: Path,
+) -> None:
+    # Prepare / Execute: three SuperNodes, one of them training 300x slower (about 20 s a
+    # message against the others' few); asynchronous mode, one update per version; the
+    # aggregator (SuperLink and ServerApp) killed with SIGKILL after version 3, started again,
+    # and the run resumed from its checkpoint.
+    rc, out, summary = demo(
+        tmp_path,
+        *("--devices", "3", "--rounds", "6", "--local-steps", "40", "--slowdowns", "1,1,300"),
+        *("--mode", "async", "--run-config", "async-buffer=1", "--kill-aggregator", "3"),
+    )
+    # Assert: the first versions were made by the fast devices alone while the slow one was
+    # still training; the resumed run went on from the checkpointed version to the sixth.
+    assert rc == 0, out[-3000:]
+    assert summary["status"] == "finished:completed" and summary["mode"] == "async"
+    assert len(summary["runs"]) == 2  # the run, and its resumption
+    records = read_metrics(next(tmp_path.glob("run-*")) / "metrics.jsonl")
+    versions = [r.round for r in records]
+    assert versions == sorted(set(versions)) and versions[-1] == 6 and len(versions) >= 5
+    assert all(r.mode == "async" and len(r.updates) == 1 for r in records)
+    first_slow = next((i for i, r in enumerate(records) if "dev-2" in r.aggregated), len(records))
+    assert first_slow >= 3, [r.aggregated for r in records]
+    assert {d for r in records[:first_slow] for d in r.aggregated} == {"dev-0", "dev-1"}
+    # each update was trained from a model no newer than the version it went into
+    assert all(u.base_version < r.round for r in records for u in r.updates)
+    assert "resumed from the checkpoint of round" in out
+    assert "version 6/6" in out and "stale" in out  # the live table: version, staleness
+
+
+def test_flwr_run_in_the_simulation_engine_trains_asynchronously(tmp_path: Path) -> None:
+    # Prepare: 3 virtual devices, one 4x slower
+    with ProcessGroup() as group:
+        flower = FlowerDeployment(group, tmp_path / "flwr", simulated_nodes=3)
+        flower.start_superlink()
+        # Execute
+        run_id = flower.submit(
+            APP_DIR,
+            {
+                "mode": "async",
+                "num-rounds": 4,
+                "local-steps": 5,
+                "out-dir": str(tmp_path / "out"),
+                "sim-dir": str(tmp_path / "sim"),
+                "sim-slowdowns": "1,1,4",
+            },
+        )
+        status = flower.wait_finished(run_id, timeout=300)
+        logs = flower.logs(run_id)
+    # Assert: four versions, each of one update (half of 3 devices, rounded down)
+    assert status.get("status") == "finished:completed", (status, logs[-3000:])
+    records = read_metrics(tmp_path / "out" / "metrics.jsonl")
+    assert [r.round for r in records] == [1, 2, 3, 4]
+    assert all(r.mode == "async" and len(r.updates) == 1 for r in records)
+    assert {u.device for r in records for u in r.updates} <= {"sim-0", "sim-1", "sim-2"}

@@ -12,6 +12,7 @@ from flwr.app import Array, ArrayRecord
 from aggregator.exchange import PULL_BATCH
 from aggregator.records import RoundRecord
 from deploy.bench import forecast
+from deploy.bench.asynchronous import OFF_FRACTION, SCENARIOS, accuracy_at
 from deploy.bench.common import (
     Result,
     markdown_table,
@@ -146,3 +147,28 @@ def test_forecasting_meets_its_bars_on_a_real_recording_over_three_seeds(
     assert result.meta["goals_met"] == {"vs_naive": True, "vs_ridge": True}
     assert max(fedstream["mae_per_seed"]) <= 0.9 * result.meta["naive_mae"]
     assert max(fedstream["mae_per_seed"]) <= result.meta["ridge_mae"]
+
+
+def test_accuracy_at_equal_time_is_the_newest_model_made_by_then() -> None:
+    # Prepare: models made at 1, 3 and 6 virtual seconds
+    records = [record(1, 0.5, 1.0), record(2, 0.7, 2.0), record(3, 0.9, 3.0)]
+    # Execute / Assert
+    assert np.isnan(accuracy_at(records, 0.5))
+    assert [accuracy_at(records, t) for t in (1.0, 2.9, 3.0, 5.9, 6.0, 99.0)] == [
+        0.5, 0.5, 0.7, 0.7, 0.9, 0.9,
+    ]  # fmt: skip
+
+
+def test_intermittent_devices_are_off_about_the_declared_share_of_the_time() -> None:
+    # Prepare: the scenario's fleet for two seeds (round time 0.1 s)
+    horizon = 200.0
+    for seed in (0, 1):
+        fleet = SCENARIOS["intermittent"].fleet(seed, 0.1)
+        # Execute: the share of [0, horizon) each device is off
+        off = [
+            sum(min(e, horizon) - min(s, horizon) for s, e in d.offline) / horizon for d in fleet
+        ]
+        # Assert: spans never overlap, and each device is off about a third of the time
+        for d in fleet:
+            assert all(a[1] <= b[0] for a, b in zip(d.offline, d.offline[1:], strict=False))
+        assert np.mean(off) == pytest.approx(OFF_FRACTION, abs=0.1)

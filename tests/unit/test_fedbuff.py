@@ -143,3 +143,30 @@ def test_a_resumed_buffer_continues_the_version_and_remembers_what_it_took() -> 
     assert resumed.add("u1", "d0", 1, delta(1.0), 1) is None
     _, made = resumed.apply(model)
     assert made.version == 2
+
+
+def test_fednova_weighting_counts_each_update_once_per_step() -> None:
+    # Prepare: fednova weighting; a fresh update of 10 steps (+2, i.e. +0.2 a step) and one
+    # of 5 steps from a version ago (polynomial a = 1: weight 1/2; +1, i.e. +0.2 a step)
+    buffer = UpdateBuffer(SHAPES, size=2, rule="polynomial", a=1.0, weighting="fednova", version=1)
+    # Execute
+    buffer.add("u1", "a", 1, delta(2.0), num_examples=500, local_steps=10)
+    buffer.add("u2", "b", 0, delta(1.0), num_examples=5, local_steps=5)
+    new, _ = buffer.apply({"w": np.zeros(2), "b": np.zeros(1)})
+    # Assert: mean steps 7.5 x (1 x 0.2 + 1/2 x 0.2) / 2 = 1.125; the samples do not weigh
+    assert new["w"].tolist() == pytest.approx([1.125, 1.125])
+
+
+def test_a_buffer_takes_its_rule_from_the_run_settings() -> None:
+    from edge_client.wire.run_config import RunSettings
+
+    settings = RunSettings(
+        mode="async", staleness="hinge", staleness_exponent=2.0, staleness_hinge=1,
+        server_lr=0.5, max_staleness=3, aggregation="fedavg",
+    )  # fmt: skip
+    buffer = UpdateBuffer.from_settings(settings, SHAPES, size=4, version=7)
+    assert (buffer.rule, buffer.a, buffer.b, buffer.server_lr) == ("hinge", 2.0, 1, 0.5)
+    assert (buffer.max_staleness, buffer.weighting, buffer.size, buffer.version) == (
+        3, "fedavg", 4, 7,
+    )  # fmt: skip
+    assert buffer.add("old", "d", 3, delta(1.0), 1) == "too-stale"  # 4 versions old
