@@ -38,7 +38,7 @@ from flwr.serverapp import Grid
 from aggregator.exchange import PULL_BATCH, PULL_INTERVAL_S, wait_for_nodes
 from aggregator.fedbuff import UpdateBuffer
 from aggregator.records import RoundRecord, UpdateInfo, virtual_round_s
-from aggregator.session import RunSession, is_virtual
+from aggregator.session import RunSession, is_virtual, virtual_time
 from aggregator.strategy import RoundReport
 
 __all__ = ["FEDBUFF_STATE", "default_buffer_size", "run_async"]
@@ -115,7 +115,7 @@ class _AsyncLoop:
         self.records: list[RoundRecord] = []
         self.strategy.plan_async(self.arrays, self.buffer.version, nodes)
         self.report = self.strategy.async_report()
-        self.since_wall, self.since_clock = time.monotonic(), _clock(grid)
+        self.since_wall, self.since_clock = time.monotonic(), virtual_time(grid)
         self.last_update = time.monotonic()
 
     def run(self) -> list[RoundRecord]:
@@ -209,13 +209,13 @@ class _AsyncLoop:
             for c in made.contributions
         ]
         wall = time.monotonic() - self.since_wall
-        virtual_s = _clock(self.grid) - self.since_clock if self.virtual else wall
+        virtual_s = virtual_time(self.grid) - self.since_clock if self.virtual else wall
         record = _aggregation_record(
             self.session, report, self.arrays, wall, virtual_s, len(self.in_flight)
         )
         self.session.commit(record, self.arrays, **{FEDBUFF_STATE: self.buffer.state_dict()})
         self.records.append(record)
-        self.since_wall, self.since_clock = time.monotonic(), _clock(self.grid)
+        self.since_wall, self.since_clock = time.monotonic(), virtual_time(self.grid)
         self.held.clear()
         self.strategy.plan_async(self.arrays, self.buffer.version, live)
         self.report = self.strategy.async_report()
@@ -255,11 +255,6 @@ def _aggregation_record(
         "/".join(map(str, staleness)),
     )
     return record
-
-
-def _clock(grid: Grid) -> float:
-    """The grid's virtual time (0 on a wall-clock grid)."""
-    return float(getattr(grid, "clock", 0.0))
 
 
 def _pull(grid: Grid, ids: list[str], virtual: bool) -> list[Message]:

@@ -32,7 +32,7 @@ from edge_client.task.loading import load_task
 from edge_client.wire.mapping import kebab
 from edge_client.wire.run_config import RunSettings, parse_shape, upgrade_saved
 
-__all__ = ["MODEL_SETTINGS", "RunSession", "is_virtual"]
+__all__ = ["MODEL_SETTINGS", "RunSession", "is_virtual", "virtual_time"]
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,11 @@ def is_virtual(grid: Grid) -> bool:
     ``virtual_clock`` attribute, and keeps the time in ``clock``; Flower's grids run on the
     wall clock)."""
     return bool(getattr(grid, "virtual_clock", False))
+
+
+def virtual_time(grid: Grid) -> float:
+    """The virtual time of a grid that keeps one (0 on a wall-clock grid)."""
+    return float(getattr(grid, "clock", 0.0)) if is_virtual(grid) else 0.0
 
 
 @dataclass

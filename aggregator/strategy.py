@@ -16,6 +16,11 @@ It follows Flower's ``Strategy`` (``configure_train`` builds the round's message
   are averaged, weighted by samples, into the round's accuracy;
 * ``aggregate_train`` returns the new model and a :class:`RoundReport` of the round.
 
+In asynchronous mode (:mod:`aggregator.asynchronous`) the same pieces serve one message at a
+time: :meth:`StreamStrategy.plan_async` plans the fleet once per model version,
+:meth:`StreamStrategy.configure_async` gives one node its work, and
+:meth:`StreamStrategy.read_update` reads and checks one reply (the loop buffers the update).
+
 It does not derive from Flower's ``Strategy``: that fixes ``aggregate_train``'s second
 result to a MetricRecord of averaged numbers, and the round report holds per-device records.
 fedstream's ServerApp (:mod:`aggregator.server_app`) runs the rounds itself.

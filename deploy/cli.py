@@ -464,7 +464,8 @@ def status(
 @app.command("run-config")
 def run_config_keys(
     toml: Annotated[
-        bool, typer.Option("--toml", help="Print the tool.flwr.app.config block of pyproject.toml instead.")
+        bool,
+        typer.Option("--toml", help="Print the tool.flwr.app.config block of pyproject.toml."),
     ] = False,
 ) -> None:
     """List every run-config key: default, allowed values, what it does."""

@@ -12,7 +12,8 @@ Synchronous rounds (``mode = "sync"``): a push is a round, which costs the slowe
 ``compute * slowdown + wait + bytes / bandwidth``; with ``deadline_s`` a reply that would
 arrive later is dropped (an error reply: what a sync round with a deadline does) and the
 round costs the deadline. A device offline when the round starts answers with an error at
-once (the most favourable case for sync rounds: they never wait for it).
+once (the most favourable case for sync rounds: they never wait for it); a round in which
+every device is off lasts until the first comes back.
 
 Asynchronous mode (``mode = "async"``): events on one virtual clock per device. A pushed
 message starts on its device when the device is free and online (a message to a device that
@@ -261,6 +262,7 @@ class InProcessGrid(LocalGrid):
         self._order = itertools.count()
         self._free_at: dict[int, float] = {}
         self.fill_log: list[dict[str, int]] = []  # per round: each buffer's fill before training
+        self.last_fill = 0  # the fill the last device served had before training
         self.clock = 0.0  # virtual seconds
         self.round = 0
         self.round_times: list[float] = []
@@ -357,9 +359,11 @@ class InProcessGrid(LocalGrid):
     ) -> tuple[Message, float]:
         """Run the device's ClientApp at virtual time ``at``; return the reply (its timings
         charged on the virtual clock) and the virtual seconds it took (0 for a reply that
-        is not a device's)."""
+        is not a device's). The buffer's fill once the wait is over is in
+        :attr:`last_fill`."""
         plan = RoundPlan.from_record(msg.content.config_records[CONFIG])
         virtual_wait = self.streams[node].wait_for(plan, at)
+        self.last_fill = self.stores[node].fill
         # The wait was charged on the virtual clock; the ClientApp must not sleep it again.
         msg.content.config_records[CONFIG][kebab("deadline_s")] = 0.0
         reply = self.client_app(msg, self._context(node, dev))
@@ -382,20 +386,24 @@ class InProcessGrid(LocalGrid):
         replies: list[Message] = []
         round_s = 0.0
         fills: dict[str, int] = {}
+        back: list[float] = []  # when the devices that are off come back
         for msg in messages:
             node = msg.metadata.dst_node_id
             dev = self.devices[node]
             if self.round in dev.fail_rounds or not dev.online_at(self.clock):
                 replies.append(Message(Error(code=0, reason="device offline"), reply_to=msg))
+                back.append(dev.online_from(self.clock))
                 continue
-            fills[dev.device_id] = self.stores[node].fill
             reply, seconds = self._serve(msg, node, dev, self.clock)
+            fills[dev.device_id] = self.last_fill
             if self.deadline_s is not None and seconds > self.deadline_s:
                 self.missed += 1
                 reply = Message(Error(code=0, reason="missed the round's deadline"), reply_to=msg)
                 seconds = self.deadline_s
             round_s = max(round_s, seconds)
             replies.append(reply)
+        if len(back) == len(messages) and back:  # nobody on: the round waits for the first back
+            round_s = min(back) - self.clock
         self._deliver_injections()
         self.fill_log.append(fills)
         self.round_times.append(round_s)

@@ -9,6 +9,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from flwr.app import Message
@@ -152,7 +153,7 @@ def test_a_sync_round_with_a_deadline_drops_the_late_reply(
     assert all(set(r.devices) == {"dev-0", "dev-1"} for r in records)
     assert records[-1].failed == {"node-102": 2}  # never replied: known by its node
     assert grid.missed == 2
-    assert all(r.virtual_s < 3 * fast_round for r in records)  # replies in time
+    assert all(r.virtual_s == pytest.approx(3 * fast_round) for r in records)  # waited it out
     assert grid.clock == pytest.approx(2 * 3 * fast_round)  # each round waited the deadline
 
 
@@ -165,6 +166,19 @@ def test_offline_devices_answer_sync_rounds_with_an_error(
     assert set(records[0].devices) == {"dev-0"} and records[0].failed == {
         "node-101": 1
     }  # never replied: known by its node
+
+
+def test_a_sync_round_with_every_device_off_lasts_until_one_is_back(
+    tmp_path: Path, fast: Fast, fleet: Fleet
+) -> None:
+    # Prepare: both devices off from the start, one back at 2.0 s, the other at 3.0 s
+    devices = fleet(1, 1, rate=math.inf, initial=0)
+    devices[0].offline, devices[1].offline = [(0.0, 3.0)], [(0.0, 2.0)]
+    # Execute
+    records, _ = run(tmp_path, devices, fast(num_rounds=2, controller_probe=0))
+    # Assert: round 1 had nobody and waited until 2.0 s; round 2 had dev-1 only
+    assert records[0].devices == {} and records[0].virtual_s == pytest.approx(2.0)
+    assert set(records[1].devices) == {"dev-1"}
 
 
 def test_a_message_to_an_offline_device_waits_until_it_is_back() -> None:
@@ -208,18 +222,31 @@ class RejoiningGrid(InProcessGrid):
     """dev-1's node dies after a few replies, its message lost, and the device comes back at
     once on a new node id (a SuperNode restarted without node authentication)."""
 
+    OLD = FIRST_NODE_ID + 1
+    NEW = FIRST_NODE_ID + 100
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.pulls = 0
+        self.moved = False
+        self.sent_to: dict[str, int] = {}
+
+    def _start(self, msg: Message, message_id: str) -> Message:
+        self.sent_to[message_id] = msg.metadata.dst_node_id
+        return super()._start(msg, message_id)
+
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
         replies = list(super().pull_messages(message_ids))
-        self.pulls = getattr(self, "pulls", 0) + 1
-        if self.pulls == 6:
-            old = FIRST_NODE_ID + 1
-            new = old + 100
-            for table in (self.devices, self.stores, self.streams, self.outboxes):
-                table[new] = table.pop(old)  # type: ignore[attr-defined]
-            for event in [
-                e for e in self._arrivals if self._replies[e[2]].metadata.src_node_id == old
-            ]:
-                self._arrivals.remove(event)  # its message dies with it
+        self.pulls += 1
+        lost = [e for e in self._arrivals if self.sent_to[e[2]] == self.OLD]
+        if self.pulls >= 6 and lost and not self.moved:  # dies with a message out
+            self.moved = True
+            self.devices[self.NEW] = self.devices.pop(self.OLD)
+            self.stores[self.NEW] = self.stores.pop(self.OLD)
+            self.streams[self.NEW] = self.streams.pop(self.OLD)
+            self.outboxes[self.NEW] = self.outboxes.pop(self.OLD)
+            self._arrivals.remove(lost[0])  # the message dies with it
+            heapq.heapify(self._arrivals)
         return replies
 
 
@@ -228,7 +255,8 @@ def test_a_device_back_on_a_new_node_gets_work_and_its_lost_message_counts_again
 ) -> None:
     # Prepare: a short round-timeout (wall seconds) for the lost message
     settings = asynchronous(fast, num_rounds=500, async_buffer=1, round_timeout=1.0)
-    grid = RejoiningGrid(fleet(1, 1, rate=math.inf, initial=0), tmp_path / "b", settings)
+    devices = fleet(1, 1, rate=math.inf, initial=0)
+    grid = RejoiningGrid(devices, tmp_path / "b", settings, step_time=step_time)
     # Execute: until the lost message has timed out
     records = run_rounds(grid, settings, stop=lambda r: sum(r.failed.values()) >= 1)
     grid.close()
@@ -248,6 +276,28 @@ def test_a_fleet_that_sends_nothing_usable_ends_the_run_with_the_reasons(
     grid = InProcessGrid(fleet(1, 1, rate=math.inf, initial=0), tmp_path / "b", theirs)
     # Execute / Assert: refused as shape-mismatch over and over, then a clear error (not a
     # loop that never ends)
-    with pytest.raises(RuntimeError, match="no usable update.*shape-mismatch"):
+    with pytest.raises(RuntimeError, match=r"no usable update.*shape-mismatch"):
         run_rounds(grid, settings)
+    grid.close()
+
+
+def test_each_device_s_stream_conserves_samples_on_its_own_clock(
+    tmp_path: Path, fast: Fast, fleet: Fleet
+) -> None:
+    # Prepare: finite streams that make the devices wait, each device on its own clock
+    settings = asynchronous(fast, num_rounds=6, async_buffer=1, wait_policy="wait")
+    devices = fleet(1, 3, rate=400.0, initial=50)
+    grid = InProcessGrid(devices, tmp_path / "b", settings, step_time=step_time)
+    # Execute
+    records = run_rounds(grid, settings)
+    # Assert, per device: what arrived is initial + rate x the device's own clock (to the
+    # sample), and every sample that arrived is in the buffer, trained on, or counted dropped
+    for node, dev in grid.devices.items():
+        stream, stats = grid.streams[node], grid.stores[node].stats()
+        assert stream.arrived == dev.initial + math.floor(dev.rate * stream.clock + 1e-9)
+        assert stats["received"] == stream.arrived
+        assert stats["fill"] + stats["consumed"] + stats["dropped"] == stream.arrived
+    trained = sum(u.num_examples for r in records for u in r.updates)
+    consumed = sum(grid.stores[n].stats()["consumed"] for n in grid.devices)
+    assert trained <= consumed  # the rest: messages still out, or refused
     grid.close()

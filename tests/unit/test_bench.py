@@ -12,7 +12,7 @@ from flwr.app import Array, ArrayRecord
 from aggregator.exchange import PULL_BATCH
 from aggregator.records import RoundRecord
 from deploy.bench import forecast
-from deploy.bench.asynchronous import OFF_FRACTION, SCENARIOS, accuracy_at
+from deploy.bench.asynchronous import OFF_FRACTION, SCENARIOS, accuracy_at, accuracy_over
 from deploy.bench.common import (
     Result,
     markdown_table,
@@ -157,6 +157,15 @@ def test_accuracy_at_equal_time_is_the_newest_model_made_by_then() -> None:
     assert [accuracy_at(records, t) for t in (1.0, 2.9, 3.0, 5.9, 6.0, 99.0)] == [
         0.5, 0.5, 0.7, 0.7, 0.9, 0.9,
     ]  # fmt: skip
+
+
+def test_mean_accuracy_over_a_span_weighs_each_model_by_how_long_it_stood() -> None:
+    # Prepare: models made at 1 (0.5), 3 (0.7) and 6 (0.9) virtual seconds
+    records = [record(1, 0.5, 1.0), record(2, 0.7, 2.0), record(3, 0.9, 3.0)]
+    # Execute / Assert: [2, 5]: 0.5 for 1 s, 0.7 for 2 s; [4, 8]: 0.7 for 2 s, 0.9 for 2 s
+    assert accuracy_over(records, 2.0, 5.0) == pytest.approx((0.5 + 2 * 0.7) / 3)
+    assert accuracy_over(records, 4.0, 8.0) == pytest.approx(0.8)
+    assert np.isnan(accuracy_over(records, 0.0, 5.0))  # no model yet at 0
 
 
 def test_intermittent_devices_are_off_about_the_declared_share_of_the_time() -> None:
