@@ -14,9 +14,13 @@ each update's staleness). ``num-rounds`` counts versions.
 What stays as in synchronous mode, per version instead of per round: the batch controller's
 plan (its batches equalise the devices' step times, so updates come at an even rate; the
 ScaDLES cap takes each device's own cycle as its horizon), the codec mode and error feedback,
-who shares samples for injection. A node whose message has no reply after
-``round-timeout`` seconds counts as failed and is sent new work; a node that comes back under
-a new id (a SuperNode restarted) is sent work as soon as it is listed.
+who shares samples for injection. A message without a reply after ``round-timeout`` seconds
+counts as a failure of its device; a node whose last message brought nothing usable (no reply
+in time, an error, a refusal, no samples trained) is sent work again with the next version,
+not at once, so that a device that cannot train does not spin through messages; if nothing
+usable comes from any device for ``round-timeout`` seconds the run ends with an error that
+names the failures and refusals. A device that comes back on a new node id (a SuperNode
+restarted) is sent work as soon as its node is listed.
 
 On a grid with a virtual clock (the in-process runner) each device runs on its own clock and
 a pull returns the reply that arrives first on it, so updates are applied in order of their
