@@ -17,10 +17,12 @@ ScaDLES cap takes each device's own cycle as its horizon), the codec mode and er
 who shares samples for injection. A message without a reply after ``round-timeout`` seconds
 counts as a failure of its device; a node whose last message brought nothing usable (no reply
 in time, an error, a refusal, no samples trained) is sent work again with the next version,
-not at once, so that a device that cannot train does not spin through messages; if nothing
-usable comes from any device for ``round-timeout`` seconds the run ends with an error that
-names the failures and refusals. A device that comes back on a new node id (a SuperNode
-restarted) is sent work as soon as its node is listed.
+not at once, so that a device that cannot train does not spin through messages. If nothing
+usable comes from any device for ``round-timeout`` seconds, a warning names the failures and
+refusals and the devices keep being asked (as synchronous rounds without updates would go
+on); on a virtual clock, where nothing would change, the run ends with that error. A device
+that comes back on a new node id (a SuperNode restarted) is sent work as soon as its node is
+listed.
 
 On a grid with a virtual clock (the in-process runner) each device runs on its own clock and
 a pull returns the reply that arrives first on it, so updates are applied in order of their
@@ -79,8 +81,9 @@ def run_async(
     Raises
     ------
     RuntimeError
-        If no node is connected for ``round-timeout`` seconds, or none sent an update that
-        could be used for that long (every reply an error, a refusal or empty).
+        If no node is connected for ``round-timeout`` seconds, or, on a virtual clock, none
+        sent an update that could be used for that long (every reply an error, a refusal or
+        empty).
     """
     if session.start > session.settings.num_rounds:
         return []
@@ -139,13 +142,24 @@ class _AsyncLoop:
                         return self.records
             self._expire()
             if time.monotonic() - self.last_update > s.round_timeout:
-                raise RuntimeError(
-                    f"no usable update for {s.round_timeout:.0f} s (round-timeout): failures "
-                    f"{dict(self.strategy.fleet.failed)}, refusals "
-                    f"{dict(self.strategy.fleet.rejected_reasons)}"
-                )
+                self._stalled()
             if not replies:
                 time.sleep(PULL_INTERVAL_S)
+
+    def _stalled(self) -> None:
+        """No usable update for ``round-timeout`` seconds. On a virtual clock nothing will
+        change (the same devices answer the same way at no cost in time): the run ends with
+        an error. On Flower's engines it is what a synchronous round without updates would
+        be (a broker outage, starved streams): logged, and the devices keep being asked."""
+        s, fleet = self.settings, self.strategy.fleet
+        why = (
+            f"no usable update for {s.round_timeout:.0f} s (round-timeout): failures "
+            f"{dict(fleet.failed)}, refusals {dict(fleet.rejected_reasons)}"
+        )
+        if self.virtual:
+            raise RuntimeError(why)
+        log.warning("%s; still waiting at version %d", why, self.buffer.version)
+        self.last_update = time.monotonic()
 
     def _dispatch(self, live: list[int]) -> None:
         """Send work from the newest version to every live node with none out."""

@@ -4,7 +4,9 @@ ClientApp, each virtual device on its own clock."""
 from __future__ import annotations
 
 import heapq
+import logging
 import math
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import replace
@@ -301,3 +303,36 @@ def test_each_device_s_stream_conserves_samples_on_its_own_clock(
     consumed = sum(grid.stores[n].stats()["consumed"] for n in grid.devices)
     assert trained <= consumed  # the rest: messages still out, or refused
     grid.close()
+
+
+class OutageGrid(InProcessGrid):
+    """A wall-clock grid (as Flower's) whose streams deliver nothing for the first 1.5 s of
+    wall time, then everything (a broker outage, over)."""
+
+    virtual_clock = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.started = time.monotonic()
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        if time.monotonic() - self.started > 1.5:
+            for node, dev in self.devices.items():
+                dev.rate = math.inf
+                self.streams[node].set_rate(math.inf, self.clock)
+        return super().pull_messages(message_ids)
+
+
+def test_on_a_wall_clock_an_outage_is_logged_and_the_run_goes_on(
+    tmp_path: Path, fast: Fast, fleet: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Prepare: empty streams (each device trains nothing) for longer than round-timeout
+    settings = asynchronous(fast, num_rounds=2, round_timeout=1.0, wait_policy="adapt")
+    grid = OutageGrid(fleet(1, 1, rate=0.0, initial=0), tmp_path / "b", settings)
+    # Execute
+    with caplog.at_level(logging.WARNING, logger="aggregator.asynchronous"):
+        records = run_rounds(grid, settings)
+    grid.close()
+    # Assert: the stall was reported, not fatal; once the streams came back the run finished
+    assert "no usable update for 1 s" in caplog.text
+    assert [r.round for r in records] == [1, 2]
