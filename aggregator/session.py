@@ -188,7 +188,7 @@ class RunSession:
             bytes_up=report.bytes_up,
             broadcast_bytes=report.broadcast_bytes,
             inject_picked=report.injectors,
-            inject_bytes=sum(m.inject_bytes for m in report.replies.values()),
+            inject_bytes=report.inject_bytes,
             virtual_s=round(virtual_s, 6),
             wall_s=round(wall, 3),
             run_wall_s=round(time.monotonic() - self._started, 3),

@@ -117,6 +117,7 @@ class RoundReport:
     eval_loss: float = math.nan
     updates: list[UpdateInfo] = field(default_factory=list)
     bytes_up: int = 0
+    inject_bytes: int = 0
     _sums: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0], repr=False)
 
     def add_reply(self, device: str, metrics: ReplyMetrics, planned: int) -> None:
@@ -125,6 +126,7 @@ class RoundReport:
         self.replies[device] = metrics
         self.planned[device] = planned
         self.bytes_up += metrics.bytes_up
+        self.inject_bytes += metrics.inject_bytes
         if metrics.eval_count > 0 and math.isfinite(metrics.eval_metric):
             self.eval_count += metrics.eval_count
             self._sums[0] += metrics.eval_metric * metrics.eval_count
@@ -158,6 +160,7 @@ class _Round:
     server_round: int
     model: dict[str, np.ndarray]  # the global model the deltas are against
     shapes: dict[str, tuple[int, ...]]
+    cap: int  # the largest decompressed frame a model of these shapes allows
     plan: Plan
     mode: str
     injectors: list[str]
@@ -296,10 +299,12 @@ class StreamStrategy:
             self.fleet.opted_in(devices.values()), s.inject_alpha, s.seed, server_round
         )
         down = self._broadcast(arrays, model)
+        shapes = {k: v.shape for k, v in model.items()}
         return _Round(
             server_round=server_round,
             model=model,
-            shapes={k: v.shape for k, v in model.items()},
+            shapes=shapes,
+            cap=raw_size_limit(shapes),
             plan=plan,
             mode=mode,
             injectors=injectors,
@@ -452,9 +457,9 @@ class StreamStrategy:
         if not self._shape_fits(device, reply.metrics):
             self.refuse(report, device, "shape-mismatch")
             return None
-        shapes = self._shapes()
+        current = self._current()
         try:
-            delta = decode(reply.frame, shapes, raw_size_limit(shapes))
+            delta = decode(reply.frame, current.shapes, current.cap)
         except CodecError as err:
             self.refuse(report, device, err.reason)
             return None
@@ -465,10 +470,10 @@ class StreamStrategy:
             self.controller.observe(device, metrics.batch_size, metrics.step_s)
         return Update(device, delta, metrics)
 
-    def _shapes(self) -> dict[str, tuple[int, ...]]:
+    def _current(self) -> _Round:
         if self._round is None:
             raise RuntimeError("nothing was configured yet")
-        return self._round.shapes
+        return self._round
 
     def _learn(self, node: int, device: str) -> None:
         """A node named its device: the fleet maps it, and the controller forgets the

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from aggregator.records import read_metrics
+from aggregator.records import RoundRecord, read_metrics
 from deploy.bench.forecast import DATA as CO2
 from deploy.demo import APP_DIR
 from deploy.flower import FlowerDeployment
@@ -71,27 +71,32 @@ def test_demo_on_a_users_recording_learns_and_the_slower_device_gets_the_smaller
     assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 3
 
 
-def test_flwr_run_in_the_simulation_engine_trains_on_replayed_streams(tmp_path: Path) -> None:
-    # Prepare: a SuperLink in simulation mode with 3 virtual devices (Ray).
+def simulate(tmp_path: Path, config: dict[str, object]) -> list[RoundRecord]:
+    """``flwr run`` of this app on a simulation-mode SuperLink with 3 virtual devices (Ray),
+    one 4x slower, 5 local steps, ``config`` on top; the records, once it completed."""
     with ProcessGroup() as group:
         flower = FlowerDeployment(group, tmp_path / "flwr", simulated_nodes=3)
         flower.start_superlink()
-        # Execute
         run_id = flower.submit(
             APP_DIR,
             {
-                "num-rounds": 2,
                 "local-steps": 5,
                 "out-dir": str(tmp_path / "out"),
                 "sim-dir": str(tmp_path / "sim"),
                 "sim-slowdowns": "1,1,4",
+                **config,
             },
         )
         status = flower.wait_finished(run_id, timeout=300)
         logs = flower.logs(run_id)
-    # Assert
     assert status.get("status") == "finished:completed", (status, logs[-3000:])
-    records = read_metrics(tmp_path / "out" / "metrics.jsonl")
+    return read_metrics(tmp_path / "out" / "metrics.jsonl")
+
+
+def test_flwr_run_in_the_simulation_engine_trains_on_replayed_streams(tmp_path: Path) -> None:
+    # Prepare / Execute: 3 virtual devices, 2 rounds
+    records = simulate(tmp_path, {"num-rounds": 2})
+    # Assert
     assert [r.round for r in records] == [1, 2]
     assert set(records[-1].devices) == {"sim-0", "sim-1", "sim-2"}
     assert len(list((tmp_path / "sim").glob("run-*/sim-*.sqlite"))) == 3
@@ -156,27 +161,9 @@ def test_async_demo_does_not_wait_for_a_slow_supernode_and_resumes_its_version(
 
 
 def test_flwr_run_in_the_simulation_engine_trains_asynchronously(tmp_path: Path) -> None:
-    # Prepare: 3 virtual devices, one 4x slower
-    with ProcessGroup() as group:
-        flower = FlowerDeployment(group, tmp_path / "flwr", simulated_nodes=3)
-        flower.start_superlink()
-        # Execute
-        run_id = flower.submit(
-            APP_DIR,
-            {
-                "mode": "async",
-                "num-rounds": 4,
-                "local-steps": 5,
-                "out-dir": str(tmp_path / "out"),
-                "sim-dir": str(tmp_path / "sim"),
-                "sim-slowdowns": "1,1,4",
-            },
-        )
-        status = flower.wait_finished(run_id, timeout=300)
-        logs = flower.logs(run_id)
+    # Prepare / Execute: 3 virtual devices, one 4x slower, 4 versions
+    records = simulate(tmp_path, {"mode": "async", "num-rounds": 4})
     # Assert: four versions, each of one update (half of 3 devices, rounded down)
-    assert status.get("status") == "finished:completed", (status, logs[-3000:])
-    records = read_metrics(tmp_path / "out" / "metrics.jsonl")
     assert [r.round for r in records] == [1, 2, 3, 4]
     assert all(r.mode == "async" and len(r.updates) == 1 for r in records)
     assert {u.device for r in records for u in r.updates} <= {"sim-0", "sim-1", "sim-2"}
