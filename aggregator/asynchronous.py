@@ -231,7 +231,8 @@ class _AsyncLoop:
         record = _aggregation_record(
             self.session, report, self.arrays, wall, virtual_s, len(self.in_flight)
         )
-        self.session.commit(record, self.arrays, **{FEDBUFF_STATE: self.buffer.state_dict()})
+        state = {FEDBUFF_STATE: self.buffer.state_dict()}
+        record = self.session.commit(record, self.arrays, **state)
         self.records.append(record)
         self.since_wall, self.since_clock = time.monotonic(), virtual_time(self.grid)
         self.held.clear()

@@ -60,11 +60,19 @@ class Exchange:
         read; those that timed out after).
     replies : iterator of Message
         The replies (error replies included), pulled as they are read.
+    pushed : float
+        When the messages were pushed (``time.monotonic()``).
+    arrived : dict of str to float
+        Message id -> seconds from the push to the pull that brought its reply.
     """
 
-    def __init__(self, grid: Grid, sent: dict[str, int], timeout: float) -> None:
+    def __init__(
+        self, grid: Grid, sent: dict[str, int], timeout: float, pushed: float | None = None
+    ) -> None:
         self.sent = sent
         self.pending = dict(sent)
+        self.pushed = time.monotonic() if pushed is None else pushed
+        self.arrived: dict[str, float] = {}
         self.replies: Iterator[Message] = self._pull(grid, time.monotonic() + timeout)
 
     def __iter__(self) -> Iterator[Message]:
@@ -76,12 +84,14 @@ class Exchange:
             ids = list(self.pending)
             for first in range(0, len(ids), PULL_BATCH):
                 batch = deque(grid.pull_messages(ids[first : first + PULL_BATCH]))
+                pulled = time.monotonic() - self.pushed
                 while batch:  # popped: a reply handed over is no longer held here
                     reply = batch.popleft()
                     answers = reply.metadata.reply_to_message_id
                     if self.pending.pop(answers, None) is None:
                         log.warning("dropped a message that answers none pending: %r", answers)
                         continue
+                    self.arrived[answers] = pulled
                     yield reply
             if not self.pending or started >= deadline:
                 return
@@ -98,7 +108,7 @@ def exchange(grid: Grid, messages: list[Message], timeout: float) -> Exchange:
     handed to the strategy as it is pulled (a message without a reply by the timeout is
     in :attr:`Exchange.sent` and not answered: a failure of its device).
     """
+    pushed = time.monotonic()
     ids = list(grid.push_messages(messages))
-    return Exchange(
-        grid, {i: m.metadata.dst_node_id for i, m in zip(ids, messages, strict=True)}, timeout
-    )
+    sent = {i: m.metadata.dst_node_id for i, m in zip(ids, messages, strict=True)}
+    return Exchange(grid, sent, timeout, pushed)

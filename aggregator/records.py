@@ -29,6 +29,7 @@ from edge_client.wire.records import ReplyMetrics
 __all__ = [
     "FORMAT_VERSION",
     "RoundRecord",
+    "RoundTiming",
     "UpdateInfo",
     "append_record",
     "read_metrics",
@@ -74,6 +75,38 @@ class UpdateInfo:
     staleness: int
     weight: float
     num_examples: int
+
+
+@dataclass(frozen=True)
+class RoundTiming:
+    """Where a synchronous round's wall time went on the aggregator; the parts add up to
+    the round's ``wall-s``.
+
+    Attributes
+    ----------
+    plan_s : float
+        Planning the round: its nodes, batches, injection and messages.
+    replies_s : float
+        From pushing the messages to pulling the last reply (the devices' time, and
+        Flower's); replies are read, decoded and added as they come, within this time.
+    aggregate_s : float
+        From the last reply's pull to the new model: the last updates read and added.
+    eval_s : float
+        Scoring the new model on ``eval-data``.
+    checkpoint_s : float
+        Writing the checkpoint.
+    """
+
+    plan_s: float = 0.0
+    replies_s: float = 0.0
+    aggregate_s: float = 0.0
+    eval_s: float = 0.0
+    checkpoint_s: float = 0.0
+
+    @property
+    def total(self) -> float:
+        """The parts' sum."""
+        return self.plan_s + self.replies_s + self.aggregate_s + self.eval_s + self.checkpoint_s
 
 
 @dataclass(frozen=True)
@@ -131,6 +164,13 @@ class RoundRecord:
         Asynchronous mode: every update the aggregation took, in arrival order.
     in_flight : int
         Asynchronous mode: messages out without a reply when the aggregation was made.
+    timing : RoundTiming
+        Where the round's wall time went on the aggregator (synchronous rounds; an
+        asynchronous aggregation has only its checkpoint).
+    latency : dict of str to float
+        Per device, seconds from pushing its message to pulling its reply: Flower's
+        delivery, the ClientApp process (its reply's ``start-s`` + ``handler-s``) and the
+        reply's way back.
     format_version : int
         The line's layout (:data:`FORMAT_VERSION`).
     """
@@ -163,6 +203,8 @@ class RoundRecord:
     mode: str = "sync"
     updates: list[UpdateInfo] = field(default_factory=list)
     in_flight: int = 0
+    timing: RoundTiming = field(default_factory=RoundTiming)
+    latency: dict[str, float] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
 
     @property

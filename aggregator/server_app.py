@@ -29,7 +29,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from aggregator.asynchronous import run_async
 from aggregator.exchange import exchange, wait_for_nodes
-from aggregator.records import RoundRecord, virtual_round_s
+from aggregator.records import RoundRecord, RoundTiming, virtual_round_s
 from aggregator.session import RunSession, is_virtual, virtual_time
 from edge_client.task.interface import Task
 from edge_client.wire.run_config import RunSettings
@@ -103,11 +103,28 @@ def run_rounds(
         arrays = session.arrays
         messages = list(strategy.configure_train(server_round, arrays, ConfigRecord(), grid))
         done = exchange(grid, messages, settings.round_timeout)
+        t_sent = done.pushed
         new_arrays, report = strategy.aggregate_train(server_round, done.replies, done.sent)
         if new_arrays is not None:
             arrays = new_arrays
+        t_aggregated = time.monotonic()
         test = session.evaluate(arrays)
-        wall = time.monotonic() - t0
+        t_evaluated = time.monotonic()
+        wall = t_evaluated - t0
+        # The last reply's pull ends the wait (a round that timed out waited until the end)
+        t_replied = (
+            t_aggregated
+            if done.pending or not done.arrived
+            else t_sent + max(done.arrived.values())
+        )
+        timing = RoundTiming(
+            plan_s=round(t_sent - t0, 4),
+            replies_s=round(t_replied - t_sent, 4),
+            aggregate_s=round(t_aggregated - t_replied, 4),
+            eval_s=round(t_evaluated - t_aggregated, 4),
+        )
+        # push to pull of each device's reply
+        latency = {strategy.fleet.device_of(done.sent[i]): s for i, s in done.arrived.items()}
         # On a virtual clock, what the grid charged (a deadline waited out, a round with
         # every device off); else the slowest reply's compute + wait + transfer.
         virtual_s = (
@@ -115,12 +132,18 @@ def run_rounds(
             if is_virtual(grid)
             else virtual_round_s(report.replies.values(), settings.uplink_mbps)
         )
-        record = session.record(report, test, wall, virtual_s)
+        record = session.record(
+            report,
+            test,
+            wall,
+            virtual_s,
+            timing=timing,
+            latency={k: round(v, 3) for k, v in sorted(latency.items())},
+        )
         # The cap's horizon is the time a stream has until the device trains again: a
         # virtual-clock grid's round, or the wall time a real round took (its replies'
         # compute and wait are a small part of it: Flower's own round trip is the rest).
         strategy.record_round_time(record.virtual_s if is_virtual(grid) else wall)
-        records.append(record)
         log.info(
             "round %d: %s %.3f (prequential, %d samples)%s, %d of %d devices, sum b %d",
             server_round,
@@ -132,7 +155,8 @@ def run_rounds(
             len(messages),
             record.sum_b,
         )
-        session.commit(record, arrays)
+        record = session.commit(record, arrays)
+        records.append(record)
         if stop is not None and stop(record):
             break
     return records

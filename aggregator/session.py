@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -197,14 +197,21 @@ class RunSession:
             **extra,
         )
 
-    def commit(self, record: RoundRecord, arrays: ArrayRecord, **state: Any) -> None:
+    def commit(self, record: RoundRecord, arrays: ArrayRecord, **state: Any) -> RoundRecord:
         """Checkpoint ``arrays`` as of ``record``'s round (with ``state``: more to resume
         from), then append the record to ``metrics.jsonl``.
 
         Checkpoint first: a crash between the two leaves a round checkpointed but not in
         ``metrics.jsonl`` (a gap in a log), never a logged round that a resume runs again.
+        The checkpoint's seconds are added to the record's ``timing`` and ``wall-s``.
+
+        Returns
+        -------
+        RoundRecord
+            ``record`` as appended.
         """
         self.arrays = arrays
+        t0 = time.monotonic()
         if self.settings.checkpoint_dir:
             fleet = self.strategy.fleet
             save_checkpoint(
@@ -216,8 +223,16 @@ class RunSession:
                     {**fleet.state_dict(), RUN_CONFIG: self.settings.to_run_config(), **state},
                 ),
             )
+        took = time.monotonic() - t0
+        record = replace(
+            record,
+            timing=replace(record.timing, checkpoint_s=round(took, 4)),
+            wall_s=round(record.wall_s + took, 3),
+            run_wall_s=round(record.run_wall_s + took, 3),
+        )
         if self._out is not None:
             append_record(self._out / "metrics.jsonl", record)
+        return record
 
 
 def _check_resumable(ckpt: Checkpoint, settings: RunSettings) -> None:

@@ -25,6 +25,7 @@ from deploy.constants import (
 )
 from edge_client.emulation.constants import DISTRIBUTIONS, RATE_SETS
 from edge_client.runtime.constants import (
+    COMMIT_INTERVAL_S,
     DEFAULT_CAPACITY,
     DEFAULT_LABEL_WAIT_S,
     DEFAULT_MAX_GAP_S,
@@ -277,6 +278,14 @@ def ingest(
     status_interval: Annotated[
         float, typer.Option("--status-interval", help="Seconds between status messages.")
     ] = STATUS_INTERVAL_S,
+    commit_interval: Annotated[
+        float,
+        typer.Option(
+            "--commit-interval",
+            help="Longest seconds one SQLite transaction gathers messages: longer writes less "
+            "per sample (SD cards) and loses nothing (messages are acknowledged once committed).",
+        ),
+    ] = COMMIT_INTERVAL_S,
     username: Annotated[str | None, typer.Option()] = None,
     password: Annotated[str | None, typer.Option(envvar="FEDSTREAM_MQTT_PASSWORD")] = None,
     cafile: Annotated[str | None, typer.Option(help="CA bundle (enables TLS).")] = None,
@@ -427,6 +436,7 @@ def ingest(
             password=password,
             cafile=cafile,
             status_interval=status_interval,
+            commit_interval=commit_interval,
             inject=inject,
             topics=tuple(topic or ()) if spec is None else (),
             windowing=spec,

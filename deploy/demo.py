@@ -48,7 +48,7 @@ from deploy.secure import RunSecrets, make_run_secrets
 from edge_client.emulation.readings import series_channels
 from edge_client.emulation.sources import pick_classes
 from edge_client.runtime.buffer import BufferStore, BufferStoreError
-from edge_client.runtime.constants import DEFAULT_POLICY, POLICIES
+from edge_client.runtime.constants import COMMIT_INTERVAL_S, DEFAULT_POLICY, POLICIES
 from edge_client.runtime.mqtt import BrokerURL
 from edge_client.runtime.node_config import NodeConfig
 from edge_client.task.recordings import Recording, load_recording, load_series, series_windows
@@ -104,6 +104,7 @@ class DemoConfig:
     test: Path | None = None  # ... and a test file of it for the aggregator
     task: str = "classification"  # or forecast: a recorded series, windows cut from it
     window: int = 32  # forecast: readings per sample (the past and the horizon)
+    commit_interval: float = COMMIT_INTERVAL_S  # the ingest daemons' --commit-interval
     settings: RunSettings = field(init=False)
     recording: Recording | None = field(init=False, default=None, repr=False)
     # forecast: the series (T, C), published reading by reading, and its channels' names
@@ -162,6 +163,8 @@ class DemoConfig:
             raise ValueError(f"--policy must be one of {POLICIES}")
         if self.capacity < 1:
             raise ValueError("--capacity must be >= 1")
+        if not 0 < self.commit_interval <= 60:
+            raise ValueError("the ingest commit interval must be in (0, 60] s")
         classes = self.settings.num_classes
         if self.labels is not None and not 1 <= self.labels <= classes:
             raise ValueError(f"--labels must be in 1..{classes}")
@@ -551,11 +554,12 @@ def _source_args(config: DemoConfig, run_dir: Path, dev: str) -> list[str]:
 def _ingest_args(config: DemoConfig) -> list[str]:
     """What the ingest daemon takes: samples of the run's shape, or (forecasting) the
     series' readings, cut into windows of ``--window`` every reading."""
+    commit = ["--commit-interval", str(config.commit_interval)]
     if config.series is not None:
         fields = ",".join(config.channels)
-        return ["--fields", fields, "--window", str(config.window), "--stride", "1"]
+        return ["--fields", fields, "--window", str(config.window), "--stride", "1", *commit]
     settings = config.settings
-    return ["--shape", settings.sample_shape, "--num-classes", str(settings.num_classes)]
+    return ["--shape", settings.sample_shape, "--num-classes", str(settings.num_classes), *commit]
 
 
 def _skew_args(config: DemoConfig, index: int) -> list[str]:
@@ -634,7 +638,10 @@ def _last_json(text: str) -> dict[str, Any] | None:
 
 
 APP_DIR = Path(__file__).resolve().parent.parent  # the Flower app: pyproject.toml is here
-STATUS_POLL_S = 2.0
+STATUS_POLL_S = 1.0  # how often the progress table reads metrics.jsonl
+# How often the run's status is asked for while rounds come in: each `flwr list` is a Python
+# process of about 1 CPU-second, which the devices on a 2-core host would otherwise share.
+STATUS_CHECK_S = 10.0
 BROKER_OUTAGE_S = 5.0
 
 
@@ -739,6 +746,7 @@ def run_demo(config: DemoConfig, console: Console) -> bool:
             f"(prequential, on the devices){test}, {wall:.0f} s wall. Report: "
             f"{run_dir}/report.png, {run_dir}/summary.json, {run_dir}/metrics.jsonl"
         )
+        console.print(_breakdown_line(summary["breakdown"]))
     else:
         why = status.get("status-details") or status.get("status") or "no status"
         console.print(
@@ -746,6 +754,19 @@ def run_demo(config: DemoConfig, console: Console) -> bool:
             f"{why}. Logs: {run_dir}/logs, {run_dir}/flwr/logs, {run_dir}/serverapp.log"
         )
     return ok
+
+
+def _breakdown_line(breakdown: dict[str, Any]) -> str:
+    """Where the rounds' wall time went, in one line (the largest parts first)."""
+    if not breakdown:
+        return "no round recorded where its wall time went"
+    shares = sorted(breakdown["shares"].items(), key=lambda kv: -kv[1])
+    parts = ", ".join(f"{p} {100 * v:.0f} %" for p, v in shares if v >= 0.01)
+    return (
+        f"the devices trained for {100 * breakdown['training_share']:.0f} % of the rounds' wall "
+        f"time (median round {breakdown['round_wall_s']:.1f} s; along the slowest device: "
+        f"{parts})"
+    )
 
 
 def _follow(
@@ -776,9 +797,12 @@ def _follow(
         aggregator_fault = config.kill_aggregator
         broker_fault = config.kill_broker
         broker_back_at: float | None = None
+        next_check = 0.0
         while time.monotonic() < deadline:
-            status = flower.status(run_id)
             records = read_metrics(run_dir / "metrics.jsonl")
+            if time.monotonic() >= next_check or len(records) >= rounds:
+                status = flower.status(run_id)
+                next_check = time.monotonic() + STATUS_CHECK_S
             if streams.mosquitto is not None:
                 if broker_fault is not None and len(records) >= broker_fault:
                     streams.mosquitto.kill()

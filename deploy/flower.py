@@ -371,16 +371,19 @@ class FlowerDeployment:
         runs = data.get("runs") or []
         return dict(runs[0]) if runs else {}
 
-    def wait_finished(self, run_id: str, timeout: float = 300.0) -> dict[str, Any]:
-        """Poll the run's status until it is ``finished:*`` or ``timeout`` passes; the last
-        status seen (``flwr run`` exits 0 whatever the run does: this is how to know)."""
+    def wait_finished(
+        self, run_id: str, timeout: float = 300.0, interval: float = 2.0
+    ) -> dict[str, Any]:
+        """Poll the run's status every ``interval`` seconds until it is ``finished:*`` or
+        ``timeout`` passes; the last status seen (``flwr run`` exits 0 whatever the run
+        does: this is how to know). Each poll is a ``flwr`` process (about 1 CPU-second)."""
         status: dict[str, Any] = {}
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             status = self.status(run_id)
             if str(status.get("status", "")).startswith("finished"):
                 break
-            time.sleep(2.0)
+            time.sleep(interval)
         return status
 
     def logs(self, run_id: str) -> str:

@@ -11,6 +11,7 @@ from typing import Any
 from matplotlib.axes import Axes
 
 from aggregator.records import RoundRecord
+from deploy.breakdown import run_breakdown
 from deploy.plots import Panel, save_figure
 
 __all__ = ["summarize", "write_report"]
@@ -46,6 +47,8 @@ def summarize(records: Sequence[RoundRecord], wall_s: float) -> dict[str, Any]:
         # Asynchronous mode: each update's staleness (versions old), and updates per device.
         "staleness": dict(sorted(Counter(u.staleness for r in records for u in r.updates).items())),
         "updates": dict(sorted(Counter(u.device for r in records for u in r.updates).items())),
+        # Where the wall time went (synchronous rounds; see deploy.breakdown).
+        "breakdown": run_breakdown(records),
         "rejected": last.rejected if last else {},
         "rejected_reasons": last.rejected_reasons if last else {},
         "devices": {

@@ -27,6 +27,7 @@ SCENARIOS = {
     "forecast": "deploy.bench.forecast",
     "reliability": "deploy.bench.reliability",
     "async": "deploy.bench.asynchronous",
+    "deployment": "deploy.bench.deployment",
 }
 
 

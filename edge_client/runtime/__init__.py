@@ -12,7 +12,9 @@
   :mod:`~edge_client.runtime.trainer` and shares samples with
   :mod:`~edge_client.runtime.inject`, as its :mod:`~edge_client.runtime.node_config` says;
 - :mod:`~edge_client.runtime.mqtt`, :mod:`~edge_client.runtime.seeding`: broker clients,
-  reproducible randomness per device.
+  reproducible randomness per device;
+- :mod:`~edge_client.runtime.usage`: what a process costs its device (age, CPU, memory,
+  bytes written), which the ClientApp reports with each reply.
 """
 
 from __future__ import annotations

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import time
 
 import numpy as np
 import torch
@@ -34,6 +35,7 @@ from edge_client.runtime.inject import inject_pool_path, share
 from edge_client.runtime.node_config import NodeConfig
 from edge_client.runtime.seeding import device_rng
 from edge_client.runtime.trainer import pick_device, probe_step_times, train_local
+from edge_client.runtime.usage import cpu_s, disk_write_bytes, peak_rss_bytes, process_age_s
 from edge_client.task.interface import Task
 from edge_client.task.loading import load_task
 from edge_client.wire.codec import compress, encode
@@ -99,6 +101,7 @@ def train_round(msg: Message, context: Context, task: Task | None = None) -> Mes
     touched: the reply carries the buffer's shape, no update, and the aggregator leaves
     the device out.
     """
+    entered, start_s = time.perf_counter(), process_age_s()
     settings = RunSettings.from_run_config(context.run_config)
     task = task or load_task(settings)
     node = _node(context, settings)
@@ -123,6 +126,7 @@ def train_round(msg: Message, context: Context, task: Task | None = None) -> Mes
                 if node.inject and plan.inject_mix > 0 and pool_path.exists()
                 else None
             )
+            setup_s = time.perf_counter() - entered
             result = train_local(
                 model,
                 store,
@@ -134,6 +138,7 @@ def train_round(msg: Message, context: Context, task: Task | None = None) -> Mes
                 pool=pool,
                 rng=rng,
             )
+        trained = time.perf_counter()
         delta = {k: v - start[k] for k, v in _numpy_state(model).items()}
         frame, gap = _encode(state, context.run_id, delta, plan, result.num_examples > 0)
         if preprocessor is not None and result.num_examples > 0:
@@ -142,6 +147,7 @@ def train_round(msg: Message, context: Context, task: Task | None = None) -> Mes
         if node.inject and plan.inject_publish and result.taken is not None:
             shared = share(node.buffer, node.device_id, result.taken, plan, rng)
         buffer = store.stats()
+    done = time.perf_counter()
     scores = result.evaluated
     metrics = ReplyMetrics(
         num_examples=result.num_examples,
@@ -166,6 +172,15 @@ def train_round(msg: Message, context: Context, task: Task | None = None) -> Mes
         eval_count=scores.count if scores else 0,
         eval_s=result.eval_s,
         sample_shape=list(settings.shape),
+        start_s=start_s,
+        setup_s=setup_s,
+        take_s=result.take_s,
+        train_s=result.train_s,
+        encode_s=done - trained,
+        handler_s=done - entered,
+        cpu_s=cpu_s(reaped=False),
+        peak_rss=peak_rss_bytes(),
+        write_bytes=disk_write_bytes(),
     )
     return Message(DeviceReply(node.device_id, metrics, frame).to_content(), reply_to=msg)
 

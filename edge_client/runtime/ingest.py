@@ -35,10 +35,13 @@ import paho.mqtt.client as mqtt
 
 from edge_client.runtime.buffer import BufferStore
 from edge_client.runtime.constants import (
+    COMMIT_INTERVAL_S,
     DEFAULT_CAPACITY,
     DEFAULT_POLICY,
+    IDLE_GAPS,
     INGEST_GATHER_S,
     INGEST_MAX_BATCH,
+    INGEST_MAX_BYTES,
     OUTBOX_PUBLISH_S,
     REJECT_LOG_INTERVAL_S,
     STATUS_INTERVAL_S,
@@ -80,6 +83,9 @@ class IngestConfig:
     password: str | None = None
     cafile: str | None = None
     status_interval: float = STATUS_INTERVAL_S
+    # Longest a transaction gathers messages: longer writes less per sample (SD cards) and
+    # loses nothing (a message is acknowledged only once committed).
+    commit_interval: float = COMMIT_INTERVAL_S
     client_id: str | None = None
     inject: bool = False  # opted in to ScaDLES data injection (see edge_client.runtime.inject)
     topics: tuple[str, ...] = ()  # sample frames on these topics (default: the device's)
@@ -89,6 +95,8 @@ class IngestConfig:
     def __post_init__(self) -> None:
         if self.status_interval <= 0:
             raise ValueError(f"status interval must be > 0, got {self.status_interval}")
+        if not 0 < self.commit_interval <= 60:
+            raise ValueError(f"commit interval must be in (0, 60] s, got {self.commit_interval}")
         if self.num_classes < 1:
             raise ValueError(f"num-classes must be >= 1, got {self.num_classes}")
         default = samples_topic(self.device_id)  # validates the id
@@ -166,6 +174,8 @@ class IngestDaemon:
         self._stopping = threading.Event()
         self._connected = threading.Event()
         self._rate = RateEstimator(time.monotonic())
+        self._gap = 0.0  # the stream's mean seconds between messages (see _drain)
+        self._cycle: tuple[float, int] | None = None  # the last gather's first arrival, size
         self._rejects = _RejectLog()
         self.assembler = self._load_assembler()
         self._client = make_client(
@@ -339,7 +349,10 @@ class IngestDaemon:
                     self._client.ack(tag & ((1 << _MID_BITS) - 1), qos)
 
     def _drain(self) -> list[_Item]:
-        """Gather messages for one transaction: up to a batch, or a short window."""
+        """Gather messages for one transaction: up to a batch or the commit interval, ending
+        early once no message has come for a few of the stream's usual gaps (at least
+        :data:`INGEST_GATHER_S`): the stream paused, or the broker's in-flight window is
+        full and waits for this commit's acknowledgements."""
         try:
             items = [self._queue.get(timeout=INGEST_GATHER_S)]
         except queue.Empty:
@@ -348,18 +361,30 @@ class IngestDaemon:
                 items = [self._queue.get(timeout=0.2)]
             except queue.Empty:
                 return []
-        # Waiting a few ms costs nothing (messages are unacknowledged meanwhile, the broker
-        # keeps sending up to its in-flight window) and turns many small transactions,
-        # each with a fixed cost, into few large ones.
-        deadline = time.monotonic() + INGEST_GATHER_S
-        while len(items) < INGEST_MAX_BATCH:
+        # Waiting costs nothing (messages are unacknowledged meanwhile, the broker keeps
+        # sending up to its in-flight window) and turns many small transactions, each
+        # rewriting whole pages, into few large ones.
+        idle = min(self.config.commit_interval, max(INGEST_GATHER_S, IDLE_GAPS * self._gap))
+        deadline = time.monotonic() + self.config.commit_interval
+        size = len(items[0][2])
+        while len(items) < INGEST_MAX_BATCH and size < INGEST_MAX_BYTES:
             left = deadline - time.monotonic()
             try:
                 items.append(
-                    self._queue.get(timeout=left) if left > 0 else self._queue.get_nowait()
+                    self._queue.get(timeout=min(left, idle))
+                    if left > 0
+                    else self._queue.get_nowait()
                 )
             except queue.Empty:
                 break
+            size += len(items[-1][2])
+        # The stream's mean gap between messages, from one gather's first arrival to the
+        # next's over the messages between: pauses and commits included, so bursts (a
+        # busy host delivering the network thread's messages in batches) do not shrink it.
+        first = items[0][3]
+        if self._cycle is not None:
+            self._gap = max(0.0, first - self._cycle[0]) / self._cycle[1]
+        self._cycle = (first, len(items))
         return items
 
     def _load_assembler(self) -> WindowAssembler | None:
@@ -380,7 +405,7 @@ class IngestDaemon:
             )
             if refused:
                 self._rejects.record(Counter({f"inject:{r}": n for r, n in refused.items()}), 0)
-        rate = self._rate.update(time.monotonic())
+        rate = self._rate.rate  # as of the last commit: this one's samples are added below
         if self.assembler is None:
             arrivals, reasons = decode_messages(
                 [(payload, now) for _, _, payload, now, topic in items if topic != INJECT_TOPIC],
@@ -404,7 +429,11 @@ class IngestDaemon:
             except BaseException:  # not committed: back to what is, so a retry starts there
                 self.assembler = self._load_assembler()
                 raise
-        self._rate.add(result.received, time.monotonic())
+        # Counted when committed, then the window closed: a window then holds the samples
+        # that arrived within it (a commit gathers for up to commit-interval seconds).
+        now = time.monotonic()
+        self._rate.add(result.received, now)
+        self._rate.update(now)
         # Committed: now they may be acknowledged. paho's thread sends the acks with its next
         # message (no thread hand-off per ack); when the stream pauses, _drain sends them.
         self._acks.extend((mid, qos) for mid, qos, _, _, _ in items if qos > 0)

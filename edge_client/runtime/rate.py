@@ -51,6 +51,11 @@ class RateEstimator:
         dt = now - self._window_start
         if not self._started:
             return 0.0  # nothing has arrived yet
+        if dt >= self.min_tick and self._rate is None and self._count == 0:
+            # Arrivals recorded in batches (one per ingest commit, after this update) leave
+            # the first window empty: time zero moves here rather than reading a rate of 0.
+            self._window_start = now
+            return 0.0
         if dt >= self.min_tick:
             inst = self._count / dt
             if self._rate is None:

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import cast
 
 import numpy as np
 import torch
 from torch import nn
+from torch.optim.sgd import sgd
 
 from edge_client.runtime.buffer import BufferStore
 from edge_client.task.interface import Classification, Scores, Task, evaluate
@@ -20,7 +21,7 @@ from edge_client.task.preprocess import Preprocessor
 from edge_client.wire.frames import SampleBatch
 from edge_client.wire.records import RoundPlan
 
-__all__ = ["TrainResult", "pick_device", "probe_step_times", "train_local"]
+__all__ = ["LocalSGD", "TrainResult", "pick_device", "probe_step_times", "train_local"]
 
 POLL_S = 0.05
 
@@ -41,6 +42,8 @@ class TrainResult:
     taken: SampleBatch | None = field(default=None, repr=False)  # own samples consumed
     evaluated: Scores | None = None  # the received model on the own samples, before training
     eval_s: float = 0.0  # seconds that scoring took
+    take_s: float = 0.0  # seconds taking and preparing the samples (after waiting)
+    train_s: float = 0.0  # wall seconds of the K steps (warm-up, slowdown included)
 
 
 def pick_device() -> torch.device:
@@ -52,9 +55,52 @@ def pick_device() -> torch.device:
     return torch.device("cpu")
 
 
+class LocalSGD:
+    """SGD with momentum, as ``torch.optim.SGD`` computes it, through torch's functional
+    form (:func:`torch.optim.sgd.sgd`, the function ``SGD.step`` calls).
+
+    Why not ``torch.optim.SGD`` itself: constructing any ``torch.optim`` optimizer imports
+    ``torch._dynamo`` (a guard against compilation), 1.3-1.5 s of CPU on this 2-core
+    machine and more on a Raspberry Pi, in every ClientApp process, for a compiler local
+    training never uses. The functional form runs the same update on the same tensors, so
+    the weights are the same to the bit.
+    """
+
+    def __init__(self, params: Iterable[torch.Tensor], lr: float, momentum: float = 0.0):
+        self.params = [p for p in params if p.requires_grad]
+        self.lr = lr
+        self.momentum = momentum
+        self.buffers: list[torch.Tensor | None] = [None] * len(self.params)
+
+    def zero_grad(self) -> None:
+        """Drop the gradients (as ``Optimizer.zero_grad()`` does by default)."""
+        for p in self.params:
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """One update of the parameters that have a gradient."""
+        live = [i for i, p in enumerate(self.params) if p.grad is not None]
+        buffers = [self.buffers[i] for i in live]
+        sgd(
+            [self.params[i] for i in live],
+            [cast(torch.Tensor, self.params[i].grad) for i in live],
+            buffers,  # filled in place with the new momentum buffers
+            weight_decay=0.0,
+            momentum=self.momentum,
+            lr=self.lr,
+            dampening=0.0,
+            nesterov=False,
+            maximize=False,
+        )
+        if self.momentum != 0:
+            for i, buffer in zip(live, buffers, strict=True):
+                self.buffers[i] = buffer
+
+
 def _sgd_step(
     model: nn.Module,
-    opt: torch.optim.Optimizer,
+    opt: LocalSGD,
     x: torch.Tensor,
     y: torch.Tensor,
     *,
@@ -105,7 +151,7 @@ def probe_step_times(
     task = task or Classification()
     device = device or torch.device("cpu")
     model.to(device).train()
-    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    opt = LocalSGD(model.parameters(), lr=1e-3)
     gen = torch.Generator().manual_seed(0)
     medians = []
     for b in batches:
@@ -177,6 +223,7 @@ def train_local(
     if batch < 1:
         return TrainResult(0, 0, 0, 0.0, 0.0, wait_s, math.nan)
     k_steps = plan.local_steps
+    t_take = time.perf_counter()
     mixed = round(plan.inject_mix * batch) if pool is not None and pool.fill > 0 else 0
     mixed = min(mixed, batch - 1)  # at least one own sample per step
     data = store.take((batch - mixed) * k_steps)
@@ -187,8 +234,10 @@ def train_local(
         preprocessor.update(own_x)
         own_x = preprocessor(own_x)
     t_eval = time.perf_counter()
+    take_s = t_eval - t_take
     evaluated = evaluate(task, model, own_x, own_y, device)  # test, then train
-    eval_s = time.perf_counter() - t_eval
+    t_train = time.perf_counter()  # batches, optimizer and the K steps
+    eval_s = t_train - t_eval
     x_np = own_x.reshape(k_steps, own, *data.x.shape[1:])
     y_np = own_y.reshape(k_steps, own)
     if injected is not None and mixed:
@@ -206,7 +255,7 @@ def train_local(
     x, y = x.to(device), y.to(device)
     model.to(device).train()
     global_params = [p.detach().clone() for p in model.parameters()]
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    opt = LocalSGD(model.parameters(), lr=lr, momentum=0.9)
 
     def proximal() -> torch.Tensor:  # FedProx: mu/2 * ||w - w_global||^2
         pairs = zip(model.parameters(), global_params, strict=True)
@@ -230,6 +279,7 @@ def train_local(
         if k > 0 or plan.local_steps == 1:
             times.append(elapsed)
         losses.append(loss)
+    train_s = time.perf_counter() - t_train
     step_s = float(np.median(times))  # robust to the odd scheduler hiccup
     return TrainResult(
         num_examples=batch * plan.local_steps,
@@ -244,4 +294,6 @@ def train_local(
         taken=data,
         evaluated=evaluated,
         eval_s=eval_s,
+        take_s=take_s,
+        train_s=train_s,
     )

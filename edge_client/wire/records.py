@@ -227,6 +227,26 @@ class ReplyMetrics(_Record):
     sample_shape : list of int, optional
         The shape of the samples its buffer holds (the aggregator refuses an update for
         another shape than the run's ``sample-shape``).
+    start_s : float
+        Where the ClientApp process's time went, in wall seconds: from its start to the
+        handler (interpreter, Flower, imports, loading the app, receiving the message) ...
+    setup_s : float
+        ... reading the settings, building the model, opening the buffer ...
+    take_s : float
+        ... taking and preparing the samples (waiting for them is ``wait_s``) ...
+    train_s : float
+        ... the local steps, warm-up and emulated slowdown included (``eval_s`` before
+        them) ...
+    encode_s : float
+        ... the delta, its encoding, the device state and injection after training.
+    handler_s : float
+        The handler from entry to reply (every part above but ``start_s``).
+    cpu_s : float
+        CPU seconds of the ClientApp process, start included.
+    peak_rss : int
+        Peak resident bytes of the ClientApp process.
+    write_bytes : int
+        Bytes the ClientApp process sent to storage (the buffer file, its WAL).
     """
 
     num_examples: int
@@ -251,6 +271,15 @@ class ReplyMetrics(_Record):
     eval_count: int = 0
     eval_s: float = 0.0
     sample_shape: list[int] | None = None
+    start_s: float = 0.0
+    setup_s: float = 0.0
+    take_s: float = 0.0
+    train_s: float = 0.0
+    encode_s: float = 0.0
+    handler_s: float = 0.0
+    cpu_s: float = 0.0
+    peak_rss: int = 0
+    write_bytes: int = 0
 
     def to_record(self) -> MetricRecord:
         """The ``metrics`` record (an unknown gap is left out)."""

@@ -18,7 +18,8 @@ def test_the_demo_trains_with_its_defaults_over_the_apps() -> None:
     config = DemoConfig(devices=3)
     # Assert: the demo's own defaults, the fleet's, and the app's for everything else
     s = config.settings
-    assert (s.num_rounds, s.local_steps, s.min_nodes, s.b_min) == (6, 40, 3, 8)
+    assert (s.num_rounds, s.local_steps, s.min_nodes, s.b_min) == (6, 60, 3, 8)
+    assert s.model_width == 96  # local work that compute times dominate
     assert s.lr == RunSettings().lr and s.controller == RunSettings().controller
 
 
@@ -93,7 +94,9 @@ def test_a_series_for_forecasting_is_split_in_time_and_published_reading_by_read
     assert shards == {f"dev-{i}": 25 - 12 + 1 for i in range(4)}
     dev1 = load_series(tmp_path / "run" / "data" / "dev-1.csv")
     assert np.allclose(dev1, load_series(tmp_path / "series.csv")[25:50])
-    assert _ingest_args(config) == ["--fields", "temp,humidity", "--window", "12", "--stride", "1"]
+    assert _ingest_args(config) == [
+        "--fields", "temp,humidity", "--window", "12", "--stride", "1", "--commit-interval", "0.5",
+    ]  # fmt: skip
     assert "--readings" in _source_args(config, tmp_path / "run", "dev-1")
     with pytest.raises(ValueError, match="give --source"):
         DemoConfig(task="forecast")

@@ -44,7 +44,12 @@ def test_rejects_are_logged_once_per_reason_per_interval(caplog: pytest.LogCaptu
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [({"device_id": "a/b"}, "device id"), ({"status_interval": 0}, "status interval")],
+    [
+        ({"device_id": "a/b"}, "device id"),
+        ({"status_interval": 0}, "status interval"),
+        ({"commit_interval": 0}, "commit interval"),
+        ({"commit_interval": 3600}, "commit interval"),
+    ],
 )
 def test_config_is_validated(kwargs: dict[str, object], message: str) -> None:
     base: dict[str, object] = {

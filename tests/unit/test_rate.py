@@ -48,3 +48,18 @@ def test_decays_when_the_stream_stops() -> None:
 def test_rejects_bad_parameters() -> None:
     with pytest.raises(ValueError):
         RateEstimator(now=0.0, tau=0.0)
+
+
+def test_batches_recorded_after_each_update_read_the_rate_from_the_first_window() -> None:
+    # Prepare: the ingest daemon's order: the rate it stores with a commit, then that
+    # commit's samples; 100 samples committed every 0.5 s (200/s)
+    est = RateEstimator(now=0.0, tau=5.0, min_tick=0.5)
+    rates = []
+    # Execute
+    for k in range(1, 7):
+        rates.append(est.update(0.5 * k))
+        est.add(100, 0.5 * k)
+    # Assert: time zero, an empty window that moves it, then the stream's rate (not an
+    # estimate climbing from 0 on the EWMA's time constant)
+    assert rates[:2] == [0.0, 0.0]
+    assert rates[2:] == pytest.approx([200.0] * 4, rel=1e-6)

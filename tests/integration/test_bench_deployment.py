@@ -1,0 +1,67 @@
+"""``fedstream bench deployment --quick`` as a user runs it: real SuperLinks, SuperNodes,
+broker and ingest daemons on this machine. Its figures are not asserted (this machine is
+shared); that it runs, and that its breakdowns add up, are."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from deploy.breakdown import PARTS
+from deploy.local import fedstream_command
+
+#: Stated tolerances of the breakdown on a real deployment: the round's wall time that no
+#: part measured, and Flower's share read as a remainder (it must not be negative).
+UNMEASURED_SHARE = 0.02
+HANDLER_UNMEASURED_SHARE = 0.01
+
+
+@pytest.mark.timeout(900)
+def test_the_quick_deployment_benchmark_runs_and_its_breakdowns_add_up(tmp_path: Path) -> None:
+    # Execute
+    proc = subprocess.run(
+        fedstream_command(
+            "bench", "deployment", "--quick", "--out", str(tmp_path), "--json",
+            str(tmp_path / "copy.json"),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=840,
+    )  # fmt: skip
+    # Assert: every variant ran, side by side, against the tuned plain Flower app
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads((tmp_path / "deployment.json").read_text())
+    assert doc == json.loads((tmp_path / "copy.json").read_text())
+    by = {e["variant"]: e for e in doc["entries"]}
+    assert set(by) == {
+        "plain-flower-tuned",
+        "fedstream-idle",
+        "fedstream-live",
+        "controller-fixed",
+        "controller-dynamic",
+    }
+    assert by["plain-flower-tuned"]["vs_plain_tuned"] == 1.0
+    for e in by.values():
+        assert e["rounds"] == 2 and all(w > 0 for w in e["round_wall_s"])
+        assert e["clientapp_cpu_s_per_round"] > 0
+    # fedstream's rounds: the parts add up to the wall time, within the stated tolerance
+    for name in ("fedstream-idle", "fedstream-live", "controller-fixed", "controller-dynamic"):
+        shares = by[name]["breakdown"]["shares"]
+        assert list(shares) == list(PARTS)
+        assert sum(shares.values()) == pytest.approx(1.0, abs=0.01)
+        assert abs(shares["other"]) <= UNMEASURED_SHARE, shares
+        assert abs(shares["handler-other"]) <= HANDLER_UNMEASURED_SHARE, shares
+        assert shares["flower"] >= -UNMEASURED_SHARE and shares["start"] > 0, shares
+    # the device's footprint and the controller pair's time to an accuracy both reach
+    footprint = by["fedstream-live"]["footprint"]
+    assert footprint["accepted_samples"] > 0 and footprint["written_per_accepted_sample"] > 0
+    assert footprint["pss_peak_bytes"] > 0
+    assert set(footprint["peak_rss_bytes"]) == {"ingest", "supernode", "superexec", "clientapp"}
+    for name in ("controller-fixed", "controller-dynamic"):
+        common = str(by[name]["common_target"])
+        assert by[name]["time_to_s"][common] is not None
+        assert len(by[name]["curve"]) == 2
+    assert "plain-flower-tuned" in proc.stdout  # the table
