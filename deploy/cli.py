@@ -790,7 +790,8 @@ def bench(
         "bench/results"
     ),
 ) -> None:
-    """Benchmarks on the in-process runner (virtual clock): tables, plots and JSON."""
+    """Benchmarks: tables, plots and JSON (on the in-process runner's virtual clock; deployment:
+    real Flower processes on the wall clock)."""
     from deploy.bench import run_scenario
 
     _setup_logging(False)

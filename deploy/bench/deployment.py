@@ -256,9 +256,26 @@ def _deployment(
         yield flower
 
 
-def _finish(flower: FlowerDeployment, run_id: str) -> None:
-    # Seldom: each poll is a `flwr` process that would share the devices' two cores.
-    status = flower.wait_finished(run_id, timeout=RUN_TIMEOUT_S, interval=STATUS_CHECK_S)
+def _finish(flower: FlowerDeployment, run_id: str, done: Callable[[], bool]) -> None:
+    """Wait for the run: for ``done`` (its output is all there: cheap to check), asking
+    Flower only every :data:`STATUS_CHECK_S` meanwhile (each ``flwr`` call is a process of
+    about a CPU-second on the devices' two cores; a run that failed is never done), then
+    for Flower to call it finished.
+
+    Raises
+    ------
+    FlowerError
+        If the run did not complete.
+    """
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    next_check = time.monotonic() + STATUS_CHECK_S
+    while not done() and time.monotonic() < deadline:
+        if time.monotonic() >= next_check:
+            if str(flower.status(run_id).get("status", "")).startswith("finished"):
+                break
+            next_check = time.monotonic() + STATUS_CHECK_S
+        time.sleep(0.5)
+    status = flower.wait_finished(run_id, timeout=60.0, interval=1.0)
     if status.get("status") != "finished:completed":
         raise FlowerError(f"run {run_id} did not complete: {status}")
 
@@ -278,7 +295,7 @@ def _plain(flower: FlowerDeployment, tmp: Path, rounds: int, optimizer: str) -> 
         "timing_file": str(timing),
     }
     run_id = flower.submit(PLAIN_APP, {kebab(k): v for k, v in config.items()})
-    _finish(flower, run_id)
+    _finish(flower, run_id, timing.exists)  # the ServerApp writes it at the end
     total = time.monotonic() - started
     got = json.loads(timing.read_text())["rounds"]
     wall, cpu, start, train = ([r[kebab(key)] for r in got] for key in PLAIN_METRICS)
@@ -325,8 +342,10 @@ def _settings(devices: int, rounds: int, out: Path, **over: Any) -> RunSettings:
 def _idle(flower: FlowerDeployment, name: str, settings: RunSettings) -> _Run:
     """fedstream's app on the deployment's buffers, filled before the run (no stream)."""
     started = time.monotonic()
-    _finish(flower, flower.submit(APP_DIR, settings.to_run_config()))
-    records = read_metrics(Path(settings.out_dir) / "metrics.jsonl")
+    metrics = Path(settings.out_dir) / "metrics.jsonl"
+    run_id = flower.submit(APP_DIR, settings.to_run_config())
+    _finish(flower, run_id, lambda: len(read_metrics(metrics)) >= settings.num_rounds)
+    records = read_metrics(metrics)
     return _fedstream_run(name, records, time.monotonic() - started)
 
 

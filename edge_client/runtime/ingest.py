@@ -43,6 +43,7 @@ from edge_client.runtime.constants import (
     INGEST_MAX_BATCH,
     INGEST_MAX_BYTES,
     OUTBOX_PUBLISH_S,
+    RECENT_TIMESTAMPS,
     REJECT_LOG_INTERVAL_S,
     STATUS_INTERVAL_S,
 )
@@ -175,6 +176,10 @@ class IngestDaemon:
         self._connected = threading.Event()
         self._rate = RateEstimator(time.monotonic())
         self._gap = 0.0  # the stream's mean seconds between messages (see _drain)
+        # Per-reading JSON has no sequence numbers: a reading redelivered after a crash (its
+        # transaction committed, the acknowledgements not yet sent) is known as a duplicate
+        # only among its topic's RECENT_TIMESTAMPS, so a transaction holds no more messages.
+        self._max_batch = INGEST_MAX_BATCH if config.windowing is None else RECENT_TIMESTAMPS
         self._cycle: tuple[float, int] | None = None  # the last gather's first arrival, size
         self._rejects = _RejectLog()
         self.assembler = self._load_assembler()
@@ -367,7 +372,7 @@ class IngestDaemon:
         idle = min(self.config.commit_interval, max(INGEST_GATHER_S, IDLE_GAPS * self._gap))
         deadline = time.monotonic() + self.config.commit_interval
         size = len(items[0][2])
-        while len(items) < INGEST_MAX_BATCH and size < INGEST_MAX_BYTES:
+        while len(items) < self._max_batch and size < INGEST_MAX_BYTES:
             left = deadline - time.monotonic()
             try:
                 items.append(

@@ -121,7 +121,7 @@ def test_mosquitto_pub_readings_are_windowed_exactly_once_across_kill9_and_train
         after = evaluate(task, model, standardize(x), y).metric
     # Assert: exactly the windows, each once, the readings of unfinished windows included
     assert 0 < at_kill["readings"] < n
-    assert final["readings"] == n and final["rejected"] == 0
+    assert final["readings"] == n and final["rejected"] == 0, json.dumps(final)
     assert final["accepted"] == final["received"] == (n - w) // s + 1 == 148
     assert len(x) == 148
     starts = np.round(x[:, 0, 0] * 1000).astype(int)
