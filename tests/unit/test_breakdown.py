@@ -54,7 +54,7 @@ def test_the_aggregators_parts_and_the_devices_parts_add_up(
             parts = m.setup_s + m.wait_s + m.take_s + m.eval_s + m.train_s + m.encode_s
             assert parts <= m.handler_s
             assert m.handler_s - parts <= max(0.02, 0.05 * m.handler_s)
-            assert m.train_s >= m.compute_s * 0.5 and m.cpu_s > 0 and m.peak_rss > 0
+            assert m.train_s > 0 and m.cpu_s > 0 and m.peak_rss > 0
 
 
 def _record(latency: dict[str, float], wall: float, **metrics: Any) -> RoundRecord:
