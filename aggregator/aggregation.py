@@ -36,9 +36,17 @@ class Accumulator(Protocol):
     """What the strategy feeds a round's updates to."""
 
     def update(
-        self, delta: Mapping[str, np.ndarray], weight: int, device: str, steps: int = 1
+        self,
+        delta: Mapping[str, np.ndarray],
+        weight: int,
+        device: str,
+        steps: int = 1,
+        boost: float = 1.0,
     ) -> None:
-        """Add one device's update, trained on ``weight`` samples (> 0) in ``steps`` steps."""
+        """Add one device's update, trained on ``weight`` samples (> 0) in ``steps`` steps;
+        ``boost`` multiplies the weight the rule gives it (a drifting device's,
+        :mod:`aggregator.drift`; the robust rules ignore it: a device's own claim must not
+        buy it influence there)."""
         ...
 
     def result(self) -> tuple[Delta, list[str]] | None:
@@ -80,15 +88,21 @@ class WeightedMean(_RunningSum):
 
     def __init__(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
         super().__init__(shapes)
-        self._total = 0
+        self._total = 0.0
 
     def update(
-        self, delta: Mapping[str, np.ndarray], weight: int, device: str, steps: int = 1
+        self,
+        delta: Mapping[str, np.ndarray],
+        weight: int,
+        device: str,
+        steps: int = 1,
+        boost: float = 1.0,
     ) -> None:
-        """Add ``weight * delta`` to the running sum."""
+        """Add ``boost * weight * delta`` to the running sum."""
+        w = weight * boost
         for k, d in delta.items():
-            self._sum[k] += weight * d.astype(np.float64)
-        self._total += weight
+            self._sum[k] += w * d.astype(np.float64)
+        self._total += w
         self._devices.append(device)
 
     def _empty(self) -> bool:
@@ -117,21 +131,29 @@ class NormalisedMean(_RunningSum):
     def __init__(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
         super().__init__(shapes)
         self._steps = 0
+        self._weights = 0.0
 
     def update(
-        self, delta: Mapping[str, np.ndarray], weight: int, device: str, steps: int = 1
+        self,
+        delta: Mapping[str, np.ndarray],
+        weight: int,
+        device: str,
+        steps: int = 1,
+        boost: float = 1.0,
     ) -> None:
-        """Add ``delta / steps`` to the running sum (the sample count does not weigh)."""
+        """Add ``boost * delta / steps`` to the running sum (the sample count does not
+        weigh; each device weighs 1, or ``boost``)."""
         steps = max(1, steps)
         for k, d in delta.items():
-            self._sum[k] += d.astype(np.float64) / steps
+            self._sum[k] += boost * d.astype(np.float64) / steps
         self._steps += steps
+        self._weights += boost
         self._devices.append(device)
 
     def _finish(self, total: np.ndarray) -> np.ndarray:
-        """The mean normalised update times the mean number of steps."""
+        """The (weighted) mean normalised update times the mean number of steps."""
         n = len(self._devices)
-        return total * (self._steps / n / n)
+        return total * (self._steps / n / self._weights)
 
 
 class RobustRule:
@@ -154,9 +176,14 @@ class RobustRule:
         self._kept: list[tuple[Mapping[str, np.ndarray], int, str]] = []
 
     def update(
-        self, delta: Mapping[str, np.ndarray], weight: int, device: str, steps: int = 1
+        self,
+        delta: Mapping[str, np.ndarray],
+        weight: int,
+        device: str,
+        steps: int = 1,
+        boost: float = 1.0,
     ) -> None:
-        """Keep the update for the end of the round."""
+        """Keep the update for the end of the round (``boost`` is ignored)."""
         self._kept.append((delta, weight, device))
 
     def result(self) -> tuple[Delta, list[str]] | None:

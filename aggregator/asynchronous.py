@@ -9,7 +9,8 @@ controller fed the step time), its update goes into FedBuff's buffer
 model version. When ``async-buffer`` updates are buffered they are applied as one step: a new
 model version, evaluated on ``eval-data`` when the run has it, checkpointed with the
 buffer's state, and recorded (one :class:`~aggregator.records.RoundRecord` per version, with
-each update's staleness). ``num-rounds`` counts versions.
+each update's staleness). ``num-rounds`` counts versions (0: until stopped; a stop request
+is honoured after the next aggregation).
 
 What stays as in synchronous mode, per version instead of per round: the batch controller's
 plan (its batches equalise the devices' step times, so updates come at an even rate; the
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -44,7 +46,7 @@ from flwr.serverapp import Grid
 from aggregator.exchange import PULL_BATCH, PULL_INTERVAL_S, wait_for_nodes
 from aggregator.fedbuff import UpdateBuffer
 from aggregator.records import RoundRecord, UpdateInfo, virtual_round_s
-from aggregator.session import RunSession, is_virtual, virtual_time
+from aggregator.session import RECORDS_KEPT, RunSession, is_virtual, virtual_time
 from aggregator.strategy import RoundReport
 
 __all__ = ["FEDBUFF_STATE", "default_buffer_size", "run_async"]
@@ -85,7 +87,7 @@ def run_async(
         sent an update that could be used for that long (every reply an error, a refusal or
         empty).
     """
-    if session.start > session.settings.num_rounds:
+    if not session.more_rounds(session.start):
         return []
     return _AsyncLoop(grid, session, stop).run()
 
@@ -119,7 +121,7 @@ class _AsyncLoop:
         # reply in time) get work again with the next version, not at once: a device that
         # cannot train must not spin through messages.
         self.held: set[int] = set()
-        self.records: list[RoundRecord] = []
+        self.records: deque[RoundRecord] = deque(maxlen=RECORDS_KEPT)
         self.strategy.plan_async(self.arrays, self.buffer.version, nodes)
         self.report = self.strategy.async_report()
         self.since_wall, self.since_clock = time.monotonic(), virtual_time(grid)
@@ -137,9 +139,8 @@ class _AsyncLoop:
             for reply in replies:
                 if self._take(reply) and self.buffer.full:
                     self._aggregate(live)
-                    done = self.buffer.version >= s.num_rounds
-                    if done or (self.stop is not None and self.stop(self.records[-1])):
-                        return self.records
+                    if self.session.finished(self.records[-1], self.stop):
+                        return list(self.records)
             self._expire()
             if time.monotonic() - self.last_update > s.round_timeout:
                 self._stalled()
@@ -206,8 +207,15 @@ class _AsyncLoop:
         if m.num_examples <= 0:  # trained nothing (an empty stream): nothing to buffer
             self.held.add(sent.node)
             return False
+        boost = strategy.boost_of(update, self.report)
         why = self.buffer.add(
-            message_id, update.device, sent.version, update.delta, m.num_examples, m.local_steps
+            message_id,
+            update.device,
+            sent.version,
+            update.delta,
+            m.num_examples,
+            m.local_steps,
+            boost=boost,
         )
         if why is not None:
             strategy.refuse(self.report, update.device, why)

@@ -208,8 +208,10 @@ class UpdateBuffer:
         delta: Mapping[str, np.ndarray],
         num_examples: int,
         local_steps: int = 1,
+        boost: float = 1.0,
     ) -> str | None:
-        """Buffer one update; return why it was refused, or None.
+        """Buffer one update; return why it was refused, or None (``boost`` multiplies its
+        weight: a drifting device's, :mod:`aggregator.drift`).
 
         Returns
         -------
@@ -238,6 +240,7 @@ class UpdateBuffer:
         steps = max(1, local_steps)
         # fedavg: u = samples, the update as it is; fednova: u = 1, the update per step.
         u, scale = (1.0, 1.0 / steps) if self.weighting == "fednova" else (num_examples, 1.0)
+        u *= boost
         for k, total in self._sum.items():
             total += (u * weight * scale) * np.asarray(delta[k], np.float64)
         self._total += u

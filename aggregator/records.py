@@ -33,6 +33,7 @@ __all__ = [
     "UpdateInfo",
     "append_record",
     "read_metrics",
+    "rotate",
     "virtual_round_s",
 ]
 
@@ -95,6 +96,8 @@ class RoundTiming:
         Scoring the new model on ``eval-data``.
     checkpoint_s : float
         Writing the checkpoint.
+    export_s : float
+        Writing a model export (rounds that make one: ``export-every``).
     """
 
     plan_s: float = 0.0
@@ -102,11 +105,19 @@ class RoundTiming:
     aggregate_s: float = 0.0
     eval_s: float = 0.0
     checkpoint_s: float = 0.0
+    export_s: float = 0.0
 
     @property
     def total(self) -> float:
         """The parts' sum."""
-        return self.plan_s + self.replies_s + self.aggregate_s + self.eval_s + self.checkpoint_s
+        return (
+            self.plan_s
+            + self.replies_s
+            + self.aggregate_s
+            + self.eval_s
+            + self.checkpoint_s
+            + self.export_s
+        )
 
 
 @dataclass(frozen=True)
@@ -171,6 +182,17 @@ class RoundRecord:
         Per device, seconds from pushing its message to pulling its reply: Flower's
         delivery, the ClientApp process (its reply's ``start-s`` + ``handler-s``) and the
         reply's way back.
+    skipped : str
+        Why the round's updates were not applied (the model is kept): ``no-replies``, or
+        ``too-few-fresh-samples`` (fewer than ``min-fresh-samples`` trained on in all);
+        empty for a round that moved the model.
+    skipped_rounds : dict of str to int
+        Skipped rounds per reason, over the run.
+    exported : int
+        The model version exported after this round (``export-dir``), 0 for none.
+    drift : dict of str to int
+        Devices that reported a change in their stream this round (:mod:`aggregator.drift`),
+        with the number of changes each has detected so far.
     format_version : int
         The line's layout (:data:`FORMAT_VERSION`).
     """
@@ -205,6 +227,10 @@ class RoundRecord:
     in_flight: int = 0
     timing: RoundTiming = field(default_factory=RoundTiming)
     latency: dict[str, float] = field(default_factory=dict)
+    skipped: str = ""
+    skipped_rounds: dict[str, int] = field(default_factory=dict)
+    exported: int = 0
+    drift: dict[str, int] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
 
     @property
@@ -301,10 +327,31 @@ def virtual_round_s(replies: Iterable[ReplyMetrics], uplink_mbps: float) -> floa
     )
 
 
-def append_record(path: Path, record: RoundRecord) -> None:
-    """Append a round to ``metrics.jsonl``."""
+def append_record(path: Path, record: RoundRecord, max_bytes: int = 0, keep: int = 3) -> None:
+    """Append a round to ``metrics.jsonl``.
+
+    With ``max_bytes``, a file that has reached that size is first rotated as loggers do:
+    ``metrics.jsonl`` becomes ``metrics.jsonl.1``, ``.1`` becomes ``.2``, and so on, and
+    files past ``keep`` are removed, so a run that never ends keeps its log bounded.
+    """
+    if max_bytes > 0 and path.exists() and path.stat().st_size >= max_bytes:
+        rotate(path, keep)
     with path.open("a") as fh:
         fh.write(record.to_json() + "\n")
+
+
+def rotate(path: Path, keep: int) -> None:
+    """Shift ``path`` to ``path.1`` (and each ``path.N`` to ``path.N+1``), keeping ``keep``
+    rotated files (0: the current file is removed)."""
+    if keep <= 0:
+        path.unlink(missing_ok=True)
+        return
+    path.with_name(f"{path.name}.{keep}").unlink(missing_ok=True)
+    for n in range(keep - 1, 0, -1):
+        older = path.with_name(f"{path.name}.{n}")
+        if older.exists():
+            older.replace(path.with_name(f"{path.name}.{n + 1}"))
+    path.replace(path.with_name(f"{path.name}.1"))
 
 
 def read_metrics(path: Path) -> list[RoundRecord]:

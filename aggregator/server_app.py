@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 
 from flwr.app import ConfigRecord, Context
@@ -30,7 +31,7 @@ from flwr.serverapp import Grid, ServerApp
 from aggregator.asynchronous import run_async
 from aggregator.exchange import exchange, wait_for_nodes
 from aggregator.records import RoundRecord, RoundTiming, virtual_round_s
-from aggregator.session import RunSession, is_virtual, virtual_time
+from aggregator.session import RECORDS_KEPT, RunSession, is_virtual, virtual_time
 from edge_client.task.interface import Task
 from edge_client.wire.run_config import RunSettings
 
@@ -92,12 +93,25 @@ def run_rounds(
         What is learned; None: the task the run config names.
     """
     session = RunSession.open(settings, task)
-    session.probe(grid)
-    if settings.mode == "async":
-        return run_async(grid, session, stop)
+    with session.watch_stop():
+        session.probe(grid)
+        if settings.mode == "async":
+            records = run_async(grid, session, stop)
+        else:
+            records = _sync_rounds(grid, session, stop)
+        session.finish()
+    return records
+
+
+def _sync_rounds(
+    grid: Grid, session: RunSession, stop: Callable[[RoundRecord], bool] | None
+) -> list[RoundRecord]:
+    """Synchronous rounds from ``session.start`` until the run is finished."""
+    settings = session.settings
     strategy = session.strategy
-    records: list[RoundRecord] = []
-    for server_round in range(session.start, settings.num_rounds + 1):
+    records: deque[RoundRecord] = deque(maxlen=RECORDS_KEPT)
+    server_round = session.start
+    while session.more_rounds(server_round):
         wait_for_nodes(grid, settings.min_nodes, settings.round_timeout)
         t0, clock0 = time.monotonic(), virtual_time(grid)
         arrays = session.arrays
@@ -105,7 +119,8 @@ def run_rounds(
         done = exchange(grid, messages, settings.round_timeout)
         t_sent = done.pushed
         new_arrays, report = strategy.aggregate_train(server_round, done.replies, done.sent)
-        if new_arrays is not None:
+        skipped = session.skip_reason(report)
+        if new_arrays is not None and not skipped:
             arrays = new_arrays
         t_aggregated = time.monotonic()
         test = session.evaluate(arrays)
@@ -139,6 +154,7 @@ def run_rounds(
             virtual_s,
             timing=timing,
             latency={k: round(v, 3) for k, v in sorted(latency.items())},
+            skipped=skipped,
         )
         # The cap's horizon is the time a stream has until the device trains again: a
         # virtual-clock grid's round, or the wall time a real round took (its replies'
@@ -157,6 +173,7 @@ def run_rounds(
         )
         record = session.commit(record, arrays)
         records.append(record)
-        if stop is not None and stop(record):
+        if session.finished(record, stop):
             break
-    return records
+        server_round += 1
+    return list(records)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -24,20 +25,27 @@ from aggregator.checkpoint import RUN_CONFIG, Checkpoint, load_checkpoint, save_
 from aggregator.controller import BatchController
 from aggregator.evaluation import ServerEvaluation
 from aggregator.exchange import exchange, wait_for_nodes
+from aggregator.exports import export_model
 from aggregator.fleet import FleetRegistry
 from aggregator.records import RoundRecord, append_record
+from aggregator.service import StopRequest
 from aggregator.strategy import RoundReport, StreamStrategy
 from edge_client.task.interface import Scores, Task, init_model
 from edge_client.task.loading import load_task
 from edge_client.wire.mapping import kebab
 from edge_client.wire.run_config import RunSettings, parse_shape, upgrade_saved
 
-__all__ = ["MODEL_SETTINGS", "RunSession", "is_virtual", "virtual_time"]
+__all__ = ["MODEL_SETTINGS", "RECORDS_KEPT", "RunSession", "is_virtual", "virtual_time"]
 
 log = logging.getLogger(__name__)
 
 #: Settings a checkpoint's model depends on: a resume must not change them.
 MODEL_SETTINGS = ("task", "model", "model_width", "sample_shape", "num_classes")
+#: Records a run returns at most (a continuous run's are in metrics.jsonl, not in memory).
+RECORDS_KEPT = 1000
+#: Keys of the skipped rounds per reason, and the drift reaction's state, in a checkpoint.
+SKIPPED = "skipped-rounds"
+DRIFT = "drift"
 
 
 def is_virtual(grid: Grid) -> bool:
@@ -82,6 +90,10 @@ class RunSession:
     _held_out: ServerEvaluation | None = field(default=None, repr=False)
     _out: Path | None = field(default=None, repr=False)
     _started: float = field(default_factory=time.monotonic, repr=False)
+    _stop: StopRequest | None = field(default=None, repr=False)
+    _exported: int = field(default=0, repr=False)  # the last version exported
+    _last: RoundRecord | None = field(default=None, repr=False)  # the last committed
+    skipped: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def open(cls, settings: RunSettings, task: Task | None = None) -> RunSession:
@@ -111,12 +123,12 @@ class RunSession:
             fleet.load_state_dict(ckpt.extra)
             start, saved = ckpt.server_round + 1, ckpt.extra
             log.info("resuming after round %d from %s", ckpt.server_round, settings.checkpoint_dir)
-            if start > settings.num_rounds:
+            if settings.num_rounds and start > settings.num_rounds:
                 log.info("the checkpoint already holds all %d rounds: nothing to do", start - 1)
         out = Path(settings.out_dir) if settings.out_dir else None
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
-        return cls(
+        session = cls(
             settings,
             task,
             arrays,
@@ -127,6 +139,65 @@ class RunSession:
             ServerEvaluation.from_settings(settings, task),
             out,
         )
+        session.skipped = {str(k): int(v) for k, v in saved.get(SKIPPED, {}).items()}
+        session.strategy.drift.load_state_dict(saved.get(DRIFT, {}))
+        return session
+
+    def watch_stop(self) -> StopRequest:
+        """The run's stop request (SIGTERM, SIGINT, a ``STOP`` file in ``checkpoint-dir`` or
+        ``out-dir``): enter it around the rounds; :meth:`finished` consults it."""
+        self._stop = StopRequest([self.settings.checkpoint_dir, self.settings.out_dir])
+        return self._stop
+
+    def more_rounds(self, server_round: int) -> bool:
+        """Whether round (asynchronous mode: version) ``server_round`` is still to make:
+        always for a continuous run (``num-rounds = 0``)."""
+        return self.settings.num_rounds == 0 or server_round <= self.settings.num_rounds
+
+    def finished(
+        self, record: RoundRecord, stop: Callable[[RoundRecord], bool] | None = None
+    ) -> bool:
+        """After ``record``'s round is committed: whether the run ends there (its last
+        round, the caller's ``stop``, or a stop request)."""
+        if not self.more_rounds(record.round + 1):
+            return True
+        if stop is not None and stop(record):
+            return True
+        reason = self._stop.requested() if self._stop is not None else None
+        if reason is not None:
+            log.info(
+                "stopping after round %d (%s)%s",
+                record.round,
+                reason,
+                f": resume = true continues from {self.settings.checkpoint_dir}"
+                if self.settings.checkpoint_dir
+                else "",
+            )
+            return True
+        return False
+
+    def skip_reason(self, report: RoundReport) -> str:
+        """Why a round's update must not be applied ('' if it may): no device replied, or
+        they trained on fewer than ``min-fresh-samples`` fresh samples in all (the
+        buffers' samples are consumed by training, so fresh means not trained on before)."""
+        if not report.replies:
+            return "no-replies"
+        if report.num_examples < self.settings.min_fresh_samples:
+            return "too-few-fresh-samples"
+        return ""
+
+    def finish(self) -> None:
+        """At the end of a run: export the last committed model if the last export is
+        older (``export-dir``)."""
+        last = self._last
+        if last is not None and self.settings.export_dir and self._exported < last.round:
+            export_model(self.task, self.settings, self._scratch(), self.arrays, last)
+            self._exported = last.round
+
+    def _scratch(self) -> nn.Module:
+        if self._model is None:
+            self._model = self.task.build_model(self.settings.shape, self.settings.num_classes)
+        return self._model
 
     def probe(self, grid: Grid) -> None:
         """Before the first round of a fresh run: time each device's steps so that the first
@@ -194,6 +265,7 @@ class RunSession:
             run_wall_s=round(time.monotonic() - self._started, 3),
             mode=self.settings.mode,
             updates=list(report.updates),
+            drift=dict(report.drift),
             **extra,
         )
 
@@ -211,27 +283,52 @@ class RunSession:
             ``record`` as appended.
         """
         self.arrays = arrays
+        s = self.settings
+        if record.skipped:
+            self.skipped[record.skipped] = self.skipped.get(record.skipped, 0) + 1
+            log.warning("round %d skipped (%s): the model is kept", record.round, record.skipped)
+        record = replace(record, skipped_rounds=dict(self.skipped))
         t0 = time.monotonic()
-        if self.settings.checkpoint_dir:
+        if s.checkpoint_dir:
             fleet = self.strategy.fleet
             save_checkpoint(
-                self.settings.checkpoint_dir,
+                s.checkpoint_dir,
                 Checkpoint(
                     record.round,
                     arrays,
                     self.strategy.controller.state_dict(),
-                    {**fleet.state_dict(), RUN_CONFIG: self.settings.to_run_config(), **state},
+                    {
+                        **fleet.state_dict(),
+                        RUN_CONFIG: s.to_run_config(),
+                        SKIPPED: dict(self.skipped),
+                        DRIFT: self.strategy.drift.state_dict(),
+                        **state,
+                    },
                 ),
             )
-        took = time.monotonic() - t0
+        t1 = time.monotonic()
+        exported = 0
+        if s.export_dir and s.export_every and record.round % s.export_every == 0:
+            exported = export_model(self.task, s, self._scratch(), arrays, record).version
+            self._exported = exported
+        t2 = time.monotonic()
         record = replace(
             record,
-            timing=replace(record.timing, checkpoint_s=round(took, 4)),
-            wall_s=round(record.wall_s + took, 3),
-            run_wall_s=round(record.run_wall_s + took, 3),
+            timing=replace(
+                record.timing, checkpoint_s=round(t1 - t0, 4), export_s=round(t2 - t1, 4)
+            ),
+            wall_s=round(record.wall_s + t2 - t0, 3),
+            run_wall_s=round(record.run_wall_s + t2 - t0, 3),
+            exported=exported,
         )
         if self._out is not None:
-            append_record(self._out / "metrics.jsonl", record)
+            append_record(
+                self._out / "metrics.jsonl",
+                record,
+                max_bytes=int(s.metrics_max_mb * 1e6),
+                keep=s.metrics_keep,
+            )
+        self._last = record
         return record
 
 

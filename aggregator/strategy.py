@@ -40,6 +40,7 @@ from flwr.serverapp import Grid
 from aggregator.aggregation import make_accumulator
 from aggregator.compression import round_mode
 from aggregator.controller import BatchController, Plan
+from aggregator.drift import DriftReaction
 from aggregator.fleet import FleetRegistry
 from aggregator.injection import pick_injectors
 from aggregator.records import UpdateInfo
@@ -97,6 +98,8 @@ class RoundReport:
         Samples the devices scored the received model on (prequential evaluation).
     eval_metric, eval_loss : float
         Their sample-weighted metric and loss (NaN without any).
+    drift : dict of str to int
+        Devices whose drift count rose with this round's reply, and the count.
     """
 
     server_round: int
@@ -108,6 +111,7 @@ class RoundReport:
     broadcast_bytes: int
     replies: dict[str, ReplyMetrics] = field(default_factory=dict)
     aggregated: list[str] = field(default_factory=list)
+    drift: dict[str, int] = field(default_factory=dict)
     failed: list[str] = field(default_factory=list)
     refused: dict[str, str] = field(default_factory=dict)
     num_examples: int = 0
@@ -167,6 +171,7 @@ class _Round:
     broadcast: ArrayRecord  # the model as sent down
     broadcast_bytes: int
     planned: dict[int, int]  # node -> planned batch
+    lr_factor: float = 1.0  # the drift reaction's (aggregator.drift)
 
 
 class StreamStrategy:
@@ -193,6 +198,7 @@ class StreamStrategy:
         self.settings = settings
         self.controller = controller or BatchController(settings)
         self.fleet = fleet or FleetRegistry()
+        self.drift = DriftReaction(settings)
         self._round_s = 0.0  # the last round's duration: the availability cap's horizon
         self._cycle_s: dict[str, float] = {}  # async: each device's last cycle, its horizon
         self._round: _Round | None = None
@@ -311,6 +317,7 @@ class StreamStrategy:
             broadcast=down,
             broadcast_bytes=sum(len(a.data) for a in down.values()),
             planned={node: plan.batches[device] for node, device in devices.items()},
+            lr_factor=self.drift.next_lr_factor(),
         )
 
     def _message(self, node: int, current: _Round, config: ConfigRecord) -> Message:
@@ -321,7 +328,7 @@ class StreamStrategy:
             server_round=current.server_round,
             batch_size=current.planned[node],
             local_steps=s.local_steps,
-            lr=s.lr * current.plan.lr_scale,
+            lr=s.lr * current.plan.lr_scale * current.lr_factor,
             wait_policy=s.wait_policy,
             b_min=s.b_min,
             deadline_s=s.round_timeout / 2,
@@ -408,7 +415,10 @@ class StreamStrategy:
             update = self.read_update(msg, node, report, current.planned.get(node, 0))
             if update is not None and update.metrics.num_examples > 0:
                 m = update.metrics
-                accumulator.update(update.delta, m.num_examples, update.device, m.local_steps)
+                boost = self.boost_of(update, report)
+                accumulator.update(
+                    update.delta, m.num_examples, update.device, m.local_steps, boost=boost
+                )
         for message_id, node in sent.items():  # no reply before the round's timeout
             if message_id not in answered:
                 self.fail(report, self.fleet.device_of(node))
@@ -419,6 +429,15 @@ class StreamStrategy:
         step, report.aggregated = result
         new = {k: (g + step[k]).astype(np.float32) for k, g in current.model.items()}
         return ArrayRecord({k: Array(v) for k, v in new.items()}), report
+
+    def boost_of(self, update: Update, report: RoundReport) -> float:
+        """How much more than the rule's weight an update weighs: more while its device
+        reports drift (:class:`~aggregator.drift.DriftReaction`), else 1."""
+        m = update.metrics
+        boost, rose = self.drift.boost_of(update.device, m.drift_changes)
+        if rose:
+            report.drift[update.device] = m.drift_changes
+        return boost
 
     def _report(self, current: _Round) -> RoundReport:
         return RoundReport(

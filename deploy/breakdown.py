@@ -60,7 +60,7 @@ def round_breakdown(record: RoundRecord) -> dict[str, float] | None:
     t = record.timing
     handler_parts = m.setup_s + m.wait_s + m.take_s + m.eval_s + m.train_s + m.encode_s
     parts = {
-        "aggregator": t.plan_s + t.aggregate_s + t.eval_s + t.checkpoint_s,
+        "aggregator": t.plan_s + t.aggregate_s + t.eval_s + t.checkpoint_s + t.export_s,
         "flower": timed[device] - m.start_s - m.handler_s,
         "start": m.start_s,
         "setup": m.setup_s,

@@ -10,7 +10,7 @@ import sys
 import threading
 from enum import Enum, StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -34,9 +34,13 @@ from edge_client.runtime.constants import (
     POLICIES,
     STATUS_INTERVAL_S,
 )
+from edge_client.runtime.drift import DEFAULT_DELTA
 from edge_client.task.constants import DEFAULT_NUM_CLASSES, DEFAULT_SHAPE, DIGITS_SHAPE
 from edge_client.wire.mapping import kebab
 from edge_client.wire.run_config import default
+
+if TYPE_CHECKING:
+    from edge_client.runtime.windowing import WindowSpec
 
 __all__ = ["app", "main"]
 
@@ -56,6 +60,71 @@ Distribution = StrEnum("Distribution", [(d, d) for d in DISTRIBUTIONS])  # type:
 RateSet = Enum("RateSet", {name: name for name in RATE_SETS}, type=str)  # type: ignore[misc]
 _DEFAULT_POLICY = Policy(DEFAULT_POLICY)
 _READINGS = "Per-reading JSON (--window)"
+
+
+# Options ``ingest`` and ``infer`` share: per-reading JSON cut into windows.
+TopicOption = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--topic",
+        help="Subscribe to this topic instead of fedstream/v1/<id>/samples (repeatable; "
+        "wildcards allowed). With --window: TOPIC=FIELDS names that topic's channels.",
+        rich_help_panel=_READINGS,
+    ),
+]
+FieldsOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Per-reading JSON: the channels' fields, e.g. ax,ay,az, imu.acc.x or acc[0:3].",
+        rich_help_panel=_READINGS,
+    ),
+]
+WindowOption = Annotated[
+    int | None,
+    typer.Option(
+        help="Readings per sample (turns on per-reading JSON).", rich_help_panel=_READINGS
+    ),
+]
+StrideOption = Annotated[
+    int | None,
+    typer.Option(
+        help="Readings between sample starts (default: the window).", rich_help_panel=_READINGS
+    ),
+]
+MaxGapOption = Annotated[
+    float,
+    typer.Option(
+        "--max-gap",
+        help="No sample spans a longer gap between readings (s).",
+        rich_help_panel=_READINGS,
+    ),
+]
+RateOption = Annotated[
+    float | None,
+    typer.Option(
+        help="Resample onto this many readings/s (needed with several topics).",
+        rich_help_panel=_READINGS,
+    ),
+]
+MaxSkewOption = Annotated[
+    float,
+    typer.Option(
+        "--max-skew",
+        help="How far one topic may run behind another (s).",
+        rich_help_panel=_READINGS,
+    ),
+]
+TimeFieldOption = Annotated[
+    str, typer.Option("--time-field", help="The timestamp's field.", rich_help_panel=_READINGS)
+]
+TimeUnitOption = Annotated[
+    str,
+    typer.Option(
+        "--time-unit",
+        help="s, ms, us or ns (ISO 8601 strings are read too).",
+        rich_help_panel=_READINGS,
+    ),
+]
 
 
 def _run_help(name: str, text: str) -> str:
@@ -82,6 +151,48 @@ def _parse_shape(text: str) -> tuple[int, ...]:
     if not shape or min(shape) < 1:
         raise typer.BadParameter(f"shape dimensions must be >= 1, got {text!r}")
     return shape
+
+
+def _window_spec(
+    device_id: str,
+    topic: list[str] | None,
+    fields: str | None,
+    window: int | None,
+    stride: int | None,
+    time_field: str,
+    time_unit: str,
+    max_gap: float,
+    rate: float | None,
+    max_skew: float,
+    **labels: Any,
+) -> WindowSpec | None:
+    """The windowing of per-reading JSON that ``ingest`` and ``infer`` options describe
+    (None without ``--window``).
+
+    Raises
+    ------
+    ValueError
+        If the options contradict each other.
+    """
+    from edge_client.runtime.windowing import WindowSpec
+    from edge_client.wire import samples_topic
+
+    if window is None:
+        if fields:
+            raise ValueError("per-reading JSON needs --window (readings per sample)")
+        return None
+    return WindowSpec.from_options(
+        topics=topic or [samples_topic(device_id)],
+        fields=fields,
+        window=window,
+        stride=stride or 0,
+        time_field=time_field,
+        time_unit=time_unit,
+        max_gap=max_gap,
+        rate=rate,
+        max_skew=max_skew,
+        **labels,
+    )
 
 
 def _fail(message: str) -> typer.Exit:
@@ -296,68 +407,15 @@ def ingest(
             help="Opt in to data injection: keep others' shared samples, publish ours.",
         ),
     ] = False,
-    topic: Annotated[
-        list[str] | None,
-        typer.Option(
-            "--topic",
-            help="Subscribe to this topic instead of fedstream/v1/<id>/samples (repeatable; "
-            "wildcards allowed). With --window: TOPIC=FIELDS names that topic's channels.",
-            rich_help_panel=_READINGS,
-        ),
-    ] = None,
-    fields: Annotated[
-        str | None,
-        typer.Option(
-            help="Per-reading JSON: the channels' fields, e.g. ax,ay,az, imu.acc.x or acc[0:3].",
-            rich_help_panel=_READINGS,
-        ),
-    ] = None,
-    window: Annotated[
-        int | None,
-        typer.Option(
-            help="Readings per sample (turns on per-reading JSON).", rich_help_panel=_READINGS
-        ),
-    ] = None,
-    stride: Annotated[
-        int | None,
-        typer.Option(
-            help="Readings between sample starts (default: the window).", rich_help_panel=_READINGS
-        ),
-    ] = None,
-    max_gap: Annotated[
-        float,
-        typer.Option(
-            "--max-gap",
-            help="No sample spans a longer gap between readings (s).",
-            rich_help_panel=_READINGS,
-        ),
-    ] = DEFAULT_MAX_GAP_S,
-    rate: Annotated[
-        float | None,
-        typer.Option(
-            help="Resample onto this many readings/s (needed with several topics).",
-            rich_help_panel=_READINGS,
-        ),
-    ] = None,
-    max_skew: Annotated[
-        float,
-        typer.Option(
-            "--max-skew",
-            help="How far one topic may run behind another (s).",
-            rich_help_panel=_READINGS,
-        ),
-    ] = DEFAULT_MAX_SKEW_S,
-    time_field: Annotated[
-        str, typer.Option("--time-field", help="The timestamp's field.", rich_help_panel=_READINGS)
-    ] = "ts",
-    time_unit: Annotated[
-        str,
-        typer.Option(
-            "--time-unit",
-            help="s, ms, us or ns (ISO 8601 strings are read too).",
-            rich_help_panel=_READINGS,
-        ),
-    ] = "s",
+    topic: TopicOption = None,
+    fields: FieldsOption = None,
+    window: WindowOption = None,
+    stride: StrideOption = None,
+    max_gap: MaxGapOption = DEFAULT_MAX_GAP_S,
+    rate: RateOption = None,
+    max_skew: MaxSkewOption = DEFAULT_MAX_SKEW_S,
+    time_field: TimeFieldOption = "ts",
+    time_unit: TimeUnitOption = "s",
     label_field: Annotated[
         str | None,
         typer.Option(
@@ -398,31 +456,16 @@ def ingest(
     from edge_client.runtime.buffer import BufferStoreError
     from edge_client.runtime.ingest import IngestConfig, IngestDaemon
     from edge_client.runtime.mqtt import BrokerURL
-    from edge_client.runtime.windowing import WindowSpec
-    from edge_client.wire import samples_topic
 
     _setup_logging(verbose)
     try:
-        spec = None
-        if window is not None:
-            spec = WindowSpec.from_options(
-                topics=topic or [samples_topic(device_id)],
-                fields=fields,
-                window=window,
-                stride=stride or 0,
-                time_field=time_field,
-                time_unit=time_unit,
-                label_field=label_field,
-                label_topic=label_topic,
-                classes=classes,
-                num_classes=num_classes or 0,
-                max_gap=max_gap,
-                rate=rate,
-                max_skew=max_skew,
-                label_wait=label_wait,
-            )
-        elif fields or label_field or label_topic or classes:
+        if window is None and (label_field or label_topic or classes):
             raise ValueError("per-reading JSON needs --window (readings per sample)")
+        spec = _window_spec(
+            device_id, topic, fields, window, stride, time_field, time_unit, max_gap, rate,
+            max_skew, label_field=label_field, label_topic=label_topic, classes=classes,
+            num_classes=num_classes or 0, label_wait=label_wait,
+        )  # fmt: skip
         config = IngestConfig(
             broker=BrokerURL.parse(broker),
             device_id=device_id,
@@ -469,6 +512,128 @@ def status(
     for key, value in stats.items():
         table.add_row(key, json.dumps(value) if isinstance(value, (dict, list)) else str(value))
     Console().print(table)
+
+
+@app.command()
+def infer(
+    device_id: Annotated[str, typer.Option("--device-id", help="This device's id.")],
+    model: Annotated[
+        Path,
+        typer.Option(
+            help="Model directory to follow: the device's model-dir (node config) or an "
+            "export-dir; the newest version is run, newer ones picked up as they appear."
+        ),
+    ],
+    broker: Annotated[str, typer.Option(help="mqtt://HOST:PORT or mqtts://...")] = (
+        "mqtt://127.0.0.1:1883"
+    ),
+    buffer: Annotated[
+        Path | None,
+        typer.Option(
+            help="The device's buffer file: its preprocessing statistics, and where the drift "
+            "watcher's state goes (then in the ingest status and the ClientApp's replies)."
+        ),
+    ] = None,
+    drift: Annotated[
+        str, typer.Option(help="Drift watcher on the prequential error: adwin or none.")
+    ] = "adwin",
+    drift_delta: Annotated[
+        float, typer.Option("--drift-delta", help="ADWIN's confidence (smaller: surer, later).")
+    ] = DEFAULT_DELTA,
+    username: Annotated[str | None, typer.Option()] = None,
+    password: Annotated[str | None, typer.Option(envvar="FEDSTREAM_MQTT_PASSWORD")] = None,
+    cafile: Annotated[str | None, typer.Option(help="CA bundle (enables TLS).")] = None,
+    topic: TopicOption = None,
+    fields: FieldsOption = None,
+    window: WindowOption = None,
+    stride: StrideOption = None,
+    max_gap: MaxGapOption = DEFAULT_MAX_GAP_S,
+    rate: RateOption = None,
+    max_skew: MaxSkewOption = DEFAULT_MAX_SKEW_S,
+    time_field: TimeFieldOption = "ts",
+    time_unit: TimeUnitOption = "s",
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Run the newest model on every sample of the device's stream; publish predictions to
+    fedstream/v1/<device-id>/predictions."""
+    from edge_client.runtime.infer import InferConfig, InferenceDaemon
+    from edge_client.runtime.mqtt import BrokerURL
+
+    _setup_logging(verbose)
+    try:
+        spec = _window_spec(
+            device_id, topic, fields, window, stride, time_field, time_unit, max_gap, rate, max_skew
+        )
+        daemon = InferenceDaemon(
+            InferConfig(
+                broker=BrokerURL.parse(broker),
+                device_id=device_id,
+                model_dir=model,
+                buffer=buffer,
+                username=username,
+                password=password,
+                cafile=cafile,
+                topics=tuple(topic or ()) if spec is None else (),
+                windowing=spec,
+                drift=drift,
+                drift_delta=drift_delta,
+            )
+        )
+    except (ValueError, OSError) as err:
+        raise _fail(str(err)) from err
+    daemon.run()
+
+
+@app.command()
+def models(
+    directory: Annotated[Path, typer.Argument(help="A model directory (export-dir, model-dir).")],
+    json_out: Annotated[bool, typer.Option("--json", help="One JSON list of manifests.")] = False,
+) -> None:
+    """List the versions of a model directory, oldest first."""
+    from rich.table import Table
+
+    from edge_client.task.manifest import SAMPLE_SHAPE
+    from edge_client.wire.artifact import list_versions
+
+    if not directory.is_dir():
+        raise _fail(f"{directory}: not a directory")
+    versions = list_versions(directory)
+    if json_out:
+        print(json.dumps([{"path": str(v.path), **v.manifest} for v in versions], indent=1))
+        return
+    if not versions:
+        console.print(f"{directory}: no model versions")
+        return
+    table = Table(title=str(directory))
+    for column in ("version", "task", "output", "sample shape", "prequential", "format", "sha256"):
+        table.add_column(column)
+    for v in versions:
+        m = v.manifest
+        metric = str(m.get("metric", ""))
+        scores = m.get("prequential") or {}
+        score = scores.get(metric)
+        table.add_row(
+            str(v.version),
+            str(m.get("task-name", "")),
+            str(m.get("output", "")),
+            "x".join(str(d) for d in m.get(SAMPLE_SHAPE, [])),
+            "-" if score is None else f"{metric} {score:.4g}",
+            str(m.get("program-format", "")),
+            str(m.get("content-hash", ""))[:12],
+        )
+    Console().print(table)
+
+
+@app.command()
+def stop(
+    directory: Annotated[Path, typer.Argument(help="The run's checkpoint-dir or out-dir.")],
+) -> None:
+    """Ask a run to stop after its current round (a continuous run, num-rounds = 0): it
+    checkpoints, exports, and exits; resume = true continues it."""
+    from aggregator.service import request_stop
+
+    path = request_stop(directory)
+    console.print(f"wrote {path}: the run stops after its current round")
 
 
 @app.command("run-config")
@@ -767,13 +932,52 @@ def resume(
         run_id, last, total = resume_run(checkpoint_dir, app_dir, connection)
     except FlowerError as err:
         raise _fail(str(err)) from err
-    if last >= total:
+    if total == 0:
+        console.print(f"resumed a continuous run after round {last} as run {run_id}")
+    elif last >= total:
         console.print(
             f"the checkpoint already holds all {total} rounds (run {run_id} ends at once)"
         )
     else:
         console.print(f"resumed after round {last} of {total} as run {run_id}")
     print(json.dumps({"run-id": run_id, "resumed-after": last, "num-rounds": total}))
+
+
+@app.command()
+def serve(
+    checkpoint_dir: Annotated[
+        Path,
+        typer.Option(
+            "--checkpoint-dir", help="The run's checkpoints: resumed from when there is one."
+        ),
+    ],
+    run_config: Annotated[
+        str | None,
+        typer.Option(
+            "--run-config",
+            help="Run-config overrides of a new run, as flwr run takes them (num-rounds is 0).",
+        ),
+    ] = None,
+    connection: Annotated[
+        str | None,
+        typer.Option(help="SuperLink connection in $FLWR_HOME/config.toml (default: its default)."),
+    ] = None,
+    app_dir: Annotated[
+        Path, typer.Option("--app", help="The Flower app (folder with pyproject.toml).")
+    ] = Path("."),
+    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+) -> None:
+    """Keep a continuous run (num-rounds = 0) going on a SuperLink until SIGTERM; then stop it
+    after its current round and exit 0 (the aggregator's systemd unit runs this)."""
+    from deploy.flower import FlowerError
+    from deploy.service import serve as serve_run
+
+    _setup_logging(verbose)
+    try:
+        code = serve_run(app_dir, checkpoint_dir, _parse_run_config(run_config), connection)
+    except (FlowerError, ValueError) as err:
+        raise _fail(str(err)) from err
+    raise typer.Exit(code)
 
 
 Scenario = Enum("Scenario", {n: n for n in [*SCENARIOS, "all"]}, type=str)  # type: ignore[misc]

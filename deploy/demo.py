@@ -153,6 +153,11 @@ class DemoConfig:
             b_min = max(1, min(b_min, asked.global_batch // self.devices))
         self.settings = replace(asked, b_min=b_min, min_nodes=self.devices)
         rounds = self.settings.num_rounds
+        if rounds < 1:
+            raise ValueError(
+                "the demo runs a fixed number of rounds: num-rounds must be >= 1 (a run "
+                "that trains until stopped is `fedstream serve` on a SuperLink)"
+            )
         unknown = set(self.kill) - set(_device_ids(self.devices))
         if unknown:
             raise ValueError(f"--kill names unknown devices {sorted(unknown)}")

@@ -26,7 +26,14 @@ from deploy.secure import RunSecrets
 from edge_client.wire.mapping import kebab
 from edge_client.wire.run_config import RunSettings, upgrade_saved
 
-__all__ = ["FlowerDeployment", "FlowerError", "app_run_config", "resume_run", "submit_run"]
+__all__ = [
+    "FlowerDeployment",
+    "FlowerError",
+    "app_run_config",
+    "resume_run",
+    "run_status",
+    "submit_run",
+]
 
 CONNECTION = "fedstream-local"
 DEFAULT_FEDERATION = "@none/default"
@@ -140,6 +147,16 @@ def resume_run(
     settings = replace(settings, resume=True, checkpoint_dir=str(Path(checkpoint_dir).resolve()))
     run_id = submit_run(app_dir, connection, app_run_config(settings.to_run_config(), app_dir), env)
     return run_id, int(state[SERVER_ROUND]), settings.num_rounds
+
+
+def run_status(
+    run_id: str, connection: str | None = None, env: Mapping[str, str] | None = None
+) -> dict[str, Any]:
+    """The run's entry of ``flwr list --run-id ID --format json`` (empty if unknown, or the
+    SuperLink does not answer)."""
+    data = _cli_json("list", *([connection] if connection else []), "--run-id", run_id, env=env)
+    runs = data.get("runs") or []
+    return dict(runs[0]) if runs else {}
 
 
 def app_run_config(run_config: Mapping[str, Any], app_dir: Path) -> dict[str, Any]:
@@ -367,9 +384,7 @@ class FlowerDeployment:
 
     def status(self, run_id: str) -> dict[str, Any]:
         """The run's entry of ``flwr list --run-id ID --format json`` (empty if unknown)."""
-        data = self._cli_json("list", CONNECTION, "--run-id", run_id)
-        runs = data.get("runs") or []
-        return dict(runs[0]) if runs else {}
+        return run_status(run_id, CONNECTION, self.env)
 
     def wait_finished(
         self, run_id: str, timeout: float = 300.0, interval: float = 2.0

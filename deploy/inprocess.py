@@ -44,7 +44,13 @@ from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
 from aggregator.records import virtual_round_s
-from edge_client.emulation.sources import SampleSource, dataset_source, label_distribution
+from edge_client.emulation.sources import (
+    ChangingSource,
+    SampleSource,
+    SensorChange,
+    dataset_source,
+    label_distribution,
+)
 from edge_client.emulation.virtual_stream import VirtualStream
 from edge_client.runtime.buffer import BufferStore
 from edge_client.runtime.client_app import app as default_client_app
@@ -106,6 +112,12 @@ class VirtualDevice:
         What its stream carries, when not the run's ``dataset`` (a user's recording
         replayed, a device whose sensors send another shape); the label skew and feature
         shift above then do not apply.
+    change : SensorChange, optional
+        Its stream changes part-way (drift).
+    model_dir : str
+        Its ClientApp keeps each global model it receives there (node config ``model-dir``).
+    drift : {"none", "adwin"}
+        Its ClientApp watches its prequential error for changes (node config ``drift``).
     """
 
     device_id: str
@@ -121,6 +133,9 @@ class VirtualDevice:
     policy: str = POLICY_TRUNCATION
     capacity: int = 10**7
     source: SampleSource | None = None
+    change: SensorChange | None = None
+    model_dir: str = ""
+    drift: str = "none"
 
     def online_at(self, at: float) -> bool:
         """Whether the device is on at virtual time ``at``."""
@@ -287,6 +302,8 @@ class InProcessGrid(LocalGrid):
                 rng = device_rng(self.settings.seed if seed is None else seed, dev.device_id)
                 probs = label_distribution(run_data.num_classes, rng, dev.labels, dev.dirichlet)
                 source = dataset_source(run_data, rng, probs, dev.feature_shift)
+            if dev.change is not None:
+                source = ChangingSource(source, dev.change)
             path = workdir / f"{dev.device_id}.sqlite"
             self.stores[node] = BufferStore(
                 path, shape=source.shape, policy=dev.policy, capacity=dev.capacity
@@ -437,7 +454,13 @@ class InProcessGrid(LocalGrid):
 
     def _context(self, node: int, dev: VirtualDevice) -> Context:
         """The Context a device's ClientApp is called with."""
-        node_config = NodeConfig(dev.device_id, str(self.stores[node].path), inject=dev.inject)
+        node_config = NodeConfig(
+            dev.device_id,
+            str(self.stores[node].path),
+            inject=dev.inject,
+            model_dir=dev.model_dir,
+            drift=dev.drift,
+        )
         return Context(
             run_id=1,
             node_id=node,

@@ -28,6 +28,9 @@ SCENARIOS = {
     "reliability": "deploy.bench.reliability",
     "async": "deploy.bench.asynchronous",
     "deployment": "deploy.bench.deployment",
+    "drift": "deploy.bench.drift",
+    "inference": "deploy.bench.inference",
+    "service": "deploy.bench.service",
 }
 
 

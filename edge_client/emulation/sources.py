@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -13,7 +14,9 @@ from edge_client.task.synthetic import SensorTask
 
 __all__ = [
     "ArraySource",
+    "ChangingSource",
     "SampleSource",
+    "SensorChange",
     "SyntheticSource",
     "dataset_source",
     "label_distribution",
@@ -107,6 +110,35 @@ class SyntheticSource:
 
     def next(self, n: int) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
         return self.task.sample(n, self.rng, self.label_probs, self.shift)
+
+
+@dataclass(frozen=True)
+class SensorChange:
+    """A change in a device's stream part-way through: after ``after`` samples, every
+    value becomes ``value * gain + bias`` (a sensor recalibrated, replaced or knocked)."""
+
+    after: int
+    gain: float = 1.0
+    bias: float = 0.0
+
+
+class ChangingSource:
+    """A source whose samples change as :class:`SensorChange` says (drift benchmarks)."""
+
+    def __init__(self, base: SampleSource, change: SensorChange) -> None:
+        self.base = base
+        self.change = change
+        self.shape: tuple[int, ...] = base.shape
+        self.drawn = 0
+
+    def next(self, n: int) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+        x, y = self.base.next(n)
+        changed = np.arange(self.drawn, self.drawn + n) >= self.change.after
+        self.drawn += n
+        if changed.any():
+            x = x.copy()
+            x[changed] = x[changed] * self.change.gain + self.change.bias
+        return x.astype(np.float32, copy=False), y
 
 
 class ArraySource:

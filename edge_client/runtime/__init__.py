@@ -11,10 +11,15 @@
   :func:`make_client_app` around a user's task), which evaluates and trains with
   :mod:`~edge_client.runtime.trainer` and shares samples with
   :mod:`~edge_client.runtime.inject`, as its :mod:`~edge_client.runtime.node_config` says;
-- :mod:`~edge_client.runtime.mqtt`, :mod:`~edge_client.runtime.seeding`: broker clients,
-  reproducible randomness per device;
+- :mod:`~edge_client.runtime.mqtt`, :mod:`~edge_client.runtime.seeding`,
+  :mod:`~edge_client.runtime.signals`: broker clients, reproducible randomness per device,
+  running a daemon until SIGTERM;
 - :mod:`~edge_client.runtime.usage`: what a process costs its device (age, CPU, memory,
-  bytes written), which the ClientApp reports with each reply.
+  bytes written), which the ClientApp reports with each reply;
+- :mod:`~edge_client.runtime.infer`: ``fedstream infer``, the newest model version run on
+  every sample of the stream, predictions published; the versions come from
+  :mod:`~edge_client.runtime.model_store` (each global model the ClientApp receives);
+- :mod:`~edge_client.runtime.drift`: a change detector (ADWIN) on the prequential error.
 """
 
 from __future__ import annotations
@@ -28,8 +33,11 @@ if TYPE_CHECKING:
     from edge_client.runtime.client_app import make_client_app
     from edge_client.runtime.dedup import SeqWindow
     from edge_client.runtime.device_state import DeviceStateStore
+    from edge_client.runtime.drift import DriftStatus, DriftWatch
+    from edge_client.runtime.infer import InferConfig, InferenceDaemon
     from edge_client.runtime.ingest import IngestConfig, IngestDaemon
     from edge_client.runtime.inject import inject_pool_path, open_pool, receive, share
+    from edge_client.runtime.model_store import store_model
     from edge_client.runtime.mqtt import BrokerURL, connect_async, make_client
     from edge_client.runtime.node_config import NodeConfig
     from edge_client.runtime.outbox import Outbox
@@ -58,6 +66,11 @@ _EXPORTS = {
     "open_pool": "inject",
     "pick_device": "trainer",
     "receive": "inject",
+    "DriftStatus": "drift",
+    "DriftWatch": "drift",
+    "InferConfig": "infer",
+    "InferenceDaemon": "infer",
+    "store_model": "model_store",
     "share": "inject",
     "train_local": "trainer",
 }
@@ -67,6 +80,10 @@ __all__ = [
     "BufferStore",
     "BufferStoreError",
     "DeviceStateStore",
+    "DriftStatus",
+    "DriftWatch",
+    "InferConfig",
+    "InferenceDaemon",
     "IngestConfig",
     "IngestDaemon",
     "NodeConfig",
@@ -83,6 +100,7 @@ __all__ = [
     "pick_device",
     "receive",
     "share",
+    "store_model",
     "train_local",
 ]
 __getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -47,6 +47,7 @@ import numpy as np
 
 from edge_client.runtime.constants import (
     CHUNK_MAX_SAMPLES,
+    DRIFT_STATUS_KEY,
     POLICIES,
     POLICY_PERSISTENCE,
     POLICY_TRUNCATION,
@@ -436,6 +437,9 @@ class BufferStore(SqliteStore):
         try:
             counters = dict(self._db.execute("SELECT name, value FROM counters").fetchall())
             meta = dict(self._db.execute("SELECT key, value FROM meta").fetchall())
+            drift = self._db.execute(
+                "SELECT value FROM state WHERE key = ?", (DRIFT_STATUS_KEY,)
+            ).fetchone()
         finally:
             self._db.execute("COMMIT")
         out: dict[str, Any] = {name: int(counters.get(name, 0)) for name in COUNTERS}
@@ -457,6 +461,11 @@ class BufferStore(SqliteStore):
         out["policy"] = self.policy
         out["shape"] = list(self.shape)
         out["path"] = str(self.path)
+        if drift is not None:  # a drift watcher runs on this device (fedstream infer, ClientApp)
+            try:
+                out["drift"] = json.loads(bytes(drift[0]))
+            except ValueError:
+                out["drift"] = None
         return out
 
     # -- helpers --------------------------------------------------------------------------

@@ -31,12 +31,14 @@ from flwr.common.constant import PARTITION_ID_KEY
 
 from edge_client.runtime.buffer import BufferStore
 from edge_client.runtime.device_state import DeviceStateStore
+from edge_client.runtime.drift import errors_of
 from edge_client.runtime.inject import inject_pool_path, share
+from edge_client.runtime.model_store import store_model
 from edge_client.runtime.node_config import NodeConfig
 from edge_client.runtime.seeding import device_rng
 from edge_client.runtime.trainer import pick_device, probe_step_times, train_local
 from edge_client.runtime.usage import cpu_s, disk_write_bytes, peak_rss_bytes, process_age_s
-from edge_client.task.interface import Task
+from edge_client.task.interface import Scores, Task
 from edge_client.task.loading import load_task
 from edge_client.wire.codec import compress, encode
 from edge_client.wire.records import (
@@ -140,9 +142,21 @@ def train_round(msg: Message, context: Context, task: Task | None = None) -> Mes
             )
         trained = time.perf_counter()
         delta = {k: v - start[k] for k, v in _numpy_state(model).items()}
+        if node.model_dir:  # the received model, for inference (fedstream infer)
+            store_model(
+                node.model_dir,
+                task,
+                settings,
+                start,
+                plan.server_round - 1,
+                node.device_id,
+                result.evaluated,
+            )
         frame, gap = _encode(state, context.run_id, delta, plan, result.num_examples > 0)
         if preprocessor is not None and result.num_examples > 0:
             state.save_preprocessor(preprocessor)
+        if node.drift == "adwin" and result.evaluated is not None:
+            _watch_drift(state, node.drift_delta, task, result.evaluated)
         shared = (0, 0)
         if node.inject and plan.inject_publish and result.taken is not None:
             shared = share(node.buffer, node.device_id, result.taken, plan, rng)
@@ -181,6 +195,7 @@ def train_round(msg: Message, context: Context, task: Task | None = None) -> Mes
         cpu_s=cpu_s(reaped=False),
         peak_rss=peak_rss_bytes(),
         write_bytes=disk_write_bytes(),
+        drift_changes=int((buffer.get("drift") or {}).get("changes", 0)),
     )
     return Message(DeviceReply(node.device_id, metrics, frame).to_content(), reply_to=msg)
 
@@ -247,6 +262,17 @@ def _node(context: Context, settings: RunSettings) -> NodeConfig:
     from edge_client.emulation.simulation import simulated_node  # the simulation engine only
 
     return simulated_node(context.node_config, context.run_id, settings)
+
+
+def _watch_drift(state: DeviceStateStore, delta: float, task: Task, scores: Scores) -> None:
+    """Feed the round's prequential errors, sample by sample, to the device's drift watcher
+    (River is imported here: about 1-3 s per round, so only with ``drift = "adwin"``)."""
+    if scores.values is None or not len(scores.values):
+        return
+    watch = state.drift_watch(delta)
+    if watch.update(errors_of(scores.values, task.higher_is_better)):
+        log.warning("drift: the prequential error rose (%d changes so far)", watch.status.changes)
+    state.save_drift_watch(watch)
 
 
 def _numpy_state(model: torch.nn.Module) -> dict[str, np.ndarray]:

@@ -57,3 +57,12 @@ WINDOWING_META: Final = "windowing"  # the buffer's meta key holding the windowi
 INJECT_POOL_SUFFIX: Final = ".inject.sqlite"  # next to the buffer: injected samples, apart
 INJECT_POOL_CAPACITY: Final = 4096  # injected samples a device keeps (truncation: newest)
 OUTBOX_PUBLISH_S: Final = 0.5  # how often the ingest daemon publishes queued injections
+
+# --- Device state keys shared by writers and readers -----------------------------------------
+DRIFT_STATUS_KEY: Final = "drift-status"  # JSON: the drift watcher's DriftStatus
+DRIFT_WATCH_KEY: Final = "drift-watch"  # the watcher itself (ADWIN's buckets), pickled
+
+# --- Inference (fedstream infer) --------------------------------------------------------------
+MODEL_POLL_S: Final = 2.0  # how often the daemon looks for a newer model version
+INFER_BATCH_MAX: Final = 512  # samples predicted in one call at most
+INFER_STATUS_S: Final = 10.0  # seconds between the daemon's log lines of its counters

@@ -18,6 +18,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from edge_client.runtime.constants import DRIFT_STATUS_KEY, DRIFT_WATCH_KEY
+from edge_client.runtime.drift import DriftWatch
 from edge_client.runtime.schema import SqliteStore, transaction
 from edge_client.task.preprocess import Preprocessor
 from edge_client.wire.codec import CodecError, FeedbackState, decode, encode
@@ -84,6 +86,21 @@ class DeviceStateStore(SqliteStore):
         """Keep ``preprocessor``'s state for the next round (one transaction)."""
         saved = {"kind": _kind(preprocessor), "state": preprocessor.state_dict()}
         self._set({_PREPROCESS: json.dumps(saved).encode()})
+
+    def drift_watch(self, delta: float) -> DriftWatch:
+        """The device's drift watcher as last saved (a fresh one when there is none, or it
+        was made with another ``delta``). Imports River."""
+        return DriftWatch.from_bytes(self._get(DRIFT_WATCH_KEY) or b"", delta)
+
+    def save_drift_watch(self, watch: DriftWatch) -> None:
+        """Keep ``watch`` and its status (which the buffer's stats, and so the device's
+        status and replies, report) in one transaction."""
+        self._set(
+            {
+                DRIFT_WATCH_KEY: watch.to_bytes(),
+                DRIFT_STATUS_KEY: json.dumps(watch.status.to_dict()).encode(),
+            }
+        )
 
     def inject_seq(self) -> int:
         """The sequence number of the last frame this device shared (0: none yet)."""

@@ -21,14 +21,12 @@ import collections
 import json
 import logging
 import queue
-import signal
 import sqlite3
 import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import paho.mqtt.client as mqtt
@@ -52,6 +50,7 @@ from edge_client.runtime.mqtt import BrokerURL, connect_async, make_client
 from edge_client.runtime.outbox import Outbox
 from edge_client.runtime.rate import RateEstimator
 from edge_client.runtime.schema import connect
+from edge_client.runtime.signals import run_until_signalled
 from edge_client.runtime.windowing import WindowAssembler, WindowSpec
 from edge_client.task.constants import DEFAULT_NUM_CLASSES, DEFAULT_SHAPE
 from edge_client.wire.constants import INJECT_TOPIC
@@ -238,20 +237,8 @@ class IngestDaemon:
         log.info("ingest for %s stopped", self.config.device_id)
 
     def run(self) -> None:
-        """Run until SIGTERM or SIGINT, then stop cleanly."""
-        done = threading.Event()
-
-        def handle(signum: int, _frame: FrameType | None) -> None:
-            log.info("received %s, flushing", signal.Signals(signum).name)
-            done.set()
-
-        signal.signal(signal.SIGTERM, handle)
-        signal.signal(signal.SIGINT, handle)
-        self.start()
-        while not done.wait(1.0):
-            if not self._writer.is_alive():
-                raise RuntimeError("ingest writer thread died")
-        self.stop()
+        """Run until SIGTERM or SIGINT, then stop cleanly (flush, acknowledge, exit)."""
+        run_until_signalled(self.start, self.stop, self._writer, "ingest writer")
 
     # -- paho callbacks (network thread: never block here) ---------------------------------
 

@@ -3,7 +3,12 @@
 ``flower-supernode --node-config "device-id='pi-1' buffer='/var/lib/fedstream/pi-1.sqlite'"``
 with, optionally, ``slowdown`` (>= 1: stretches each training step, to emulate a slower
 device), ``threads`` (torch intra-op threads; 0 leaves torch's default) and ``inject``
-(the device takes part in ScaDLES data injection; its ingest daemon runs with ``--inject``).
+(the device takes part in ScaDLES data injection; its ingest daemon runs with ``--inject``)
+and ``model-dir`` (where the ClientApp keeps each global model it receives as a versioned
+export, for ``fedstream infer --model``; empty: not kept), ``drift`` (``adwin``: watch the
+prequential error of the samples each round trains on for changes,
+:mod:`edge_client.runtime.drift`; ``none``: not here, e.g. because ``fedstream infer``
+watches every sample) and ``drift-delta`` (ADWIN's confidence).
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
+from edge_client.runtime.drift import DEFAULT_DELTA, DETECTORS
 from edge_client.wire.mapping import MappingError, from_mapping, kebab, to_mapping
 from edge_client.wire.topics import validate_device_id
 
@@ -28,6 +34,9 @@ class NodeConfig:
     slowdown: float = 1.0
     threads: int = 0
     inject: bool = False
+    model_dir: str = ""
+    drift: str = "none"
+    drift_delta: float = DEFAULT_DELTA
 
     def __post_init__(self) -> None:
         validate_device_id(self.device_id)
@@ -35,6 +44,10 @@ class NodeConfig:
             raise ValueError(f"slowdown must be >= 1, got {self.slowdown}")
         if self.threads < 0:
             raise ValueError(f"threads must be >= 0, got {self.threads}")
+        if self.drift not in DETECTORS:
+            raise ValueError(f"drift must be one of {DETECTORS}, got {self.drift!r}")
+        if not 0 < self.drift_delta < 1:
+            raise ValueError(f"drift-delta must lie in (0, 1), got {self.drift_delta}")
 
     @classmethod
     def from_node_config(cls, node_config: Mapping[str, Any]) -> NodeConfig:

@@ -5,6 +5,7 @@
 - :mod:`~edge_client.task.forecasting`: the built-in :class:`Forecast` (label-free streams);
 - :mod:`~edge_client.task.loading`: a run's task from its run config (built in, or a user's
   by import path);
+- :mod:`~edge_client.task.manifest`: what a model export's manifest says of the task;
 - :mod:`~edge_client.task.preprocess`: preprocessing with state kept on the device
   (per-channel standardisation);
 - :mod:`~edge_client.task.models`: the model zoo (a 1D-CNN and an MLP for sensor windows);

@@ -18,7 +18,7 @@ from torch import nn
 
 from edge_client.task.interface import Task
 
-__all__ = ["Forecast", "ForecastNet"]
+__all__ = ["Forecast", "ForecastNet", "Forecaster"]
 
 
 class ForecastNet(nn.Module):
@@ -45,6 +45,28 @@ class ForecastNet(nn.Module):
         return self.linear(z) + self.mlp(z)  # type: ignore[no-any-return]
 
 
+class Forecaster(nn.Module):
+    """A forecast model's deployed form: whole windows of past readings in, the next
+    ``horizon`` readings of every channel out, in the stream's own units.
+
+    It does what :meth:`Forecast.targets` does to the inputs (readings relative to the last
+    one) and adds the last reading back to the model's forecast change.
+    """
+
+    def __init__(self, model: nn.Module, horizon: int) -> None:
+        super().__init__()
+        self.model = model
+        self.horizon = horizon
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The forecast ``(n, channels, horizon)`` from past windows ``(n, channels, W)``
+        (or ``(n, W)``: one channel)."""
+        windows = x.reshape(x.shape[0], 1, -1) if x.dim() == 2 else x
+        last = windows[..., -1:]
+        change = self.model(windows - last)
+        return last + change.reshape(windows.shape[0], windows.shape[1], self.horizon)  # type: ignore[no-any-return]
+
+
 class Forecast(Task):
     """Predict the next ``horizon`` readings of every channel from the rest of the window.
 
@@ -58,6 +80,7 @@ class Forecast(Task):
 
     metric: ClassVar[str] = "mae"
     higher_is_better: ClassVar[bool] = False
+    output: ClassVar[str] = "forecast"
 
     def __init__(self, horizon: int = 1, width: int = 0) -> None:
         if horizon < 1:
@@ -83,6 +106,19 @@ class Forecast(Task):
         past, future = windows[..., : -self.horizon], windows[..., -self.horizon :]
         last = past[..., -1:]
         return past - last, (future - last).flatten(1)
+
+    def predictor(self, model: nn.Module) -> nn.Module:
+        """A :class:`Forecaster`: takes the ``W`` past readings of each channel (not the
+        whole training window) and returns the next ``H`` in the stream's units."""
+        return Forecaster(model, self.horizon)
+
+    def input_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The past part of a window: ``W`` readings of each channel."""
+        return (*shape[:-1], shape[-1] - self.horizon)
+
+    def describe(self) -> dict[str, object]:
+        """The forecast horizon (the deployed model takes ``W``, not ``W + H``, readings)."""
+        return {"forecast-horizon": self.horizon}
 
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Mean absolute error (what the metric measures)."""

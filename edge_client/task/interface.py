@@ -18,7 +18,7 @@ from __future__ import annotations
 import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
@@ -29,7 +29,15 @@ from edge_client.task.constants import PREPROCESSING
 from edge_client.task.models import build_model
 from edge_client.task.preprocess import ChannelStandardizer, Preprocessor
 
-__all__ = ["Classification", "ModelFactory", "Scores", "Task", "evaluate", "init_model"]
+__all__ = [
+    "Classification",
+    "ModelFactory",
+    "Probabilities",
+    "Scores",
+    "Task",
+    "evaluate",
+    "init_model",
+]
 
 #: A user's model: a class or function called with the keyword arguments it declares of
 #: ``shape`` (the sample shape), ``num_outputs`` and ``num_classes`` (both the output count).
@@ -55,6 +63,9 @@ class Task(ABC):
 
     metric: ClassVar[str] = "accuracy"
     higher_is_better: ClassVar[bool] = True
+    #: What the deployed model (:meth:`predictor`) outputs: ``probabilities`` (a
+    #: classifier's), ``forecast`` (the next readings), or ``outputs`` (the model's own).
+    output: ClassVar[str] = "outputs"
 
     @abstractmethod
     def build_model(self, shape: tuple[int, ...], num_outputs: int) -> nn.Module:
@@ -78,6 +89,22 @@ class Task(ABC):
         """A fresh preprocessing step whose state the device keeps across rounds, or None."""
         return None
 
+    def predictor(self, model: nn.Module) -> nn.Module:
+        """The module deployed for inference (:mod:`edge_client.runtime.infer`): a batch of
+        samples, as the stream sends them (after the device's preprocessing), to what
+        :attr:`output` names. The model itself, by default."""
+        return model
+
+    def input_shape(self, shape: tuple[int, ...]) -> tuple[int, ...]:
+        """The shape of one input of :meth:`predictor` for buffered samples of ``shape``
+        (the same, by default)."""
+        return tuple(shape)
+
+    def describe(self) -> dict[str, object]:
+        """What a model export's manifest says of the task, beyond its shape and outputs
+        (e.g. a forecast's horizon); kebab-case keys."""
+        return {}
+
 
 class Classification(Task):
     """Classification of sensor samples by a 1D-CNN, an MLP, or a model of the user's.
@@ -93,6 +120,8 @@ class Classification(Task):
         ``standardize``: each device standardises every channel (the sample's first axis)
         by running statistics of its own stream (:class:`ChannelStandardizer`).
     """
+
+    output: ClassVar[str] = "probabilities"
 
     def __init__(
         self, model: str | ModelFactory = "cnn", width: int = 0, preprocess: str = "none"
@@ -137,11 +166,31 @@ class Classification(Task):
         """A :class:`ChannelStandardizer` with ``standardize``, else None."""
         return ChannelStandardizer() if self.preprocess == "standardize" else None
 
+    def predictor(self, model: nn.Module) -> nn.Module:
+        """The model followed by a softmax: each sample's class probabilities."""
+        return Probabilities(model)
+
+    def describe(self) -> dict[str, object]:
+        """The preprocessing the inputs need (``standardize``: the device's own statistics)."""
+        return {"preprocess": self.preprocess}
+
     def __repr__(self) -> str:
         model = self.model if isinstance(self.model, str) else _name(self.model)
         return (
             f"Classification(model={model!r}, width={self.width}, preprocess={self.preprocess!r})"
         )
+
+
+class Probabilities(nn.Module):
+    """A classifier's deployed form: its logits through a softmax."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Class probabilities ``(n, classes)`` of a batch."""
+        return torch.softmax(self.model(x), dim=1)
 
 
 def call_model_factory(factory: ModelFactory, shape: tuple[int, ...], outputs: int) -> nn.Module:
@@ -181,11 +230,13 @@ def init_model(task: Task, shape: tuple[int, ...], num_outputs: int, seed: int) 
 @dataclass(frozen=True)
 class Scores:
     """A model's scores on some samples: the task's metric and loss (means), and how many
-    samples they are over (NaN means over none)."""
+    samples they are over (NaN means over none); ``values``: each sample's metric, in order
+    (what a drift watcher takes)."""
 
     metric: float
     loss: float
     count: int
+    values: np.ndarray | None = field(default=None, compare=False, repr=False)
 
 
 @torch.no_grad()
@@ -206,15 +257,17 @@ def evaluate(
     n = len(x)
     if n == 0:
         return Scores(float("nan"), float("nan"), 0)
-    metric_sum = loss_sum = 0.0
+    loss_sum = 0.0
+    values = []
     for first in range(0, n, EVAL_CHUNK):
         xb = torch.from_numpy(np.ascontiguousarray(x[first : first + EVAL_CHUNK])).to(device)
         yb = torch.from_numpy(np.ascontiguousarray(y[first : first + EVAL_CHUNK])).to(device)
         inputs, targets = task.targets(xb, yb)
         outputs = model(inputs)
-        metric_sum += float(task.score(outputs, targets).sum().item())
+        values.append(task.score(outputs, targets).detach().cpu().numpy().astype(np.float64))
         loss_sum += float(task.loss(outputs, targets).item()) * len(xb)
-    return Scores(metric_sum / n, loss_sum / n, n)
+    per_sample = np.concatenate(values)
+    return Scores(float(per_sample.sum()) / n, loss_sum / n, n, per_sample)
 
 
 def _name(obj: object) -> str:

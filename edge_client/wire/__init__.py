@@ -7,6 +7,9 @@
 - :mod:`~edge_client.wire.run_config`: every run-config key, declared once;
 - :mod:`~edge_client.wire.mapping`: the one kebab-case mapping records are written through;
 - :mod:`~edge_client.wire.topics`: MQTT topics and device ids;
+- :mod:`~edge_client.wire.artifact`: versioned model exports (``torch.export`` programs with
+  a manifest): the aggregator and the ClientApp write them, ``fedstream infer`` reads them
+  with torch alone;
 - :mod:`~edge_client.wire.constants`: formats, versions and vocabularies.
 
 Both the device runtime and the aggregator import it; it imports neither.
@@ -19,6 +22,15 @@ from typing import TYPE_CHECKING
 from edge_client.lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from edge_client.wire.artifact import (
+        ArtifactError,
+        LoadedModel,
+        ModelVersion,
+        latest_version,
+        list_versions,
+        load_version,
+        write_version,
+    )
     from edge_client.wire.codec import (
         CodecError,
         Compressed,
@@ -65,9 +77,22 @@ if TYPE_CHECKING:
         knobs,
         number_list,
     )
-    from edge_client.wire.topics import samples_topic, status_topic, validate_device_id
+    from edge_client.wire.topics import (
+        predictions_topic,
+        samples_topic,
+        status_topic,
+        validate_device_id,
+    )
 
 _EXPORTS = {
+    "ArtifactError": "artifact",
+    "LoadedModel": "artifact",
+    "ModelVersion": "artifact",
+    "latest_version": "artifact",
+    "list_versions": "artifact",
+    "load_version": "artifact",
+    "write_version": "artifact",
+    "predictions_topic": "topics",
     "parse_fields": "readings",
     "encode_readings": "readings",
     "decode_readings": "readings",
@@ -118,6 +143,7 @@ __all__ = [
     "METRICS",
     "UPDATE",
     "Arrivals",
+    "ArtifactError",
     "CodecError",
     "Compressed",
     "ControllerSettings",
@@ -125,7 +151,9 @@ __all__ = [
     "FeedbackState",
     "FieldPath",
     "FrameError",
+    "LoadedModel",
     "MappingError",
+    "ModelVersion",
     "Reading",
     "ReadingFormat",
     "RecordError",
@@ -146,13 +174,18 @@ __all__ = [
     "kebab",
     "knob",
     "knobs",
+    "latest_version",
+    "list_versions",
+    "load_version",
     "number_list",
     "parse_fields",
+    "predictions_topic",
     "raw_size_limit",
     "samples_topic",
     "status_topic",
     "to_mapping",
     "topk_gap",
     "validate_device_id",
+    "write_version",
 ]
 __getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -52,6 +52,7 @@ BROADCAST_MODES: Final = ("none", "fp16")  # how the model is sent down
 # Byzantine-robust and keep every update of the round.
 ROBUST_AGGREGATIONS: Final = ("trimmed-mean", "median", "krum", "multi-krum")
 AGGREGATIONS: Final = ("fedavg", "fednova", *ROBUST_AGGREGATIONS)
+DRIFT_REACTIONS: Final = ("none", "learning-rate", "boost")  # the aggregator's reactions to drift
 # How the aggregator drives training (aggregator.server_app): rounds that wait for every
 # device, or FedBuff's buffered asynchronous aggregation (aggregator.asynchronous).
 MODES: Final = ("sync", "async")

@@ -247,6 +247,9 @@ class ReplyMetrics(_Record):
         Peak resident bytes of the ClientApp process.
     write_bytes : int
         Bytes the ClientApp process sent to storage (the buffer file, its WAL).
+    drift_changes : int
+        Rises of the prequential error the device's drift watcher has detected so far
+        (:mod:`edge_client.runtime.drift`; 0 without a watcher).
     """
 
     num_examples: int
@@ -280,6 +283,7 @@ class ReplyMetrics(_Record):
     cpu_s: float = 0.0
     peak_rss: int = 0
     write_bytes: int = 0
+    drift_changes: int = 0
 
     def to_record(self) -> MetricRecord:
         """The ``metrics`` record (an unknown gap is left out)."""

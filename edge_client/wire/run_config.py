@@ -36,6 +36,7 @@ from edge_client.wire.constants import (
     COMPRESS_MODES,
     CONTROLLER_MODES,
     DEFAULT_TOPK_RATIO,
+    DRIFT_REACTIONS,
     MODES,
     ROBUST_AGGREGATIONS,
     STALENESS_RULES,
@@ -139,7 +140,16 @@ class RunSettings(ControllerSettings):
     """
 
     num_rounds: int = knob(
-        10, "federated rounds (async mode: model versions, one per aggregation)", ge=1
+        10,
+        "federated rounds (async mode: model versions, one per aggregation); 0: until "
+        "stopped (SIGTERM, or a STOP file in checkpoint-dir or out-dir: fedstream stop)",
+        ge=0,
+    )
+    min_fresh_samples: int = knob(
+        1,
+        "a round whose devices trained on fewer fresh samples in all is skipped (the model "
+        "is kept; counted in metrics.jsonl as skipped)",
+        ge=1,
     )
     mode: str = knob(
         "sync",
@@ -214,6 +224,26 @@ class RunSettings(ControllerSettings):
     checkpoint_dir: str = knob("", "where checkpoints go; empty: none")
     resume: bool = knob(False, "continue from the checkpoint in checkpoint-dir")
     out_dir: str = knob("", "where metrics.jsonl goes; empty: none")
+    metrics_max_mb: float = knob(
+        64.0, "metrics.jsonl is rotated to metrics.jsonl.1 (.2, ...) past this size", gt=0
+    )
+    metrics_keep: int = knob(3, "rotated metrics.jsonl files kept", ge=0)
+    export_dir: str = knob(
+        "", "where versioned model exports go (fedstream models DIR lists them); empty: none"
+    )
+    export_every: int = knob(
+        5, "rounds (async: model versions) between exports; 0: only at the end", ge=0
+    )
+    export_keep: int = knob(5, "exported versions kept (the newest)", ge=1)
+    drift_reaction: str = knob(
+        "none",
+        "when a device reports drift (a rise of its prequential error), for drift-rounds "
+        "rounds: learning-rate (every device's learning rate x drift-boost), boost (that device's "
+        "updates weigh x drift-boost) or none (only log it)",
+        choices=DRIFT_REACTIONS,
+    )
+    drift_boost: float = knob(2.0, "the drift reaction's multiplier", ge=1)
+    drift_rounds: int = knob(3, "rounds a drift reaction lasts", ge=0)
     eval_data: str = knob(
         "",
         "server-side evaluation besides the devices' prequential one: empty (none), a "

@@ -6,7 +6,7 @@ import re
 
 from edge_client.wire.constants import DEVICE_ID_PATTERN, TOPIC_ROOT
 
-__all__ = ["samples_topic", "status_topic", "validate_device_id"]
+__all__ = ["predictions_topic", "samples_topic", "status_topic", "validate_device_id"]
 
 _DEVICE_ID_RE = re.compile(DEVICE_ID_PATTERN)
 
@@ -26,3 +26,8 @@ def samples_topic(device_id: str) -> str:
 def status_topic(device_id: str) -> str:
     """Topic of a device's retained ingest status."""
     return f"{TOPIC_ROOT}/{validate_device_id(device_id)}/status"
+
+
+def predictions_topic(device_id: str) -> str:
+    """Topic a device's ``fedstream infer`` publishes its predictions on."""
+    return f"{TOPIC_ROOT}/{validate_device_id(device_id)}/predictions"

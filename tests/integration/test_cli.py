@@ -77,6 +77,37 @@ def test_publish_refuses_bad_options(args: list[str], message: str) -> None:
     assert message in proc.stderr
 
 
+def test_infer_refuses_bad_options_in_one_line(tmp_path: Path) -> None:
+    # One process (each costs seconds here); the other checks are InferConfig's unit tests.
+    proc = run("infer", "--device-id", "dev-a", "--model", str(tmp_path), "--drift", "kswin")
+    assert proc.returncode == 2
+    assert "drift must be one of" in " ".join(proc.stderr.split())
+
+
+def test_models_lists_versions_and_refuses_a_missing_directory(tmp_path: Path) -> None:
+    # Prepare: one exported version.
+    from edge_client.runtime.model_store import store_model
+    from edge_client.task.interface import Classification, init_model
+    from edge_client.wire.run_config import RunSettings
+
+    settings, task = RunSettings(model_width=8), Classification(width=8)
+    model = init_model(task, settings.shape, settings.num_classes, 0)
+    weights = {k: v.numpy() for k, v in model.state_dict().items()}
+    store_model(tmp_path / "m", task, settings, weights, 7, "dev-a", None)
+    # Execute
+    listed = run("models", str(tmp_path / "m"), "--json")
+    missing = run("models", str(tmp_path / "nope"))
+    # Assert
+    assert listed.returncode == 0
+    (entry,) = json.loads(listed.stdout)
+    assert (entry["version"], entry["output"], entry["sample-shape"]) == (
+        7,
+        "probabilities",
+        [6, 32],
+    )
+    assert missing.returncode == 2 and "not a directory" in " ".join(missing.stderr.split())
+
+
 def test_publish_fails_clearly_without_a_broker() -> None:
     proc = run(
         "publish",

@@ -14,7 +14,7 @@ from deploy.brokers import BROKER_CONFIG_DIR, MosquittoBroker
 from deploy.local import ProcessGroup, fedstream_command, wait_until
 from deploy.probes import MqttProbe, start_ingest
 from deploy.probes import buffer_stats as stats
-from edge_client.wire.topics import samples_topic
+from edge_client.wire.topics import predictions_topic, samples_topic
 
 pytestmark = pytest.mark.mosquitto
 
@@ -75,6 +75,27 @@ def test_device_cannot_write_or_read_another_devices_topic(secured) -> None:
     time.sleep(0.5)
     assert [m.payload for m in a.messages] == [b"from-a"]
     assert b.messages == []  # dev-b may not read dev-a's samples
+    a.close()
+    b.close()
+
+
+def test_a_device_publishes_only_its_own_predictions(secured) -> None:
+    # Prepare: dev-a reads its predictions topic; dev-b tries to write and read it.
+    broker, files = secured
+    url = tls_url(broker)
+    a = MqttProbe(url, "a-pred", **creds(files, "dev-a"))
+    b = MqttProbe(url, "b-pred", **creds(files, "dev-b"))
+    a.subscribe(predictions_topic("dev-a"))
+    b.subscribe(predictions_topic("dev-a"))
+    time.sleep(0.5)
+    # Execute
+    b.publish(predictions_topic("dev-a"), b"forged")  # denied: dropped by the broker
+    a.publish(predictions_topic("dev-a"), b"{}")  # its own: allowed
+    # Assert
+    assert wait_until(lambda: len(a.messages) >= 1, 10)
+    time.sleep(0.5)
+    assert [m.payload for m in a.messages] == [b"{}"]
+    assert b.messages == []
     a.close()
     b.close()
 

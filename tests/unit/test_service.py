@@ -1,0 +1,185 @@
+"""The aggregator as a continuous service on the in-process runner: no round limit, stopped
+by SIGTERM or a STOP file after a whole round, resumed where it stopped; skipped rounds;
+bounded metrics and exports."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from aggregator.checkpoint import load_checkpoint, read_state
+from aggregator.records import RoundRecord, append_record, read_metrics
+from aggregator.server_app import run_rounds
+from aggregator.service import STOP_FILE, request_stop
+from deploy.inprocess import InProcessGrid, VirtualDevice
+from deploy.local import wait_until
+from edge_client.task.interface import Classification, init_model
+from edge_client.wire.artifact import list_versions
+from edge_client.wire.run_config import RunSettings
+
+Fast = Callable[..., RunSettings]
+Fleet = Callable[..., list[VirtualDevice]]
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _run(
+    tmp: Path, devices: list[VirtualDevice], settings: RunSettings, **kw: object
+) -> list[RoundRecord]:
+    grid = InProcessGrid(devices, tmp, settings)
+    try:
+        return run_rounds(grid, settings, **kw)  # type: ignore[arg-type]
+    finally:
+        grid.close()
+
+
+def test_sigterm_ends_a_continuous_run_after_a_whole_round_and_resume_continues(
+    tmp_path: Path, fast: Fast, fleet: Fleet
+) -> None:
+    # Prepare: a run with no round limit in a child process, exporting every round.
+    dirs = {k: tmp_path / k for k in ("ckpt", "out", "exports")}
+    script = textwrap.dedent(
+        f"""
+        import logging, sys
+        logging.basicConfig(level=logging.INFO)
+        from tests.conftest import FAST
+        from aggregator.server_app import run_rounds
+        from pathlib import Path
+        from deploy.inprocess import InProcessGrid, VirtualDevice
+        from edge_client.wire.run_config import RunSettings
+        s = RunSettings(**{{**FAST, "num_rounds": 0, "checkpoint_dir": {str(dirs["ckpt"])!r},
+            "out_dir": {str(dirs["out"])!r}, "export_dir": {str(dirs["exports"])!r},
+            "export_every": 1, "controller_probe": 0}})
+        devices = [VirtualDevice("dev-0"), VirtualDevice("dev-1")]
+        run_rounds(InProcessGrid(devices, Path({str(tmp_path / "b1")!r}), s), s)
+        print("returned", flush=True)
+        """
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    try:
+        metrics = dirs["out"] / "metrics.jsonl"
+        assert wait_until(lambda: len(read_metrics(metrics)) >= 2 or proc.poll() is not None, 120)
+        assert proc.poll() is None, proc.communicate()[0].decode()
+        # Execute: SIGTERM, as systemd stops a service.
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # Assert: exit 0, after a whole round: checkpoint, metrics and export agree.
+    text = out.decode()
+    assert proc.returncode == 0, text
+    assert "SIGTERM: stopping after the current round" in text and "returned" in text
+    last = read_state(dirs["ckpt"])["server-round"]  # type: ignore[index]
+    assert [r.round for r in read_metrics(metrics)] == list(range(1, last + 1))
+    assert list_versions(dirs["exports"])[-1].version == last
+
+    # Execute: resume for two more rounds.
+    settings = fast(
+        num_rounds=last + 2,
+        resume=True,
+        checkpoint_dir=str(dirs["ckpt"]),
+        out_dir=str(dirs["out"]),
+        export_dir=str(dirs["exports"]),
+        export_every=1,
+    )
+    records = _run(tmp_path / "b2", fleet(1, 1), settings)
+    # Assert: the rounds and the model versions go on from where SIGTERM left them.
+    assert [r.round for r in records] == [last + 1, last + 2]
+    assert [r.round for r in read_metrics(metrics)] == list(range(1, last + 3))
+    assert [v.version for v in list_versions(dirs["exports"])][-2:] == [last + 1, last + 2]
+
+
+def test_a_stop_file_ends_an_asynchronous_run_after_the_aggregation(
+    tmp_path: Path, fast: Fast, fleet: Fleet
+) -> None:
+    # Prepare: an asynchronous run with no version limit; a stale STOP file from before.
+    ckpt = tmp_path / "ckpt"
+    request_stop(ckpt)
+    settings = fast(
+        mode="async", num_rounds=0, checkpoint_dir=str(ckpt), controller_probe=0, async_buffer=1
+    )
+
+    def stop_at_4(record: RoundRecord) -> bool:
+        if record.round == 4:
+            request_stop(ckpt)
+        return False
+
+    # Execute
+    records = _run(tmp_path / "b", fleet(1, 2), settings, stop=stop_at_4)
+    # Assert: the stale file did not stop it; the new one did, after version 4, and is gone.
+    assert [r.round for r in records] == [1, 2, 3, 4]
+    assert read_state(ckpt)["server-round"] == 4  # type: ignore[index]
+    assert not (ckpt / STOP_FILE).exists()
+
+
+def test_rounds_without_enough_fresh_samples_are_skipped_and_counted(
+    tmp_path: Path, fast: Fast, fleet: Fleet
+) -> None:
+    # Prepare: a round needs more fresh samples than the devices can train on.
+    ckpt = tmp_path / "ckpt"
+    settings = fast(num_rounds=3, min_fresh_samples=10**6, checkpoint_dir=str(ckpt))
+    initial = init_model(Classification(), settings.shape, settings.num_classes, settings.seed)
+    # Execute
+    records = _run(tmp_path / "b", fleet(1, 1), settings)
+    # Assert: every round skipped with its reason, the model as it started.
+    assert [r.skipped for r in records] == ["too-few-fresh-samples"] * 3
+    assert records[-1].skipped_rounds == {"too-few-fresh-samples": 3}
+    saved = load_checkpoint(ckpt).arrays.to_torch_state_dict()  # type: ignore[union-attr]
+    for name, tensor in initial.state_dict().items():
+        assert torch.equal(saved[name], tensor)
+
+
+def test_metrics_are_rotated_past_their_size_and_the_oldest_dropped(tmp_path: Path) -> None:
+    # Prepare
+    path = tmp_path / "metrics.jsonl"
+    line = RoundRecord(
+        1, 0.5, 1.0, 8, 8, 1.0, {}, {}, {}, {}, {}, "none", "fedavg", [], 0, 0, [], 0, 0.0, 0.0
+    )
+    size = len(line.to_json()) + 1
+    # Execute: 20 records, rotated past 3 lines' worth, 2 rotated files kept.
+    for i in range(20):
+        append_record(
+            path, RoundRecord(**{**line.__dict__, "round": i + 1}), max_bytes=3 * size, keep=2
+        )
+    # Assert: 3 files of at most 3 lines: the newest 8 or 9 rounds, in order.
+    files = [path.with_name(f"{path.name}.2"), path.with_name(f"{path.name}.1"), path]
+    assert not path.with_name(f"{path.name}.3").exists()
+    rounds = [json.loads(x)["round"] for f in files for x in f.read_text().splitlines()]
+    assert rounds == list(range(rounds[0], 21)) and len(rounds) >= 7
+    assert all(len(f.read_text().splitlines()) <= 3 for f in files)
+
+
+def test_a_long_run_keeps_its_files_bounded(tmp_path: Path, fast: Fast, fleet: Fleet) -> None:
+    # Prepare: many short rounds with every bound small; the run's files are counted after.
+    dirs = {k: tmp_path / k for k in ("ckpt", "out", "exports")}
+    settings = fast(
+        num_rounds=40,
+        checkpoint_dir=str(dirs["ckpt"]),
+        out_dir=str(dirs["out"]),
+        export_dir=str(dirs["exports"]),
+        export_every=2,
+        export_keep=2,
+        metrics_max_mb=0.02,
+        metrics_keep=1,
+        local_steps=1,
+        controller_probe=0,
+        eval_data="",
+    )
+    # Execute
+    _run(tmp_path / "b", fleet(1, 1), settings)
+    # Assert: one checkpoint model, two exports, two metrics files at most.
+    assert len(list(dirs["ckpt"].glob("model-*.pt"))) == 1
+    assert [v.version for v in list_versions(dirs["exports"])] == [38, 40]
+    assert sorted(p.name for p in dirs["out"].iterdir()) == ["metrics.jsonl", "metrics.jsonl.1"]
+    assert sum(p.stat().st_size for p in dirs["out"].iterdir()) < 2 * 0.02e6 + 20_000
+    assert np.isfinite(read_metrics(dirs["out"] / "metrics.jsonl")[-1].accuracy)
