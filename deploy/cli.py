@@ -127,6 +127,26 @@ TimeUnitOption = Annotated[
 ]
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        print(f"fedstream {version('fedstream')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    _version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version and exit."
+        ),
+    ] = False,
+) -> None:
+    """Federated learning on live MQTT sensor streams."""
+
+
 def _run_help(name: str, text: str) -> str:
     """Help of a demo option that is a run-config key: what it does, its key and default."""
     return f"{text} ({kebab(name)}, default {default(name)})"
@@ -195,9 +215,11 @@ def _window_spec(
     )
 
 
-def _fail(message: str) -> typer.Exit:
-    console.print(f"[red]error:[/red] {message}")
-    return typer.Exit(2)
+def _fail(message: str, code: int = 2) -> typer.Exit:
+    """Print ``message`` as one line and return the exit to raise: 2 for a usage error
+    (bad options or input), 1 for a failure at run time (a broker never reached)."""
+    console.print(f"[red]error:[/red] {message}", soft_wrap=True)
+    return typer.Exit(code)
 
 
 @app.command()
@@ -447,6 +469,14 @@ def ingest(
             rich_help_panel=_READINGS,
         ),
     ] = DEFAULT_LABEL_WAIT_S,
+    connect_timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--connect-timeout",
+            help="Exit 1 (with the reason) if the first connection has not succeeded after "
+            "this many seconds; default: keep retrying.",
+        ),
+    ] = None,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
 ) -> None:
     """Run the ingest daemon: MQTT samples into the device's durable buffer.
@@ -483,11 +513,15 @@ def ingest(
             inject=inject,
             topics=tuple(topic or ()) if spec is None else (),
             windowing=spec,
+            connect_timeout=connect_timeout,
         )
         daemon = IngestDaemon(config)
     except (ValueError, BufferStoreError, OSError) as err:
         raise _fail(str(err)) from err
-    daemon.run()
+    try:
+        daemon.run()
+    except ConnectionError as err:
+        raise _fail(str(err), code=1) from err
 
 
 @app.command()

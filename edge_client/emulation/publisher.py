@@ -171,11 +171,17 @@ def run_publisher(
     client.on_publish = acks.on_publish
     client.max_inflight_messages_set(PUBLISH_MAX_INFLIGHT)
     client.max_queued_messages_set(0)  # unbounded: keep every sample while the broker is away
-    connect_async(client, config.broker)
+    connection = connect_async(client, config.broker)
     try:
         if not acks.connected.wait(config.connect_timeout):
-            why = f" ({acks.refused})" if acks.refused else ""
-            raise ConnectionError(f"could not connect to {config.broker}{why}")
+            why = (
+                f"the broker refused the connection: {acks.refused}"
+                if acks.refused
+                else connection.last_error or "no answer"
+            )
+            raise ConnectionError(
+                f"could not connect to {config.broker} within {config.connect_timeout:g} s: {why}"
+            )
         return _publish_loop(config, source, client, acks, stop, on_progress)
     finally:
         client.disconnect()

@@ -190,7 +190,7 @@ class InferenceDaemon:
         if self.config.drift == "adwin":
             self._watch = self._load_watch()
         self._worker.start()
-        connect_async(self._client, self.config.broker)
+        self.connection = connect_async(self._client, self.config.broker)
         log.info(
             "inference on %s from %s, model %s, predictions to %s",
             ", ".join(self.config.subscriptions),
@@ -220,7 +220,7 @@ class InferenceDaemon:
 
     def _on_connect(self, client: mqtt.Client, _u: Any, _f: Any, rc: Any, _p: Any) -> None:
         if rc.is_failure:
-            log.error("broker %s refused the connection: %s", self.config.broker, rc)
+            self.connection.refused(self.config.broker, rc)
             return
         client.subscribe([(topic, 1) for topic in self.config.subscriptions])
         log.info("connected to %s", self.config.broker)

@@ -90,6 +90,7 @@ class IngestConfig:
     inject: bool = False  # opted in to ScaDLES data injection (see edge_client.runtime.inject)
     topics: tuple[str, ...] = ()  # sample frames on these topics (default: the device's)
     windowing: WindowSpec | None = None  # per-reading JSON, cut into windows
+    connect_timeout: float | None = None  # run(): exit if not connected by then (None: retry)
     subscriptions: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -97,6 +98,8 @@ class IngestConfig:
             raise ValueError(f"status interval must be > 0, got {self.status_interval}")
         if not 0 < self.commit_interval <= 60:
             raise ValueError(f"commit interval must be in (0, 60] s, got {self.commit_interval}")
+        if self.connect_timeout is not None and not self.connect_timeout > 0:
+            raise ValueError(f"connect timeout must be > 0 s, got {self.connect_timeout}")
         if self.num_classes < 1:
             raise ValueError(f"num-classes must be >= 1, got {self.num_classes}")
         default = samples_topic(self.device_id)  # validates the id
@@ -207,7 +210,7 @@ class IngestDaemon:
     def start(self) -> None:
         """Start the writer thread and connect (retrying with back-off until connected)."""
         self._writer.start()
-        connect_async(self._client, self.config.broker)
+        self.connection = connect_async(self._client, self.config.broker)
         log.info(
             "ingesting %s from %s into %s (%s, capacity %d)",
             ", ".join(self.config.subscriptions),
@@ -237,14 +240,31 @@ class IngestDaemon:
         log.info("ingest for %s stopped", self.config.device_id)
 
     def run(self) -> None:
-        """Run until SIGTERM or SIGINT, then stop cleanly (flush, acknowledge, exit)."""
-        run_until_signalled(self.start, self.stop, self._writer, "ingest writer")
+        """Run until SIGTERM or SIGINT, then stop cleanly (flush, acknowledge, exit).
+
+        Raises
+        ------
+        ConnectionError
+            With ``connect_timeout``: if the first connection did not succeed in time (the
+            message says why the last attempt failed).
+        """
+        run_until_signalled(self._start_connected, self.stop, self._writer, "ingest writer")
+
+    def _start_connected(self) -> None:
+        self.start()
+        timeout = self.config.connect_timeout
+        if timeout is not None and not self.wait_connected(timeout):
+            why = self.connection.last_error or "no answer"
+            self.stop()
+            raise ConnectionError(
+                f"could not connect to {self.config.broker} within {timeout:g} s: {why}"
+            )
 
     # -- paho callbacks (network thread: never block here) ---------------------------------
 
     def _on_connect(self, client: mqtt.Client, _u: Any, flags: Any, rc: Any, _p: Any) -> None:
         if rc.is_failure:
-            log.error("broker %s refused the connection: %s", self.config.broker, rc)
+            self.connection.refused(self.config.broker, rc)
             return
         # Subscribing again is harmless when the session survived, and needed when it did not.
         client.subscribe([(topic, 1) for topic in self.config.subscriptions])

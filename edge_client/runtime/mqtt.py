@@ -5,7 +5,10 @@ Topics and device ids are part of the wire contract: :mod:`edge_client.wire.topi
 
 from __future__ import annotations
 
+import logging
+import socket
 import ssl
+import sys
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
@@ -14,7 +17,9 @@ from paho.mqtt.enums import CallbackAPIVersion
 
 from edge_client.runtime.constants import KEEPALIVE_S, RECONNECT_MAX_DELAY_S, RECONNECT_MIN_DELAY_S
 
-__all__ = ["BrokerURL", "connect_async", "make_client"]
+__all__ = ["BrokerURL", "Connection", "connect_async", "describe_connect_error", "make_client"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -92,7 +97,70 @@ def make_client(
     return client
 
 
-def connect_async(client: mqtt.Client, broker: BrokerURL) -> None:
-    """Start connecting in the background; paho's loop thread retries with back-off."""
+@dataclass
+class Connection:
+    """What is known of a client's attempts to reach its broker.
+
+    Attributes
+    ----------
+    failures : int
+        Attempts that failed so far (first connection and reconnections).
+    last_error : str or None
+        Why the last one failed, in words (None: none failed).
+    """
+
+    failures: int = 0
+    last_error: str | None = None
+
+    def refused(self, broker: BrokerURL, reason: object) -> None:
+        """The broker answered and refused (bad credentials, not authorised): log it."""
+        self.failures += 1
+        self.last_error = f"the broker refused the connection: {reason}"
+        log.error("cannot connect to %s: %s", broker, self.last_error)
+
+
+def describe_connect_error(err: BaseException | None, broker: BrokerURL) -> str:
+    """Why a connection to ``broker`` failed, in words an operator can act on."""
+    where = f"{broker.host}:{broker.port}"
+    if isinstance(err, ssl.SSLCertVerificationError):
+        return (
+            f"TLS: the broker's certificate failed verification when dialling {broker.host!r} "
+            f"({err.verify_message}); check --cafile and that the certificate names this host"
+        )
+    if isinstance(err, ssl.SSLError):
+        return f"TLS: {err.reason or err}"
+    if isinstance(err, socket.gaierror):
+        return f"DNS: cannot resolve {broker.host!r} ({err.strerror})"
+    if isinstance(err, ConnectionRefusedError):
+        return f"refused: nothing accepts connections at {where}"
+    if isinstance(err, TimeoutError):
+        return f"timed out connecting to {where}"
+    if isinstance(err, OSError):
+        return f"{type(err).__name__}: {err.strerror or err}"
+    return "unknown reason" if err is None else f"{type(err).__name__}: {err}"
+
+
+def connect_async(client: mqtt.Client, broker: BrokerURL) -> Connection:
+    """Start connecting in the background; paho's loop thread retries with back-off.
+
+    Every failed attempt (the first connection or a reconnection) is logged with its reason
+    (refused, DNS, TLS verification, ...), which the returned :class:`Connection` also holds.
+    """
+    state = Connection()
+
+    def on_fail(_client: mqtt.Client, _userdata: object) -> None:
+        # paho calls this inside its `except OSError`: the exception is the current one
+        state.failures += 1
+        state.last_error = describe_connect_error(sys.exc_info()[1], broker)
+        log.warning(
+            "cannot connect to %s: %s (attempt %d; retrying, at most every %d s)",
+            broker,
+            state.last_error,
+            state.failures,
+            RECONNECT_MAX_DELAY_S,
+        )
+
+    client.on_connect_fail = on_fail
     client.connect_async(broker.host, broker.port, keepalive=KEEPALIVE_S)
     client.loop_start()
+    return state

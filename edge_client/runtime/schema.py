@@ -96,6 +96,10 @@ def connect(
         has a newer layout than this fedstream reads.
     """
     path = Path(path)
+    if path.is_dir():
+        raise BufferStoreError(
+            f"{path} is a directory: give the buffer file (e.g. {path}/pi-1.sqlite)"
+        )
     if not path.exists():
         if not create:
             raise BufferStoreError(f"no buffer at {path} (start `fedstream ingest` first)")

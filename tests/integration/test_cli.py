@@ -59,6 +59,14 @@ def test_status_reports_a_missing_buffer_clearly(tmp_path: Path) -> None:
     assert "no buffer" in proc.stderr
 
 
+def test_status_on_a_directory_and_version_answer_in_one_line(tmp_path: Path) -> None:
+    on_dir = run("status", "--buffer", str(tmp_path))
+    version = run("--version")
+    assert on_dir.returncode == 2 and "is a directory" in on_dir.stderr
+    assert len(on_dir.stderr.strip().splitlines()) == 1 and "Traceback" not in on_dir.stderr
+    assert version.returncode == 0 and version.stdout.startswith("fedstream 0.")
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
@@ -123,6 +131,29 @@ def test_publish_fails_clearly_without_a_broker() -> None:
         "2",
     )
     assert proc.returncode == 2 and "could not connect" in proc.stderr
+    assert "refused: nothing accepts connections at 127.0.0.1:1" in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("broker", "reason"),
+    [
+        ("mqtt://127.0.0.1:1", "refused: nothing accepts connections at 127.0.0.1:1"),
+        ("mqtt://no-such-host.invalid:1883", "DNS: cannot resolve 'no-such-host.invalid'"),
+    ],
+)
+def test_ingest_says_why_it_cannot_connect_and_gives_up_after_its_timeout(
+    tmp_path: Path, broker: str, reason: str
+) -> None:
+    # Execute: a broker that is not there; 3 s to connect.
+    proc = run(
+        "ingest", "--device-id", "d", "--buffer", str(tmp_path / "d.sqlite"),
+        "--broker", broker, "--connect-timeout", "3",
+    )  # fmt: skip
+    # Assert: each failed attempt logged with its reason, then one line and exit 1.
+    assert proc.returncode == 1, proc.stderr
+    assert proc.stderr.count(f"cannot connect to {broker}: {reason}") >= 1
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: could not connect") and reason in last
 
 
 @pytest.mark.parametrize(
