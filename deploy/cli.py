@@ -344,7 +344,20 @@ def publish(
             digits = load_dataset("digits", DIGITS_SHAPE, num_classes)
             src = dataset_source(digits, rng, probs, feature_shift)
         else:
-            x, y = load_recording(source, _parse_shape(shape))
+            declared = _parse_shape(shape)
+            x, y = load_recording(source, declared)
+            # Checked here, before anything is sent: the device's ingest daemon (--shape,
+            # --num-classes) would acknowledge and then refuse every such sample.
+            if x.shape[1:] != declared:
+                raise ValueError(
+                    f"{source}: samples of shape {tuple(x.shape[1:])}, but --shape is {declared}: "
+                    "the device's ingest would refuse every one (give the shape it declares)"
+                )
+            if len(y) and int(y.max()) >= num_classes:
+                raise ValueError(
+                    f"{source}: labels up to {int(y.max())}, but --num-classes is {num_classes}: "
+                    "the device's ingest would refuse those samples"
+                )
             skewed = label_list is not None or dirichlet is not None
             src = ArraySource(x, y, rng, probs if skewed else None)
         config = PublisherConfig(

@@ -116,6 +116,21 @@ def test_models_lists_versions_and_refuses_a_missing_directory(tmp_path: Path) -
     assert missing.returncode == 2 and "not a directory" in " ".join(missing.stderr.split())
 
 
+def test_publish_refuses_a_recording_the_device_would_refuse(tmp_path: Path) -> None:
+    # Prepare: rows of 5 values where the device declares 6 x 32; labels up to 7 of 6.
+    wide = tmp_path / "wide.csv"
+    wide.write_text("label,a,b,c,d,e\n" + "1,0.1,0.2,0.3,0.4,0.5\n" * 3)
+    labels = tmp_path / "labels.csv"
+    labels.write_text("\n".join(f"{k}," + ",".join(["0.5"] * 192) for k in (0, 7)) + "\n")
+    common = ["--device-id", "d", "--broker", "mqtt://127.0.0.1:1", "--rate", "10", "--count", "3"]
+    # Execute
+    shape = run("publish", *common, "--source", str(wide))
+    label = run("publish", *common, "--source", str(labels))
+    # Assert: refused before connecting, in one line each.
+    assert shape.returncode == 2 and "but --shape is (6, 32)" in shape.stderr
+    assert label.returncode == 2 and "labels up to 7, but --num-classes is 6" in label.stderr
+
+
 def test_publish_fails_clearly_without_a_broker() -> None:
     proc = run(
         "publish",

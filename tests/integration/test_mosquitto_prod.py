@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import socket
+import ssl
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -132,3 +136,86 @@ def test_ingest_and_publisher_over_tls_with_credentials(secured, tmp_path: Path)
         assert wait_until(lambda: stats(buf)["accepted"] >= 500, 20)
         assert procs.stop("ingest") == 0
     assert stats(buf)["accepted"] == 500
+
+
+def _ingest_once(url: str, tmp_path: Path, *auth: str) -> subprocess.CompletedProcess[str]:
+    """``fedstream ingest`` with 3 s to make its first connection."""
+    return subprocess.run(
+        fedstream_command(
+            "ingest", "--device-id", "dev-a", "--buffer", str(tmp_path / "a.sqlite"),
+            "--broker", url, "--connect-timeout", "3", *auth,
+        ),
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def _exits_with_reason(proc: subprocess.CompletedProcess[str], reason: str) -> None:
+    """Exit 1; the reason logged at each attempt and in the one line it exits with."""
+    assert proc.returncode == 1, proc.stderr
+    assert "WARNING" in proc.stderr or "ERROR" in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: could not connect") and reason in last, proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("password", "cafile", "reason"),
+    [
+        (None, "/etc/ssl/certs/ca-certificates.crt", "certificate failed verification"),
+        ("wrong", None, "the broker refused the connection: Not authorized"),
+    ],
+)
+def test_ingest_says_why_a_tls_broker_will_not_have_it(
+    secured, tmp_path: Path, password: str | None, cafile: str | None, reason: str
+) -> None:
+    # Prepare: the production broker; one thing wrong at a time (another CA, a bad password).
+    broker, files = secured
+    c = creds(files, "dev-a")
+    auth = ["--username", "dev-a", "--password", password or c["password"]]
+    # Execute
+    proc = _ingest_once(tls_url(broker), tmp_path, *auth, "--cafile", cafile or c["cafile"])
+    # Assert
+    _exits_with_reason(proc, reason)
+
+
+def test_ingest_names_the_host_a_tls_certificate_does_not_cover(tmp_path: Path) -> None:
+    # Prepare: a TLS listener on 127.0.0.1 whose certificate, from its own CA, names only
+    # broker.example (what a device dialling the broker by IP meets).
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", "/CN=t CA",
+            "-keyout", "ca.key", "-out", "ca.crt")  # fmt: skip
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=broker.example",
+            "-keyout", "s.key", "-out", "s.csr")  # fmt: skip
+    (tmp_path / "san.ext").write_text("subjectAltName=DNS:broker.example\n")
+    openssl("x509", "-req", "-in", "s.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+            "-CAcreateserial", "-days", "2", "-extfile", "san.ext", "-out", "s.crt")  # fmt: skip
+    server = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    server.load_cert_chain(tmp_path / "s.crt", tmp_path / "s.key")
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    stop = threading.Event()
+
+    def serve() -> None:
+        listener.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            with contextlib.suppress(OSError), server.wrap_socket(conn, server_side=True):
+                pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        # Execute
+        proc = _ingest_once(
+            f"mqtts://127.0.0.1:{port}", tmp_path, "--cafile", str(tmp_path / "ca.crt")
+        )
+    finally:
+        stop.set()
+        thread.join(5)
+        listener.close()
+    # Assert
+    _exits_with_reason(proc, "certificate is not valid for '127.0.0.1'")
