@@ -50,6 +50,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 console = Console(stderr=True)
 
@@ -61,6 +62,18 @@ RateSet = Enum("RateSet", {name: name for name in RATE_SETS}, type=str)  # type:
 _DEFAULT_POLICY = Policy(DEFAULT_POLICY)
 _READINGS = "Per-reading JSON (--window)"
 
+
+# Options several commands share.
+UsernameOption = Annotated[
+    str | None, typer.Option(help="Broker username (the device id under the ACL).")
+]
+PasswordOption = Annotated[
+    str | None,
+    typer.Option(
+        envvar="FEDSTREAM_MQTT_PASSWORD", help="Broker password (better: the environment variable)."
+    ),
+]
+VerboseOption = Annotated[bool, typer.Option("--verbose", "-v", help="Log at DEBUG level.")]
 
 # Options ``ingest`` and ``infer`` share: per-reading JSON cut into windows.
 TopicOption = Annotated[
@@ -276,11 +289,16 @@ def publish(
         float, typer.Option("--feature-shift", help="Per-device sensor gain/bias scale.")
     ] = 0.0,
     shape: Annotated[str, typer.Option(help="Synthetic/CSV sample shape.")] = "6,32",
-    num_classes: Annotated[int, typer.Option("--num-classes")] = DEFAULT_NUM_CLASSES,
+    num_classes: Annotated[
+        int,
+        typer.Option(
+            "--num-classes", help="Classes of the labels (the device's ingest --num-classes)."
+        ),
+    ] = DEFAULT_NUM_CLASSES,
     qos: Annotated[int, typer.Option(help="MQTT QoS.")] = 1,
     seed: Annotated[int, typer.Option(help="Seed for rate, samples and arrivals.")] = 0,
-    username: Annotated[str | None, typer.Option()] = None,
-    password: Annotated[str | None, typer.Option(envvar="FEDSTREAM_MQTT_PASSWORD")] = None,
+    username: UsernameOption = None,
+    password: PasswordOption = None,
     cafile: Annotated[str | None, typer.Option(help="CA bundle (enables TLS).")] = None,
     connect_timeout: Annotated[
         float, typer.Option("--connect-timeout", help="Give up if not connected by then (s).")
@@ -297,7 +315,7 @@ def publish(
     topic: Annotated[
         str | None, typer.Option(help="Publish here instead of fedstream/v1/<id>/samples.")
     ] = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    verbose: VerboseOption = False,
 ) -> None:
     """Publish a sensor stream at a rate; prints the achieved rate at the end."""
     from edge_client.emulation import (
@@ -432,8 +450,8 @@ def ingest(
             "per sample (SD cards) and loses nothing (messages are acknowledged once committed).",
         ),
     ] = COMMIT_INTERVAL_S,
-    username: Annotated[str | None, typer.Option()] = None,
-    password: Annotated[str | None, typer.Option(envvar="FEDSTREAM_MQTT_PASSWORD")] = None,
+    username: UsernameOption = None,
+    password: PasswordOption = None,
     cafile: Annotated[str | None, typer.Option(help="CA bundle (enables TLS).")] = None,
     inject: Annotated[
         bool,
@@ -490,7 +508,7 @@ def ingest(
             "this many seconds; default: keep retrying.",
         ),
     ] = None,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    verbose: VerboseOption = False,
 ) -> None:
     """Run the ingest daemon: MQTT samples into the device's durable buffer.
 
@@ -587,8 +605,16 @@ def infer(
     drift_delta: Annotated[
         float, typer.Option("--drift-delta", help="ADWIN's confidence (smaller: surer, later).")
     ] = DEFAULT_DELTA,
-    username: Annotated[str | None, typer.Option()] = None,
-    password: Annotated[str | None, typer.Option(envvar="FEDSTREAM_MQTT_PASSWORD")] = None,
+    connect_timeout: Annotated[
+        float | None,
+        typer.Option(
+            "--connect-timeout",
+            help="Exit 1 (with the reason) if the first connection has not succeeded after "
+            "this many seconds; default: keep retrying.",
+        ),
+    ] = None,
+    username: UsernameOption = None,
+    password: PasswordOption = None,
     cafile: Annotated[str | None, typer.Option(help="CA bundle (enables TLS).")] = None,
     topic: TopicOption = None,
     fields: FieldsOption = None,
@@ -599,7 +625,7 @@ def infer(
     max_skew: MaxSkewOption = DEFAULT_MAX_SKEW_S,
     time_field: TimeFieldOption = "ts",
     time_unit: TimeUnitOption = "s",
-    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    verbose: VerboseOption = False,
 ) -> None:
     """Run the newest model on every sample of the device's stream; publish predictions to
     fedstream/v1/<device-id>/predictions."""
@@ -624,11 +650,15 @@ def infer(
                 windowing=spec,
                 drift=drift,
                 drift_delta=drift_delta,
+                connect_timeout=connect_timeout,
             )
         )
     except (ValueError, OSError) as err:
         raise _fail(str(err)) from err
-    daemon.run()
+    try:
+        daemon.run()
+    except ConnectionError as err:
+        raise _fail(str(err), code=1) from err
 
 
 @app.command()
@@ -1012,7 +1042,7 @@ def serve(
     app_dir: Annotated[
         Path, typer.Option("--app", help="The Flower app (folder with pyproject.toml).")
     ] = Path("."),
-    verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    verbose: VerboseOption = False,
 ) -> None:
     """Keep a continuous run (num-rounds = 0) going on a SuperLink until SIGTERM; then stop it
     after its current round and exit 0 (the aggregator's systemd unit runs this)."""

@@ -110,6 +110,7 @@ class InferConfig:
     drift: str = "adwin"
     drift_delta: float = DEFAULT_DELTA
     poll_interval: float = MODEL_POLL_S
+    connect_timeout: float | None = None  # run(): exit if not connected by then (None: retry)
 
     def __post_init__(self) -> None:
         if self.drift not in DETECTORS:
@@ -118,6 +119,8 @@ class InferConfig:
             raise ValueError(f"drift delta must lie in (0, 1), got {self.drift_delta}")
         if self.poll_interval <= 0:
             raise ValueError(f"poll interval must be > 0, got {self.poll_interval}")
+        if self.connect_timeout is not None and not self.connect_timeout > 0:
+            raise ValueError(f"connect timeout must be > 0 s, got {self.connect_timeout}")
         if self.windowing is not None and self.windowing.labelled:
             raise ValueError(
                 "inference predicts every window as it forms: give no --label-field or "
@@ -213,8 +216,24 @@ class InferenceDaemon:
         log.info("inference for %s stopped: %s", self.config.device_id, self._summary())
 
     def run(self) -> None:
-        """Run until SIGTERM or SIGINT."""
-        run_until_signalled(self.start, self.stop, self._worker, "inference worker")
+        """Run until SIGTERM or SIGINT.
+
+        Raises
+        ------
+        ConnectionError
+            With ``connect_timeout``: if the first connection did not succeed in time.
+        """
+        run_until_signalled(self._start_connected, self.stop, self._worker, "inference worker")
+
+    def _start_connected(self) -> None:
+        self.start()
+        timeout = self.config.connect_timeout
+        if timeout is not None and not self.wait_connected(timeout):
+            why = self.connection.last_error or "no answer"
+            self.stop()
+            raise ConnectionError(
+                f"could not connect to {self.config.broker} within {timeout:g} s: {why}"
+            )
 
     # -- paho callbacks (network thread) --------------------------------------------------
 

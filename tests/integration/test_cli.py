@@ -85,6 +85,16 @@ def test_publish_refuses_bad_options(args: list[str], message: str) -> None:
     assert message in proc.stderr
 
 
+def test_infer_gives_up_with_the_reason_after_its_connect_timeout(tmp_path: Path) -> None:
+    proc = run(
+        "infer", "--device-id", "dev-a", "--model", str(tmp_path), "--drift", "none",
+        "--broker", "mqtt://127.0.0.1:1", "--connect-timeout", "3",
+    )  # fmt: skip
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 1, proc.stderr
+    assert last.startswith("error: could not connect") and "refused: nothing accepts" in last
+
+
 def test_infer_refuses_bad_options_in_one_line(tmp_path: Path) -> None:
     # One process (each costs seconds here); the other checks are InferConfig's unit tests.
     proc = run("infer", "--device-id", "dev-a", "--model", str(tmp_path), "--drift", "kswin")
