@@ -33,6 +33,7 @@ __all__ = [
     "UpdateInfo",
     "append_record",
     "read_metrics",
+    "read_rotated",
     "rotate",
     "virtual_round_s",
 ]
@@ -338,6 +339,22 @@ def append_record(path: Path, record: RoundRecord, max_bytes: int = 0, keep: int
         rotate(path, keep)
     with path.open("a") as fh:
         fh.write(record.to_json() + "\n")
+
+
+def read_rotated(path: Path) -> list[RoundRecord]:
+    """The rounds of ``metrics.jsonl`` and the rotated files that are still there
+    (``metrics.jsonl.N`` ... ``.1``, oldest first), in order.
+
+    Raises
+    ------
+    ValueError
+        If a line is not a round record.
+    """
+    rotated = sorted(
+        (p for p in path.parent.glob(f"{path.name}.*") if p.suffix[1:].isdigit()),
+        key=lambda p: -int(p.suffix[1:]),
+    )
+    return [r for p in [*rotated, path] for r in read_metrics(p)]
 
 
 def rotate(path: Path, keep: int) -> None:

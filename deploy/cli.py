@@ -32,6 +32,7 @@ from edge_client.runtime.constants import (
     DEFAULT_MAX_SKEW_S,
     DEFAULT_POLICY,
     POLICIES,
+    RATE_LOG_S,
     STATUS_INTERVAL_S,
 )
 from edge_client.runtime.drift import DEFAULT_DELTA
@@ -442,6 +443,10 @@ def ingest(
     status_interval: Annotated[
         float, typer.Option("--status-interval", help="Seconds between status messages.")
     ] = STATUS_INTERVAL_S,
+    log_interval: Annotated[
+        float,
+        typer.Option("--log-interval", help="Seconds between the log's lines of what came in."),
+    ] = RATE_LOG_S,
     commit_interval: Annotated[
         float,
         typer.Option(
@@ -540,6 +545,7 @@ def ingest(
             password=password,
             cafile=cafile,
             status_interval=status_interval,
+            log_interval=log_interval,
             commit_interval=commit_interval,
             inject=inject,
             topics=tuple(topic or ()) if spec is None else (),
@@ -711,6 +717,44 @@ def stop(
 
     path = request_stop(directory)
     console.print(f"wrote {path}: the run stops after its current round")
+
+
+@app.command()
+def report(
+    run: Annotated[
+        Path,
+        typer.Argument(help="A run's out-dir (holding metrics.jsonl) or a metrics.jsonl file."),
+    ],
+    out: Annotated[
+        Path | None, typer.Option(help="Where summary.json and report.png go (default: the run's).")
+    ] = None,
+) -> None:
+    """Draw the plots and write the summary of any run from its metrics.jsonl (rotated files
+    included): a deployed run's, a simulation's, the demo's."""
+    from aggregator.records import read_rotated
+    from deploy.report import summarize, write_report
+
+    path = run / "metrics.jsonl" if run.is_dir() else run
+    if not path.exists():
+        raise _fail(f"{path}: no metrics.jsonl (set out-dir in the run config)")
+    try:
+        records = read_rotated(path)
+    except ValueError as err:
+        raise _fail(str(err)) from err
+    if not records:
+        raise _fail(f"{path}: no rounds yet")
+    where = out or path.parent
+    where.mkdir(parents=True, exist_ok=True)
+    summary = summarize(records, records[-1].run_wall_s)
+    (where / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_report(records, where / "report.png", f"fedstream run: {path.parent.name}")
+    last = records[-1]
+    console.print(
+        f"{len(records)} rounds (to round {last.round}), {last.metric} {summary['final_accuracy']} "
+        f"prequential, {summary['test_accuracy']} on eval-data; wrote {where / 'summary.json'} "
+        f"and {where / 'report.png'}",
+        soft_wrap=True,
+    )
 
 
 @app.command("run-config")

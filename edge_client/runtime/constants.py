@@ -40,6 +40,7 @@ INGEST_GATHER_S: Final = 0.01
 IDLE_GAPS: Final = 8
 COMMIT_INTERVAL_S: Final = 0.5
 REJECT_LOG_INTERVAL_S: Final = 60.0
+RATE_LOG_S: Final = 60.0  # the ingest daemon logs what came in this often
 RECONNECT_MIN_DELAY_S: Final = 1
 RECONNECT_MAX_DELAY_S: Final = 30
 KEEPALIVE_S: Final = 30

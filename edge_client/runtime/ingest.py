@@ -41,6 +41,7 @@ from edge_client.runtime.constants import (
     INGEST_MAX_BATCH,
     INGEST_MAX_BYTES,
     OUTBOX_PUBLISH_S,
+    RATE_LOG_S,
     RECENT_TIMESTAMPS,
     REJECT_LOG_INTERVAL_S,
     STATUS_INTERVAL_S,
@@ -83,6 +84,7 @@ class IngestConfig:
     password: str | None = None
     cafile: str | None = None
     status_interval: float = STATUS_INTERVAL_S
+    log_interval: float = RATE_LOG_S  # seconds between the log's rate lines
     # Longest a transaction gathers messages: longer writes less per sample (SD cards) and
     # loses nothing (a message is acknowledged only once committed).
     commit_interval: float = COMMIT_INTERVAL_S
@@ -96,6 +98,8 @@ class IngestConfig:
     def __post_init__(self) -> None:
         if self.status_interval <= 0:
             raise ValueError(f"status interval must be > 0, got {self.status_interval}")
+        if self.log_interval <= 0:
+            raise ValueError(f"log interval must be > 0, got {self.log_interval}")
         if not 0 < self.commit_interval <= 60:
             raise ValueError(f"commit interval must be in (0, 60] s, got {self.commit_interval}")
         if self.connect_timeout is not None and not self.connect_timeout > 0:
@@ -184,6 +188,8 @@ class IngestDaemon:
         self._max_batch = INGEST_MAX_BATCH if config.windowing is None else RECENT_TIMESTAMPS
         self._cycle: tuple[float, int] | None = None  # the last gather's first arrival, size
         self._rejects = _RejectLog()
+        self._rate_mark: tuple[float | None, int] = (None, 0)  # (monotonic, accepted)
+        self._next_rate_log = 0.0
         self.assembler = self._load_assembler()
         self._client = make_client(
             config.client_id or f"fedstream-ingest-{config.device_id}",
@@ -488,3 +494,29 @@ class IngestDaemon:
         if error is not None:
             status["error"] = error
         self._client.publish(self._status_topic, json.dumps(status), qos=1, retain=True)
+        self._log_rate(status)
+
+    def _log_rate(self, status: dict[str, Any]) -> None:
+        """Every ``log_interval`` seconds, one line of what came in since the last one."""
+        now = time.monotonic()
+        if "accepted" not in status or now < self._next_rate_log:
+            return
+        last_t, last_accepted = self._rate_mark
+        if last_t is not None:
+            rate = (status["accepted"] - last_accepted) / max(now - last_t, 1e-9)
+            log.info(
+                "%s: %.1f samples/s accepted over %.0f s (%d in all), fill %d of %d, "
+                "dropped %d, refused %d %s, broker %s",
+                self.config.device_id,
+                rate,
+                now - last_t,
+                status["accepted"],
+                status["fill"],
+                status["capacity"],
+                status["dropped"],
+                status["rejected"],
+                status["rejected-by-reason"] or "",
+                "connected" if self._connected.is_set() else "NOT connected",
+            )
+        self._rate_mark = (now, status["accepted"])
+        self._next_rate_log = now + self.config.log_interval

@@ -30,7 +30,7 @@ Broker = EmbeddedBroker | MosquittoBroker
 def test_counts_match_exactly_at_qos1(broker: Broker, procs: ProcessGroup, tmp_path: Path) -> None:
     # Prepare
     buf = tmp_path / "dev-a.sqlite"
-    start_ingest(procs, broker.url, buf)
+    start_ingest(procs, broker.url, buf, "dev-a", "--log-interval", "0.5")
     # Execute
     pub = start_publisher(
         procs, broker.url, "dev-a", "--count", "3000", "--rate", "3000", "--batch", "5"
@@ -48,6 +48,10 @@ def test_counts_match_exactly_at_qos1(broker: Broker, procs: ProcessGroup, tmp_p
     s = json.loads(status.stdout)
     assert (s["accepted"], s["rejected"], s["dropped"], s["duplicates"]) == (3000, 0, 0, 0)
     assert s["fill"] == 3000 and s["consumed"] == 0 and "rate" in s
+    # ... and the daemon's log says, every --log-interval, what came in and whether it is
+    # connected.
+    assert wait_until(lambda: "(3000 in all)" in buf.with_suffix(".log").read_text(), 10)
+    assert "samples/s accepted over" in buf.with_suffix(".log").read_text()
 
 
 def test_kill9_restart_loses_and_duplicates_nothing(

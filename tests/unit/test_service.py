@@ -14,11 +14,13 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from typer.testing import CliRunner
 
 from aggregator.checkpoint import load_checkpoint, read_state
-from aggregator.records import RoundRecord, append_record, read_metrics
+from aggregator.records import RoundRecord, append_record, read_metrics, read_rotated
 from aggregator.server_app import run_rounds
 from aggregator.service import STOP_FILE, request_stop
+from deploy.cli import app
 from deploy.inprocess import InProcessGrid, VirtualDevice
 from deploy.local import wait_until
 from edge_client.task.interface import Classification, init_model
@@ -157,6 +159,7 @@ def test_metrics_are_rotated_past_their_size_and_the_oldest_dropped(tmp_path: Pa
     rounds = [json.loads(x)["round"] for f in files for x in f.read_text().splitlines()]
     assert rounds == list(range(rounds[0], 21)) and len(rounds) >= 7
     assert all(len(f.read_text().splitlines()) <= 3 for f in files)
+    assert [r.round for r in read_rotated(path)] == rounds
 
 
 def test_a_long_run_keeps_its_files_bounded(tmp_path: Path, fast: Fast, fleet: Fleet) -> None:
@@ -183,3 +186,18 @@ def test_a_long_run_keeps_its_files_bounded(tmp_path: Path, fast: Fast, fleet: F
     assert sorted(p.name for p in dirs["out"].iterdir()) == ["metrics.jsonl", "metrics.jsonl.1"]
     assert sum(p.stat().st_size for p in dirs["out"].iterdir()) < 2 * 0.02e6 + 20_000
     assert np.isfinite(read_metrics(dirs["out"] / "metrics.jsonl")[-1].accuracy)
+
+
+def test_report_draws_any_runs_metrics(tmp_path: Path, fast: Fast, fleet: Fleet) -> None:
+    # Prepare: a run's out-dir, as any run with out-dir leaves it.
+    out = tmp_path / "out"
+    _run(tmp_path / "b", fleet(1, 1), fast(num_rounds=3, out_dir=str(out)))
+    # Execute
+    result = CliRunner().invoke(app, ["report", str(out), "--out", str(tmp_path / "r")])
+    missing = CliRunner().invoke(app, ["report", str(tmp_path / "nothing")])
+    # Assert
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["rounds"] == 3 and len(summary["accuracy"]) == 3
+    assert (tmp_path / "r" / "report.png").stat().st_size > 10_000
+    assert missing.exit_code == 2
