@@ -9,9 +9,11 @@ fails, so the outcome is read from ``flwr list --format json``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import time
 import tomllib
@@ -351,8 +353,25 @@ class FlowerDeployment:
         return proc
 
     def kill_superlink(self) -> None:
-        """SIGKILL the SuperLink and the ServerApp it runs (the aggregator host dies)."""
+        """SIGKILL the SuperLink and the ServerApp it runs (the aggregator host dies).
+
+        The SuperExec and the ServerApp it starts may leave the SuperLink's process group;
+        they are found by the SuperLink address they serve. A ServerApp left alive would
+        reconnect to the restarted SuperLink and finish the round a resumed run repeats.
+        """
         self.group.kill("superlink")
+        address = f"127.0.0.1:{self.port}"
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                args = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:  # gone meanwhile, or not ours to read
+                continue
+            served = [a.decode(errors="replace") for a in args]
+            if "--runtime-api-address" in served and address in served:
+                with contextlib.suppress(OSError):
+                    os.kill(int(proc.name), signal.SIGKILL)
 
     def kill_supernode(self, name: str) -> None:
         """SIGKILL a SuperNode and its app processes (a device that dies)."""
