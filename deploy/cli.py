@@ -41,6 +41,8 @@ from edge_client.wire.mapping import kebab
 from edge_client.wire.run_config import default
 
 if TYPE_CHECKING:
+    from edge_client.runtime.infer import InferenceDaemon
+    from edge_client.runtime.ingest import IngestDaemon
     from edge_client.runtime.windowing import WindowSpec
 
 __all__ = ["app", "main"]
@@ -227,6 +229,14 @@ def _window_spec(
         max_skew=max_skew,
         **labels,
     )
+
+
+def _run_daemon(daemon: IngestDaemon | InferenceDaemon) -> None:
+    """Run a device daemon until SIGTERM; a broker never reached is a runtime failure."""
+    try:
+        daemon.run()
+    except ConnectionError as err:
+        raise _fail(str(err), code=1) from err
 
 
 def _fail(message: str, code: int = 2) -> typer.Exit:
@@ -555,10 +565,7 @@ def ingest(
         daemon = IngestDaemon(config)
     except (ValueError, BufferStoreError, OSError) as err:
         raise _fail(str(err)) from err
-    try:
-        daemon.run()
-    except ConnectionError as err:
-        raise _fail(str(err), code=1) from err
+    _run_daemon(daemon)
 
 
 @app.command()
@@ -661,10 +668,7 @@ def infer(
         )
     except (ValueError, OSError) as err:
         raise _fail(str(err)) from err
-    try:
-        daemon.run()
-    except ConnectionError as err:
-        raise _fail(str(err), code=1) from err
+    _run_daemon(daemon)
 
 
 @app.command()

@@ -51,7 +51,7 @@ import torch
 from edge_client.runtime.constants import INFER_BATCH_MAX, INFER_STATUS_S, MODEL_POLL_S
 from edge_client.runtime.drift import DEFAULT_DELTA, DETECTORS, DriftWatch, errors_of
 from edge_client.runtime.mqtt import BrokerURL, connect_async, make_client
-from edge_client.runtime.signals import run_until_signalled
+from edge_client.runtime.signals import connected_or_raise, run_until_signalled
 from edge_client.runtime.windowing import WindowAssembler, WindowSpec
 from edge_client.task.manifest import SAMPLE_SHAPE
 from edge_client.task.preprocess import ChannelStandardizer
@@ -227,13 +227,13 @@ class InferenceDaemon:
 
     def _start_connected(self) -> None:
         self.start()
-        timeout = self.config.connect_timeout
-        if timeout is not None and not self.wait_connected(timeout):
-            why = self.connection.last_error or "no answer"
-            self.stop()
-            raise ConnectionError(
-                f"could not connect to {self.config.broker} within {timeout:g} s: {why}"
-            )
+        connected_or_raise(
+            self.wait_connected,
+            self.connection,
+            self.config.broker,
+            self.config.connect_timeout,
+            self.stop,
+        )
 
     # -- paho callbacks (network thread) --------------------------------------------------
 

@@ -51,7 +51,7 @@ from edge_client.runtime.mqtt import BrokerURL, connect_async, make_client
 from edge_client.runtime.outbox import Outbox
 from edge_client.runtime.rate import RateEstimator
 from edge_client.runtime.schema import connect
-from edge_client.runtime.signals import run_until_signalled
+from edge_client.runtime.signals import connected_or_raise, run_until_signalled
 from edge_client.runtime.windowing import WindowAssembler, WindowSpec
 from edge_client.task.constants import DEFAULT_NUM_CLASSES, DEFAULT_SHAPE
 from edge_client.wire.constants import INJECT_TOPIC
@@ -258,13 +258,13 @@ class IngestDaemon:
 
     def _start_connected(self) -> None:
         self.start()
-        timeout = self.config.connect_timeout
-        if timeout is not None and not self.wait_connected(timeout):
-            why = self.connection.last_error or "no answer"
-            self.stop()
-            raise ConnectionError(
-                f"could not connect to {self.config.broker} within {timeout:g} s: {why}"
-            )
+        connected_or_raise(
+            self.wait_connected,
+            self.connection,
+            self.config.broker,
+            self.config.connect_timeout,
+            self.stop,
+        )
 
     # -- paho callbacks (network thread: never block here) ---------------------------------
 

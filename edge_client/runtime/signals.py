@@ -1,4 +1,5 @@
-"""Running a device daemon in the foreground until SIGTERM or SIGINT (systemd, Ctrl-C)."""
+"""Running a device daemon in the foreground until SIGTERM or SIGINT (systemd, Ctrl-C), giving
+up with the reason when its first broker connection does not come in time."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import threading
 from collections.abc import Callable
 from types import FrameType
 
-__all__ = ["run_until_signalled"]
+from edge_client.runtime.mqtt import BrokerURL, Connection
+
+__all__ = ["connected_or_raise", "run_until_signalled"]
 
 log = logging.getLogger(__name__)
 
@@ -39,3 +42,24 @@ def run_until_signalled(
         if not worker.is_alive():
             raise RuntimeError(f"{name} thread died")
     stop()
+
+
+def connected_or_raise(
+    wait_connected: Callable[[float], bool],
+    connection: Connection,
+    broker: BrokerURL,
+    timeout: float | None,
+    stop: Callable[[], None],
+) -> None:
+    """With a ``timeout``: wait that long for the first connection; if it does not come,
+    ``stop()`` and raise.
+
+    Raises
+    ------
+    ConnectionError
+        Saying why the last attempt failed.
+    """
+    if timeout is not None and not wait_connected(timeout):
+        why = connection.last_error or "no answer"
+        stop()
+        raise ConnectionError(f"could not connect to {broker} within {timeout:g} s: {why}")
