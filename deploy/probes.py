@@ -154,15 +154,19 @@ def start_ingest(
     *extra: str,
     name: str = "ingest",
     status_interval: float = 0.5,
+    connected: bool = False,
 ) -> subprocess.Popen[bytes]:
-    """Start ``fedstream ingest`` as a real child process; return once it made the buffer.
+    """Start ``fedstream ingest`` as a real child process; return once it made the buffer
+    (with ``connected``: once it has also connected and sent its subscriptions, so that the
+    broker holds its persistent session from then on).
 
     ``extra`` are more ``fedstream ingest`` options; the log goes next to the buffer.
 
     Raises
     ------
     RuntimeError
-        If the buffer does not appear within 20 s (the message holds the daemon's log).
+        If the buffer does not appear within 20 s, or with ``connected`` the daemon does not
+        connect within 30 s (the message holds the daemon's log).
     """
     log = buffer.with_suffix(".log")
     proc = procs.start(
@@ -175,6 +179,10 @@ def start_ingest(
     )  # fmt: skip
     if not wait_until(buffer.exists, 20):
         raise RuntimeError(f"ingest for {device_id} made no buffer:\n{log.read_text()}")
+    # The daemon logs this line after handing its SUBSCRIBE to paho: packets leave in order,
+    # so a later clean stop reaches the broker after the subscription.
+    if connected and not wait_until(lambda: "connected to" in log.read_text(), 30):
+        raise RuntimeError(f"ingest for {device_id} did not connect:\n{log.read_text()}")
     return proc
 
 

@@ -30,7 +30,7 @@ def prod(tmp_path: Path, procs: ProcessGroup) -> Iterator[tuple[MosquittoBroker,
     with MosquittoBroker(BROKER_CONFIG_DIR / "mosquitto-prod.conf", secrets.root) as broker:
         args = client_args(broker, secrets)
         buf = tmp_path / f"{DEVICE}.sqlite"
-        start_ingest(procs, args[1], buf, DEVICE, *args[2:])
+        start_ingest(procs, args[1], buf, DEVICE, *args[2:], connected=True)
         yield broker, args, buf
 
 
