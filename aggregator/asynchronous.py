@@ -241,6 +241,7 @@ class _AsyncLoop:
         )
         state = {FEDBUFF_STATE: self.buffer.state_dict()}
         record = self.session.commit(record, self.arrays, **state)
+        log.info(record.progress(self.session.settings.num_rounds))
         self.records.append(record)
         self.since_wall, self.since_clock = time.monotonic(), virtual_time(self.grid)
         self.held.clear()
@@ -265,22 +266,10 @@ def _aggregation_record(
     virtual_s: float,
     in_flight: int,
 ) -> RoundRecord:
-    """Score the new version (on ``eval-data``), log it, and make its record."""
+    """Score the new version (on ``eval-data``) and make its record."""
     report.close()
     test = session.evaluate(arrays)
     record = session.record(report, test, wall, virtual_s, in_flight=in_flight)
-    staleness = [u.staleness for u in record.updates]
-    log.info(
-        "version %d: %s %.3f (prequential, %d samples)%s, %d updates from %s, staleness %s",
-        record.round,
-        record.metric,
-        record.accuracy,
-        record.eval_count,
-        "" if test is None else f", {record.test_accuracy:.3f} on eval-data",
-        len(record.updates),
-        ", ".join(sorted(set(record.aggregated))),
-        "/".join(map(str, staleness)),
-    )
     return record
 
 

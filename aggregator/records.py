@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,8 @@ from edge_client.wire.records import ReplyMetrics
 
 __all__ = [
     "FORMAT_VERSION",
+    "HOME_ENV",
+    "METRICS_FILE",
     "RoundRecord",
     "RoundTiming",
     "UpdateInfo",
@@ -35,11 +38,26 @@ __all__ = [
     "read_metrics",
     "read_rotated",
     "rotate",
+    "runs_home",
     "virtual_round_s",
 ]
 
 #: The layout of a line of ``metrics.jsonl``.
 FORMAT_VERSION = 2
+
+#: A run's records, in its ``out-dir``.
+METRICS_FILE = "metrics.jsonl"
+
+#: Where runs Flower starts keep their ``out-dir`` by default: ``$FEDSTREAM_HOME/runs/<id>``.
+HOME_ENV = "FEDSTREAM_HOME"
+_DEFAULT_HOME = "~/.fedstream"
+
+
+def runs_home() -> Path:
+    """The folder that holds each Flower-started run's default ``out-dir``, one per run id:
+    ``$FEDSTREAM_HOME/runs`` (``~/.fedstream/runs``) on the machine the ServerApp runs on."""
+    return Path(os.environ.get(HOME_ENV) or _DEFAULT_HOME).expanduser() / "runs"
+
 
 # Format 0 named these device keys differently: old key -> ReplyMetrics field.
 _FORMAT_0_DEVICE_KEYS = {
@@ -239,6 +257,41 @@ class RoundRecord:
         """Sum of the batches the devices actually trained (below ``sum_b`` when a device
         trained less than planned; each such device scaled its learning rate to match)."""
         return sum(m.batch_size for m in self.devices.values() if m.num_examples > 0)
+
+    def progress(self, num_rounds: int = 0, asked: int = 0) -> str:
+        """The record as one progress line (what the ServerApp logs, so that ``flwr run
+        --stream`` and ``flwr log`` show it).
+
+        Parameters
+        ----------
+        num_rounds : int
+            The run's rounds (0: continuous, shown without a total).
+        asked : int
+            Devices asked to train (0: not shown).
+
+        Examples
+        --------
+        ``round 3/10: accuracy 0.812 (prequential, 512 samples), 0.800 on eval-data;
+        4 of 4 devices, 1.20 MB up, model 0.40 MB; 13.1 s``
+        """
+        what = "version" if self.mode == "async" else "round"
+        head = f"{what} {self.round}" + (f"/{num_rounds}" if num_rounds else "")
+        score = (
+            f"{self.metric} {self.accuracy:.3f} (prequential, {self.eval_count} samples)"
+            if math.isfinite(self.accuracy)
+            else f"{self.metric} n/a (no samples scored)"
+        )
+        if math.isfinite(self.test_accuracy):
+            score += f", {self.test_accuracy:.3f} on eval-data"
+        if self.mode == "async":
+            staleness = "/".join(str(u.staleness) for u in self.updates)
+            who = f"{len(self.updates)} updates (staleness {staleness or '-'})"
+        else:
+            who = f"{len(self.devices)}" + (f" of {asked}" if asked else "") + " devices"
+        traffic = f"{self.bytes_up / 1e6:.2f} MB up, model {self.broadcast_bytes / 1e6:.2f} MB"
+        tail = f"; skipped: {self.skipped}" if self.skipped else ""
+        drift = f"; drift on {', '.join(sorted(self.drift))}" if self.drift else ""
+        return f"{head}: {score}; {who}, {traffic}; {self.wall_s:.1f} s{drift}{tail}"
 
     def to_json(self) -> str:
         """The record as one line of ``metrics.jsonl`` (strict JSON: NaN, a score over no

@@ -24,18 +24,29 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable
+from pathlib import Path
 
 from flwr.app import ConfigRecord, Context
+from flwr.common.logger import console_handler
 from flwr.serverapp import Grid, ServerApp
 
 from aggregator.asynchronous import run_async
 from aggregator.exchange import exchange, wait_for_nodes
-from aggregator.records import RoundRecord, RoundTiming, virtual_round_s
-from aggregator.session import RECORDS_KEPT, RunSession, is_virtual, virtual_time
+from aggregator.records import METRICS_FILE, RoundRecord, RoundTiming, virtual_round_s
+from aggregator.session import (
+    RECORDS_KEPT,
+    RunSession,
+    is_virtual,
+    virtual_time,
+    with_run_dir,
+)
 from edge_client.task.interface import Task
 from edge_client.wire.run_config import RunSettings
 
-__all__ = ["app", "make_server_app", "run_rounds"]
+__all__ = ["LOGGED_PACKAGES", "app", "log_through_flower", "make_server_app", "run_rounds"]
+
+#: The packages whose loggers the ServerApp shows in Flower's log.
+LOGGED_PACKAGES = ("aggregator", "edge_client")
 
 log = logging.getLogger(__name__)
 
@@ -63,12 +74,31 @@ def make_server_app(task: Task | None = None) -> ServerApp:
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
         """Flower entry point: settings from the run config, then :func:`run_rounds`."""
-        run_rounds(grid, RunSettings.from_run_config(context.run_config), task=task)
+        log_through_flower()
+        settings = with_run_dir(RunSettings.from_run_config(context.run_config), context.run_id)
+        if settings.out_dir:
+            log.info("run %d writes %s", context.run_id, Path(settings.out_dir) / METRICS_FILE)
+        run_rounds(grid, settings, task=task)
 
     return server_app
 
 
 app = make_server_app()
+
+
+def log_through_flower() -> None:
+    """Give fedstream's loggers Flower's console handler at INFO, unless the app configured
+    logging itself: Flower sends the ServerApp process's output to ``flwr run --stream`` and
+    ``flwr log``, and these loggers have no handler of their own (Python would show only
+    their warnings, without Flower's format)."""
+    if logging.getLogger().handlers:
+        return
+    for name in LOGGED_PACKAGES:
+        logger = logging.getLogger(name)
+        if not logger.handlers:
+            logger.addHandler(console_handler)
+            logger.setLevel(logging.INFO)
+            logger.propagate = False
 
 
 def run_rounds(
@@ -160,18 +190,8 @@ def _sync_rounds(
         # virtual-clock grid's round, or the wall time a real round took (its replies'
         # compute and wait are a small part of it: Flower's own round trip is the rest).
         strategy.record_round_time(record.virtual_s if is_virtual(grid) else wall)
-        log.info(
-            "round %d: %s %.3f (prequential, %d samples)%s, %d of %d devices, sum b %d",
-            server_round,
-            session.task.metric,
-            record.accuracy,
-            record.eval_count,
-            "" if test is None else f", {record.test_accuracy:.3f} on eval-data",
-            len(report.replies),
-            len(messages),
-            record.sum_b,
-        )
         record = session.commit(record, arrays)
+        log.info(record.progress(settings.num_rounds, len(messages)))
         records.append(record)
         if session.finished(record, stop):
             break

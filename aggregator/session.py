@@ -27,7 +27,7 @@ from aggregator.evaluation import ServerEvaluation
 from aggregator.exchange import exchange, wait_for_nodes
 from aggregator.exports import export_model
 from aggregator.fleet import FleetRegistry
-from aggregator.records import RoundRecord, append_record
+from aggregator.records import METRICS_FILE, RoundRecord, append_record, runs_home
 from aggregator.service import StopRequest
 from aggregator.strategy import RoundReport, StreamStrategy
 from edge_client.task.interface import Scores, Task, init_model
@@ -35,7 +35,15 @@ from edge_client.task.loading import load_task
 from edge_client.wire.mapping import kebab
 from edge_client.wire.run_config import RunSettings, parse_shape, upgrade_saved
 
-__all__ = ["MODEL_SETTINGS", "RECORDS_KEPT", "RunSession", "is_virtual", "virtual_time"]
+__all__ = [
+    "MODEL_SETTINGS",
+    "NO_OUT_DIR",
+    "RECORDS_KEPT",
+    "RunSession",
+    "is_virtual",
+    "virtual_time",
+    "with_run_dir",
+]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +54,18 @@ RECORDS_KEPT = 1000
 #: Keys of the skipped rounds per reason, and the drift reaction's state, in a checkpoint.
 SKIPPED = "skipped-rounds"
 DRIFT = "drift"
+#: ``out-dir`` for a run that writes no ``metrics.jsonl`` at all.
+NO_OUT_DIR = "none"
+
+
+def with_run_dir(settings: RunSettings, run_id: int) -> RunSettings:
+    """``settings`` of a run Flower started: an empty ``out-dir`` becomes the run's default
+    folder (:func:`~aggregator.records.runs_home` / ``run_id``), and ``none`` no folder."""
+    if settings.out_dir == NO_OUT_DIR:
+        return replace(settings, out_dir="")
+    if settings.out_dir:
+        return settings
+    return replace(settings, out_dir=str(runs_home() / str(run_id)))
 
 
 def is_virtual(grid: Grid) -> bool:
@@ -125,7 +145,7 @@ class RunSession:
             log.info("resuming after round %d from %s", ckpt.server_round, settings.checkpoint_dir)
             if settings.num_rounds and start > settings.num_rounds:
                 log.info("the checkpoint already holds all %d rounds: nothing to do", start - 1)
-        out = Path(settings.out_dir) if settings.out_dir else None
+        out = Path(settings.out_dir) if settings.out_dir not in ("", NO_OUT_DIR) else None
         if out is not None:
             out.mkdir(parents=True, exist_ok=True)
         session = cls(
@@ -146,7 +166,8 @@ class RunSession:
     def watch_stop(self) -> StopRequest:
         """The run's stop request (SIGTERM, SIGINT, a ``STOP`` file in ``checkpoint-dir`` or
         ``out-dir``): enter it around the rounds; :meth:`finished` consults it."""
-        self._stop = StopRequest([self.settings.checkpoint_dir, self.settings.out_dir])
+        out = "" if self.settings.out_dir == NO_OUT_DIR else self.settings.out_dir
+        self._stop = StopRequest([self.settings.checkpoint_dir, out])
         return self._stop
 
     def more_rounds(self, server_round: int) -> bool:
@@ -323,7 +344,7 @@ class RunSession:
         )
         if self._out is not None:
             append_record(
-                self._out / "metrics.jsonl",
+                self._out / METRICS_FILE,
                 record,
                 max_bytes=int(s.metrics_max_mb * 1e6),
                 keep=s.metrics_keep,

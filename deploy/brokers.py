@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
@@ -10,7 +11,11 @@ from pathlib import Path
 
 from iotcore import Broker, IotCoreBroker
 
-from deploy.constants import EMBEDDED_MAX_INFLIGHT, EMBEDDED_MAX_PAYLOAD
+from deploy.constants import (
+    EMBEDDED_BROKER_LOGGERS,
+    EMBEDDED_MAX_INFLIGHT,
+    EMBEDDED_MAX_PAYLOAD,
+)
 from deploy.local import ProcessGroup, free_port, wait_for_port
 
 __all__ = [
@@ -19,6 +24,7 @@ __all__ = [
     "MosquittoBroker",
     "embedded_broker",
     "mosquitto_available",
+    "quiet_embedded_broker_log",
     "run_embedded_broker",
 ]
 
@@ -39,8 +45,35 @@ def embedded_broker(port: int, listen: str = "127.0.0.1") -> Broker:
     )
 
 
+class _AsDebug(logging.Handler):
+    """Hands each record on to the root logger's handlers as a DEBUG record."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        root = logging.getLogger()
+        if root.isEnabledFor(logging.DEBUG):
+            root.handle(record)
+
+
+def quiet_embedded_broker_log() -> None:
+    """File the embedded broker's tracing at DEBUG in this process.
+
+    rumqttd wraps its per-packet routing in ``error_span!``s, so its tracing reaches Python
+    logging (the ``rumqttd`` and ``tracing`` loggers) as ERROR and INFO records for every
+    packet. They are traces: with the root logger at DEBUG (``-v``) they are shown as DEBUG
+    records; otherwise the loggers are set so that rumqttd does not even pass them to Python.
+    """
+    verbose = logging.getLogger().isEnabledFor(logging.DEBUG)
+    for name in EMBEDDED_BROKER_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.setLevel(logging.DEBUG if verbose else logging.CRITICAL)
+        logger.propagate = False
+        logger.handlers = [_AsDebug()]
+
+
 def run_embedded_broker(port: int, listen: str = "127.0.0.1") -> None:
-    """Run the embedded broker in this process until interrupted.
+    """Run the embedded broker in this process until interrupted; its per-packet tracing is
+    logged at DEBUG (:func:`quiet_embedded_broker_log`): set up logging first.
 
     Raises
     ------
@@ -53,6 +86,7 @@ def run_embedded_broker(port: int, listen: str = "127.0.0.1") -> None:
         max_payload_size=EMBEDDED_MAX_PAYLOAD,
         max_inflight_count=EMBEDDED_MAX_INFLIGHT,
     )
+    quiet_embedded_broker_log()
     native.check_ports()
     native.run_forever()
 

@@ -250,11 +250,12 @@ def _fail(message: str, code: int = 2) -> typer.Exit:
 def broker(
     port: Annotated[int, typer.Option(help="MQTT port.")] = DEFAULT_MQTT_PORT,
     listen: Annotated[str, typer.Option(help="Bind address.")] = "127.0.0.1",
+    verbose: VerboseOption = False,
 ) -> None:
     """Run the embedded MQTT broker (iotcore / rumqttd) in the foreground."""
     from deploy.brokers import run_embedded_broker
 
-    _setup_logging(False)
+    _setup_logging(verbose)
     console.print(f"embedded MQTT broker on mqtt://{listen}:{port} (Ctrl+C stops it)")
     try:
         with contextlib.suppress(KeyboardInterrupt):

@@ -6,6 +6,8 @@ from typing import Final
 
 # --- Embedded broker (iotcore / rumqttd) -------------------------------------------------
 EMBEDDED_MAX_PAYLOAD: Final = 1024 * 1024
+# The Python loggers rumqttd's tracing reaches (through iotcore), filed at DEBUG.
+EMBEDDED_BROKER_LOGGERS: Final = ("rumqttd", "tracing")
 EMBEDDED_MAX_INFLIGHT: Final = 1000
 DEFAULT_MQTT_PORT: Final = 1883
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from aggregator.checkpoint import RUN_CONFIG, SERVER_ROUND, read_state
+from aggregator.records import HOME_ENV
 from deploy.local import ProcessGroup, free_port, wait_for_port
 from deploy.secure import RunSecrets
 from edge_client.wire.mapping import kebab
@@ -198,7 +199,8 @@ class FlowerDeployment:
     group : ProcessGroup
         Owns the processes (stops them on exit).
     home : Path
-        ``FLWR_HOME`` for the CLI, the SuperLink's state and the logs.
+        ``FLWR_HOME`` for the CLI, the SuperLink's state and the logs; ``home/fedstream``
+        is ``FEDSTREAM_HOME`` (runs' default ``out-dir``: ``home/fedstream/runs/<id>``).
     simulated_nodes : int
         If > 0, a SuperLink in simulation mode with this many virtual SuperNodes.
     secrets : RunSecrets, optional
@@ -218,6 +220,7 @@ class FlowerDeployment:
         self.port = free_port()
         self.env = {
             "FLWR_HOME": str(home),
+            HOME_ENV: str(home / "fedstream"),
             "FLWR_TELEMETRY_ENABLED": "0",
             "FLWR_DISABLE_UPDATE_CHECK": "1",
             "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",

@@ -44,6 +44,7 @@ RATE_LOG_S: Final = 60.0  # the ingest daemon logs what came in this often
 RECONNECT_MIN_DELAY_S: Final = 1
 RECONNECT_MAX_DELAY_S: Final = 30
 KEEPALIVE_S: Final = 30
+PAHO_LOGGER: Final = "paho.mqtt.client"  # the Python logger paho's own log goes to
 
 # --- Windowing per-reading streams (edge_client.runtime.windowing) ---------------------------
 DEFAULT_MAX_GAP_S: Final = 1.0  # no window spans a longer silence between readings

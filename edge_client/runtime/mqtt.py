@@ -15,7 +15,12 @@ from urllib.parse import urlsplit
 import paho.mqtt.client as mqtt
 from paho.mqtt.enums import CallbackAPIVersion
 
-from edge_client.runtime.constants import KEEPALIVE_S, RECONNECT_MAX_DELAY_S, RECONNECT_MIN_DELAY_S
+from edge_client.runtime.constants import (
+    KEEPALIVE_S,
+    PAHO_LOGGER,
+    RECONNECT_MAX_DELAY_S,
+    RECONNECT_MIN_DELAY_S,
+)
 
 __all__ = ["BrokerURL", "Connection", "connect_async", "describe_connect_error", "make_client"]
 
@@ -65,7 +70,8 @@ def make_client(
     password: str | None = None,
     cafile: str | None = None,
 ) -> mqtt.Client:
-    """A paho 2 client (MQTT 3.1.1) with credentials, TLS and reconnect back-off set.
+    """A paho 2 client (MQTT 3.1.1) with credentials, TLS and reconnect back-off set, that
+    logs through Python logging (the ``paho.mqtt.client`` logger).
 
     Parameters
     ----------
@@ -94,6 +100,8 @@ def make_client(
     if broker.tls or cafile:
         client.tls_set(ca_certs=cafile, cert_reqs=ssl.CERT_REQUIRED)
     client.reconnect_delay_set(RECONNECT_MIN_DELAY_S, RECONNECT_MAX_DELAY_S)
+    # paho's own log (packets at DEBUG, errors in callbacks at ERROR) through Python logging.
+    client.enable_logger(logging.getLogger(PAHO_LOGGER))
     return client
 
 

@@ -223,7 +223,12 @@ class RunSettings(ControllerSettings):
     min_nodes: int = knob(1, "a round starts once this many SuperNodes are connected", ge=1)
     checkpoint_dir: str = knob("", "where checkpoints go; empty: none")
     resume: bool = knob(False, "continue from the checkpoint in checkpoint-dir")
-    out_dir: str = knob("", "where metrics.jsonl goes; empty: none")
+    out_dir: str = knob(
+        "",
+        "where metrics.jsonl goes; empty: $FEDSTREAM_HOME/runs/<run-id> (~/.fedstream) "
+        "on the ServerApp's machine when Flower runs it, nowhere on the in-process runner; "
+        "none: nowhere",
+    )
     metrics_max_mb: float = knob(
         64.0, "metrics.jsonl is rotated to metrics.jsonl.1 (.2, ...) past this size", gt=0
     )

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from aggregator.records import read_metrics
+from aggregator.records import HOME_ENV, METRICS_FILE, read_metrics
 from deploy.flower import FlowerDeployment
 from deploy.local import ProcessGroup
 from edge_client.runtime.buffer import BufferStore
@@ -44,28 +44,27 @@ def test_a_user_app_trains_its_own_model_through_flwr_run(tmp_path: Path) -> Non
     buffers["phone-0"] = tmp_path / "phone-0.sqlite"
     x, y = SensorTask((6, 32), 4).sample(2000, np.random.default_rng(0))
     fill_buffer(buffers["phone-0"], x, y)
-    out = tmp_path / "out"
     with ProcessGroup() as group:
         flower = FlowerDeployment(group, tmp_path / "flwr")
         flower.start_superlink()
         for device, path in buffers.items():
             flower.start_supernode(device, NodeConfig(device, str(path)).to_node_config())
         flower.wait_nodes(3)
-        # Execute
+        # Execute: the app's own out-dir ("": the default place).
         run_id = flower.submit(
-            EXAMPLE,
-            {
-                "num-rounds": 3,
-                "min-nodes": 3,
-                "out-dir": str(out),
-                "eval-data": str(data / "test.npz"),
-            },
+            EXAMPLE, {"num-rounds": 3, "min-nodes": 3, "eval-data": str(data / "test.npz")}
         )
         status = flower.wait_finished(run_id, timeout=300)
         logs = flower.logs(run_id)
     # Assert: the watches trained the app's model; the phone was left out, with its reason.
-    assert status.get("status") == "finished:completed", (status, logs[-3000:])
-    records = read_metrics(out / "metrics.jsonl")
+    assert status.get("status") == "finished:completed", logs[-3000:]
+    # Each round's progress reached `flwr log`, and the records their documented place.
+    for n in (1, 2, 3):
+        assert f"round {n}/3: accuracy" in logs, logs[-3000:]
+    assert "MB up" in logs
+    out = Path(flower.env[HOME_ENV]) / "runs" / run_id
+    assert f"writes {out / METRICS_FILE}" in logs
+    records = read_metrics(out / METRICS_FILE)
     assert [r.round for r in records] == [1, 2, 3]
     for record in records:
         assert record.aggregated == ["watch-0", "watch-1"]

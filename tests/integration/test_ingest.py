@@ -144,7 +144,7 @@ def test_sigterm_flushes_and_exits_zero_and_status_is_retained(
     broker: Broker, procs: ProcessGroup, tmp_path: Path
 ) -> None:
     buf = tmp_path / "dev-a.sqlite"
-    start_ingest(procs, broker.url, buf)
+    start_ingest(procs, broker.url, buf, "dev-a", "-v")
     report = publish_report(
         start_publisher(
             procs, broker.url, "dev-a", "--count", "1000", "--rate", "2000", "--batch", "10"
@@ -163,6 +163,10 @@ def test_sigterm_flushes_and_exits_zero_and_status_is_retained(
     assert {"rate", "fill", "accepted", "rejected", "dropped", "consumed"} <= set(online)
     assert wait_until(lambda: watcher.last_json().get("online") is False, 10)
     watcher.close()
+    # With -v, paho's own log is in the daemon's, through Python logging at DEBUG.
+    log = buf.with_suffix(".log").read_text()
+    assert "DEBUG paho.mqtt.client: Sending CONNECT" in log
+    assert "DEBUG paho.mqtt.client: Received CONNACK" in log
 
 
 def test_ingest_refuses_bad_configuration(tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ bounded metrics and exports."""
 from __future__ import annotations
 
 import json
+import logging
 import signal
 import subprocess
 import sys
@@ -13,13 +14,21 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from typer.testing import CliRunner
 
 from aggregator.checkpoint import load_checkpoint, read_state
-from aggregator.records import RoundRecord, append_record, read_metrics, read_rotated
+from aggregator.records import (
+    HOME_ENV,
+    RoundRecord,
+    append_record,
+    read_metrics,
+    read_rotated,
+)
 from aggregator.server_app import run_rounds
 from aggregator.service import STOP_FILE, request_stop
+from aggregator.session import NO_OUT_DIR, with_run_dir
 from deploy.cli import app
 from deploy.inprocess import InProcessGrid, VirtualDevice
 from deploy.local import wait_until
@@ -201,3 +210,31 @@ def test_report_draws_any_runs_metrics(tmp_path: Path, fast: Fast, fleet: Fleet)
     assert summary["rounds"] == 3 and len(summary["accuracy"]) == 3
     assert (tmp_path / "r" / "report.png").stat().st_size > 10_000
     assert missing.exit_code == 2
+
+
+def test_each_round_logs_one_progress_line(
+    tmp_path: Path, fast: Fast, fleet: Fleet, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Prepare
+    caplog.set_level(logging.INFO, logger="aggregator")
+    # Execute
+    records = _run(tmp_path / "b", fleet(1, 1), fast(num_rounds=2))
+    # Assert: what `flwr log` shows of a deployed run, one line a round, from its record.
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("round ")]
+    assert lines == [r.progress(2, 2) for r in records]
+    assert lines[0].startswith("round 1/2: accuracy ") and "2 of 2 devices" in lines[0]
+    assert f"{records[1].bytes_up / 1e6:.2f} MB up" in lines[1]
+
+
+def test_a_flower_run_writes_its_metrics_to_the_documented_place_unless_told_not_to(
+    fast: Fast, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prepare
+    monkeypatch.setenv(HOME_ENV, str(tmp_path / "home"))
+    # Execute
+    default, explicit, none = (
+        with_run_dir(fast(out_dir=out), 42).out_dir for out in ("", "/srv/run", NO_OUT_DIR)
+    )
+    # Assert
+    assert default == str(tmp_path / "home" / "runs" / "42")
+    assert (explicit, none) == ("/srv/run", "")
