@@ -123,13 +123,16 @@ def run_rounds(
         What is learned; None: the task the run config names.
     """
     session = RunSession.open(settings, task)
-    with session.watch_stop():
-        session.probe(grid)
-        if settings.mode == "async":
-            records = run_async(grid, session, stop)
-        else:
-            records = _sync_rounds(grid, session, stop)
-        session.finish()
+    try:
+        with session.watch_stop():
+            session.probe(grid)
+            if settings.mode == "async":
+                records = run_async(grid, session, stop)
+            else:
+                records = _sync_rounds(grid, session, stop)
+            session.finish()
+    finally:
+        session.close()
     return records
 
 

@@ -29,6 +29,7 @@ from aggregator.exports import export_model
 from aggregator.fleet import FleetRegistry
 from aggregator.records import METRICS_FILE, RoundRecord, append_record, runs_home
 from aggregator.service import StopRequest
+from aggregator.sinks import RoundSink, open_sinks, write_all
 from aggregator.strategy import RoundReport, StreamStrategy
 from edge_client.task.interface import Scores, Task, init_model
 from edge_client.task.loading import load_task
@@ -114,6 +115,7 @@ class RunSession:
     _exported: int = field(default=0, repr=False)  # the last version exported
     _last: RoundRecord | None = field(default=None, repr=False)  # the last committed
     skipped: dict[str, int] = field(default_factory=dict)
+    sinks: list[RoundSink] = field(default_factory=list)  # where rounds go besides metrics
 
     @classmethod
     def open(cls, settings: RunSettings, task: Task | None = None) -> RunSession:
@@ -123,7 +125,9 @@ class RunSession:
         ------
         ValueError
             If the checkpoint holds a model for another task, model, sample shape or
-            class count.
+            class count, or a sink's library (TensorBoard, MLflow) is missing.
+        OSError
+            If the Prometheus port cannot be bound.
         """
         task = task or load_task(settings)
         model = init_model(task, settings.shape, settings.num_classes, settings.seed)
@@ -161,6 +165,7 @@ class RunSession:
         )
         session.skipped = {str(k): int(v) for k, v in saved.get(SKIPPED, {}).items()}
         session.strategy.drift.load_state_dict(saved.get(DRIFT, {}))
+        session.sinks = open_sinks(settings)
         return session
 
     def watch_stop(self) -> StopRequest:
@@ -214,6 +219,12 @@ class RunSession:
         if last is not None and self.settings.export_dir and self._exported < last.round:
             export_model(self.task, self.settings, self._scratch(), self.arrays, last)
             self._exported = last.round
+
+    def close(self) -> None:
+        """Close the sinks (however the run ended)."""
+        for sink in self.sinks:
+            sink.close()
+        self.sinks = []
 
     def _scratch(self) -> nn.Module:
         if self._model is None:
@@ -349,6 +360,7 @@ class RunSession:
                 max_bytes=int(s.metrics_max_mb * 1e6),
                 keep=s.metrics_keep,
             )
+        write_all(self.sinks, record)
         self._last = record
         return record
 

@@ -41,6 +41,8 @@ from edge_client.wire.mapping import kebab
 from edge_client.wire.run_config import default
 
 if TYPE_CHECKING:
+    from rich.table import Table
+
     from edge_client.runtime.infer import InferenceDaemon
     from edge_client.runtime.ingest import IngestDaemon
     from edge_client.runtime.windowing import WindowSpec
@@ -77,6 +79,15 @@ PasswordOption = Annotated[
     ),
 ]
 VerboseOption = Annotated[bool, typer.Option("--verbose", "-v", help="Log at DEBUG level.")]
+MetricsPortOption = Annotated[
+    int | None,
+    typer.Option(
+        "--metrics-port", help="Serve Prometheus metrics on this port (/metrics); default: off."
+    ),
+]
+MetricsListenOption = Annotated[
+    str, typer.Option("--metrics-listen", help="Address the metrics endpoint binds to.")
+]
 
 # Options ``ingest`` and ``infer`` share: per-reading JSON cut into windows.
 TopicOption = Annotated[
@@ -235,7 +246,7 @@ def _run_daemon(daemon: IngestDaemon | InferenceDaemon) -> None:
     """Run a device daemon until SIGTERM; a broker never reached is a runtime failure."""
     try:
         daemon.run()
-    except ConnectionError as err:
+    except (ConnectionError, OSError) as err:  # OSError: its metrics port is taken
         raise _fail(str(err), code=1) from err
 
 
@@ -524,6 +535,8 @@ def ingest(
             "this many seconds; default: keep retrying.",
         ),
     ] = None,
+    metrics_port: MetricsPortOption = None,
+    metrics_listen: MetricsListenOption = "0.0.0.0",
     verbose: VerboseOption = False,
 ) -> None:
     """Run the ingest daemon: MQTT samples into the device's durable buffer.
@@ -562,6 +575,8 @@ def ingest(
             topics=tuple(topic or ()) if spec is None else (),
             windowing=spec,
             connect_timeout=connect_timeout,
+            metrics_port=metrics_port,
+            metrics_listen=metrics_listen,
         )
         daemon = IngestDaemon(config)
     except (ValueError, BufferStoreError, OSError) as err:
@@ -591,6 +606,131 @@ def status(
     for key, value in stats.items():
         table.add_row(key, json.dumps(value) if isinstance(value, (dict, list)) else str(value))
     Console().print(table)
+
+
+@app.command()
+def fleet(
+    broker: Annotated[str, typer.Option(help="mqtt://HOST:PORT or mqtts://...")] = (
+        "mqtt://127.0.0.1:1883"
+    ),
+    json_out: Annotated[
+        bool, typer.Option("--json", help="JSON instead of a table (with --watch: one line each).")
+    ] = False,
+    watch: Annotated[
+        bool, typer.Option("--watch", help="Keep the view current until Ctrl+C or SIGTERM.")
+    ] = False,
+    interval: Annotated[
+        float, typer.Option(help="Seconds between refreshes with --watch.", min=0.1)
+    ] = 2.0,
+    prometheus_port: Annotated[
+        int | None,
+        typer.Option(
+            "--prometheus-port",
+            help="Serve every device's status as Prometheus metrics on this port (/metrics) "
+            "until Ctrl+C or SIGTERM.",
+        ),
+    ] = None,
+    metrics_listen: MetricsListenOption = "0.0.0.0",
+    username: UsernameOption = None,
+    password: PasswordOption = None,
+    cafile: Annotated[str | None, typer.Option(help="CA bundle (enables TLS).")] = None,
+    connect_timeout: Annotated[
+        float,
+        typer.Option(
+            "--connect-timeout", help="Exit 1 (with the reason) if not connected by then.", min=0.1
+        ),
+    ] = 10.0,
+    verbose: VerboseOption = False,
+) -> None:
+    """Every device's retained status in one table: online, stream rate, fill, dropped,
+    refused by reason, last seen, drift."""
+    import time
+
+    from rich.live import Live
+
+    from deploy.fleet import FleetView, fleet_rows
+    from edge_client.runtime.mqtt import BrokerURL
+    from edge_client.runtime.prometheus import serve_statuses
+
+    _setup_logging(verbose)
+    try:
+        url = BrokerURL.parse(broker)
+    except ValueError as err:
+        raise _fail(str(err)) from err
+    with FleetView(url, username, password, cafile) as view:
+        if not view.wait_connected(connect_timeout):
+            why = view.connection.last_error if view.connection else None
+            raise _fail(
+                f"could not connect to {url} within {connect_timeout:g} s: {why or 'no answer'}",
+                code=1,
+            )
+        view.wait_settled()
+        if prometheus_port is not None:
+            try:
+                serve_statuses(prometheus_port, view.snapshot, metrics_listen)
+            except OSError as err:
+                raise _fail(str(err), code=1) from err
+            console.print(f"fleet metrics on http://{metrics_listen}:{prometheus_port}/metrics")
+        if not (watch or prometheus_port is not None):
+            _print_fleet(fleet_rows(view.snapshot(), time.time()), json_out, str(url))
+            return
+        stop = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+        if not watch:
+            stop.wait()
+        elif json_out:
+            while not stop.is_set():
+                print(json.dumps(fleet_rows(view.snapshot(), time.time())), flush=True)
+                stop.wait(interval)
+        else:
+            with Live(_fleet_table([], str(url)), console=Console(), auto_refresh=False) as live:
+                while not stop.is_set():
+                    rows = fleet_rows(view.snapshot(), time.time())
+                    live.update(_fleet_table(rows, str(url)), refresh=True)
+                    stop.wait(interval)
+
+
+def _print_fleet(rows: list[dict[str, Any]], json_out: bool, broker: str) -> None:
+    if json_out:
+        print(json.dumps(rows))
+        return
+    if not rows:
+        console.print(f"no device has published a status on {broker} yet")
+        return
+    Console().print(_fleet_table(rows, broker))
+
+
+def _fleet_table(rows: list[dict[str, Any]], broker: str) -> Table:
+    """``fedstream fleet``'s table of :func:`deploy.fleet.fleet_rows` (fill as a share of the
+    buffer's capacity)."""
+    from rich import box
+    from rich.table import Table
+
+    def num(value: Any, fmt: str = "{}") -> str:
+        return "-" if value is None else fmt.format(value)
+
+    table = Table(title=f"fleet on {broker}", box=box.SIMPLE_HEAD)
+    for column in ("device", "online", "rate/s", "fill", "dropped", "refused", "seen", "drift"):
+        table.add_column(column, justify="left" if column == "device" else "right")
+    table.add_column("error")
+    for row in rows:
+        reasons = ", ".join(f"{k} {v}" for k, v in sorted(row["refused-by-reason"].items()))
+        fill = num(row["fill"])
+        if row["capacity"] and row["fill"] is not None:
+            fill = f"{row['fill'] / row['capacity']:.0%}"
+        table.add_row(
+            row["device"],
+            "[green]yes[/green]" if row["online"] else "[red]no[/red]",
+            num(row["rate"], "{:.1f}"),
+            fill,
+            num(row["dropped"]),
+            num(row["refused"]) + (f" ({reasons})" if reasons else ""),
+            num(row["last-seen-s"], "{:.0f} s ago"),
+            num(row["drift-changes"]),
+            row["error"] or "",
+        )
+    return table
 
 
 @app.command()
@@ -728,7 +868,10 @@ def stop(
 def report(
     run: Annotated[
         Path,
-        typer.Argument(help="A run's out-dir (holding metrics.jsonl) or a metrics.jsonl file."),
+        typer.Argument(
+            help="A run's out-dir (holding metrics.jsonl; a run Flower started keeps it in "
+            "$FEDSTREAM_HOME/runs/<run-id>, ~/.fedstream by default) or a metrics.jsonl file."
+        ),
     ],
     out: Annotated[
         Path | None, typer.Option(help="Where summary.json and report.png go (default: the run's).")
@@ -741,7 +884,7 @@ def report(
 
     path = run / "metrics.jsonl" if run.is_dir() else run
     if not path.exists():
-        raise _fail(f"{path}: no metrics.jsonl (set out-dir in the run config)")
+        raise _fail(f"{path}: no metrics.jsonl (was out-dir = 'none' in the run config?)")
     try:
         records = read_rotated(path)
     except ValueError as err:

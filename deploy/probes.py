@@ -69,9 +69,9 @@ class MqttProbe:
         """True once connected; False if refused or still trying after ``timeout`` s."""
         return wait_until(lambda: self.connected, timeout)
 
-    def publish(self, topic: str, payload: bytes, qos: int = 1) -> None:
+    def publish(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False) -> None:
         """Publish and wait (up to 10 s) until the broker has it."""
-        self.client.publish(topic, payload, qos=qos).wait_for_publish(10)
+        self.client.publish(topic, payload, qos=qos, retain=retain).wait_for_publish(10)
 
     def subscribe(self, topic: str) -> None:
         """Subscribe at QoS 1; received messages collect in :attr:`messages`.

@@ -28,6 +28,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from wsgiref.simple_server import WSGIServer
 
 import paho.mqtt.client as mqtt
 
@@ -49,6 +50,7 @@ from edge_client.runtime.constants import (
 from edge_client.runtime.inject import open_pool, receive
 from edge_client.runtime.mqtt import BrokerURL, connect_async, make_client
 from edge_client.runtime.outbox import Outbox
+from edge_client.runtime.prometheus import serve_statuses
 from edge_client.runtime.rate import RateEstimator
 from edge_client.runtime.schema import connect
 from edge_client.runtime.signals import connected_or_raise, run_until_signalled
@@ -93,6 +95,9 @@ class IngestConfig:
     topics: tuple[str, ...] = ()  # sample frames on these topics (default: the device's)
     windowing: WindowSpec | None = None  # per-reading JSON, cut into windows
     connect_timeout: float | None = None  # run(): exit if not connected by then (None: retry)
+    # Prometheus metrics of the device's status on this port (None: off), bound to this address
+    metrics_port: int | None = None
+    metrics_listen: str = "0.0.0.0"
     subscriptions: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -104,6 +109,8 @@ class IngestConfig:
             raise ValueError(f"commit interval must be in (0, 60] s, got {self.commit_interval}")
         if self.connect_timeout is not None and not self.connect_timeout > 0:
             raise ValueError(f"connect timeout must be > 0 s, got {self.connect_timeout}")
+        if self.metrics_port is not None and not 0 < self.metrics_port < 65536:
+            raise ValueError(f"metrics port must be in 1..65535, got {self.metrics_port}")
         if self.num_classes < 1:
             raise ValueError(f"num-classes must be >= 1, got {self.num_classes}")
         default = samples_topic(self.device_id)  # validates the id
@@ -190,6 +197,9 @@ class IngestDaemon:
         self._rejects = _RejectLog()
         self._rate_mark: tuple[float | None, int] = (None, 0)  # (monotonic, accepted)
         self._next_rate_log = 0.0
+        self._metrics: WSGIServer | None = None
+        #: The last status published (what the metrics endpoint exports).
+        self.last_status: dict[str, Any] = {}
         self.assembler = self._load_assembler()
         self._client = make_client(
             config.client_id or f"fedstream-ingest-{config.device_id}",
@@ -214,7 +224,20 @@ class IngestDaemon:
     # -- lifecycle --------------------------------------------------------------------------
 
     def start(self) -> None:
-        """Start the writer thread and connect (retrying with back-off until connected)."""
+        """Serve the metrics (``metrics_port``), start the writer thread and connect
+        (retrying with back-off until connected).
+
+        Raises
+        ------
+        OSError
+            If the metrics port cannot be bound.
+        """
+        port = self.config.metrics_port
+        if port is not None:
+            self._metrics = serve_statuses(
+                port, lambda: {self.config.device_id: self.last_status}, self.config.metrics_listen
+            )
+            log.info("metrics on http://%s:%d/metrics", self.config.metrics_listen, port)
         self._writer.start()
         self.connection = connect_async(self._client, self.config.broker)
         log.info(
@@ -238,6 +261,9 @@ class IngestDaemon:
         self._publish_status(online=False)
         self._client.disconnect()  # after the queued PUBACKs: paho sends packets in order
         self._client.loop_stop()
+        if self._metrics is not None:
+            self._metrics.shutdown()
+            self._metrics.server_close()
         self.store.close()
         if self.pool is not None:
             self.pool.close()
@@ -494,6 +520,7 @@ class IngestDaemon:
         if error is not None:
             status["error"] = error
         self._client.publish(self._status_topic, json.dumps(status), qos=1, retain=True)
+        self.last_status = status
         self._log_rate(status)
 
     def _log_rate(self, status: dict[str, Any]) -> None:

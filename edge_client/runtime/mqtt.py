@@ -101,8 +101,28 @@ def make_client(
         client.tls_set(ca_certs=cafile, cert_reqs=ssl.CERT_REQUIRED)
     client.reconnect_delay_set(RECONNECT_MIN_DELAY_S, RECONNECT_MAX_DELAY_S)
     # paho's own log (packets at DEBUG, errors in callbacks at ERROR) through Python logging.
-    client.enable_logger(logging.getLogger(PAHO_LOGGER))
+    client.enable_logger(_paho_logger())
     return client
+
+
+class _PahoLevels(logging.Filter):
+    """paho logs one benign event as an error: its network loop running once more after a
+    clean ``disconnect()`` ("Client is not connected"). That record is filed at DEBUG."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.ERROR and str(record.msg).startswith(
+            "Client is not connected"
+        ):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+        return True
+
+
+def _paho_logger() -> logging.Logger:
+    logger = logging.getLogger(PAHO_LOGGER)
+    if not any(isinstance(f, _PahoLevels) for f in logger.filters):
+        logger.addFilter(_PahoLevels())
+    return logger
 
 
 @dataclass

@@ -233,6 +233,19 @@ class RunSettings(ControllerSettings):
         64.0, "metrics.jsonl is rotated to metrics.jsonl.1 (.2, ...) past this size", gt=0
     )
     metrics_keep: int = knob(3, "rotated metrics.jsonl files kept", ge=0)
+    prometheus_port: int = knob(
+        0, "the ServerApp serves each round's figures as Prometheus metrics here; 0: off",
+        ge=0, le=65535,
+    )  # fmt: skip
+    prometheus_listen: str = knob("0.0.0.0", "the address the Prometheus endpoint binds to")
+    tensorboard_dir: str = knob(
+        "",
+        "each round's figures go to TensorBoard event files here (needs tensorboard); empty: off",
+    )
+    mlflow_uri: str = knob(
+        "", "each round's figures go to this MLflow tracking URI (needs mlflow); empty: off"
+    )
+    mlflow_experiment: str = knob("fedstream", "the MLflow experiment the run is logged under")
     export_dir: str = knob(
         "", "where versioned model exports go (fedstream models DIR lists them); empty: none"
     )

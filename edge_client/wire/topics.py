@@ -6,7 +6,17 @@ import re
 
 from edge_client.wire.constants import DEVICE_ID_PATTERN, TOPIC_ROOT
 
-__all__ = ["predictions_topic", "samples_topic", "status_topic", "validate_device_id"]
+__all__ = [
+    "STATUS_WILDCARD",
+    "device_of_topic",
+    "predictions_topic",
+    "samples_topic",
+    "status_topic",
+    "validate_device_id",
+]
+
+#: Every device's status topic (what a fleet view subscribes to).
+STATUS_WILDCARD = f"{TOPIC_ROOT}/+/status"
 
 _DEVICE_ID_RE = re.compile(DEVICE_ID_PATTERN)
 
@@ -31,3 +41,12 @@ def status_topic(device_id: str) -> str:
 def predictions_topic(device_id: str) -> str:
     """Topic a device's ``fedstream infer`` publishes its predictions on."""
     return f"{TOPIC_ROOT}/{validate_device_id(device_id)}/predictions"
+
+
+def device_of_topic(topic: str) -> str | None:
+    """The device id in a ``fedstream/v1/<device>/...`` topic (None for any other topic)."""
+    root, _, rest = topic.partition(f"{TOPIC_ROOT}/")
+    device = rest.split("/", 1)[0]
+    if root or not _DEVICE_ID_RE.fullmatch(device):
+        return None
+    return device

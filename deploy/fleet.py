@@ -1,0 +1,167 @@
+"""The operator's fleet view: every device's retained status from the broker, as rows of a
+table (``fedstream fleet``), JSON, or Prometheus metrics.
+
+Each ingest daemon publishes its status, retained, on ``fedstream/v1/<device>/status`` every
+``--status-interval``, and its broker publishes ``{"online": false}`` there when it goes away
+(its will). :class:`FleetView` subscribes to all of them; a status that lacks a key keeps the
+last value known, so a device gone offline still shows its last counters and when it was seen.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import paho.mqtt.client as mqtt
+
+from edge_client.runtime.mqtt import BrokerURL, Connection, connect_async, make_client
+from edge_client.wire.topics import STATUS_WILDCARD, device_of_topic
+
+__all__ = ["FleetView", "fleet_rows"]
+
+log = logging.getLogger(__name__)
+
+#: Seconds without a new retained status after which the first read counts as complete.
+_QUIET_S = 0.5
+
+
+class FleetView:
+    """Every device's latest status, kept current from the broker.
+
+    Parameters
+    ----------
+    broker : BrokerURL
+        Where the devices publish.
+    username, password, cafile : str, optional
+        Credentials (the account must be allowed to read ``fedstream/v1/+/status``).
+    """
+
+    def __init__(
+        self,
+        broker: BrokerURL,
+        username: str | None = None,
+        password: str | None = None,
+        cafile: str | None = None,
+    ) -> None:
+        self.broker = broker
+        self._statuses: dict[str, dict[str, Any]] = {}
+        self._lock = threading.Lock()
+        self._connected = threading.Event()
+        self._last_message = time.monotonic()
+        #: Status messages that were not a JSON object (ignored).
+        self.malformed = 0
+        self._client = make_client(
+            f"fedstream-fleet-{id(self):x}",
+            broker,
+            username=username,
+            password=password,
+            cafile=cafile,
+        )
+        self._client.on_connect = self._on_connect
+        self._client.on_message = self._on_message
+        self.connection: Connection | None = None
+
+    def start(self) -> FleetView:
+        """Connect (retrying with back-off) and subscribe, in paho's thread."""
+        self.connection = connect_async(self._client, self.broker)
+        self._client.loop_start()
+        return self
+
+    def wait_connected(self, timeout: float) -> bool:
+        """Block until subscribed, or ``timeout`` seconds."""
+        return self._connected.wait(timeout)
+
+    def wait_settled(self, timeout: float = 5.0) -> None:
+        """After connecting: wait until the retained statuses have come in (no new one for
+        half a second), at most ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if time.monotonic() - self._last_message >= _QUIET_S:
+                return
+            time.sleep(0.05)
+
+    def snapshot(self) -> dict[str, dict[str, Any]]:
+        """Device id -> its status as last known (copies)."""
+        with self._lock:
+            return {device: dict(status) for device, status in self._statuses.items()}
+
+    def stop(self) -> None:
+        """Disconnect."""
+        self._client.disconnect()
+        self._client.loop_stop()
+
+    def __enter__(self) -> FleetView:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _on_connect(self, client: mqtt.Client, _u: Any, _f: Any, rc: Any, _p: Any) -> None:
+        if rc.is_failure:
+            if self.connection is not None:
+                self.connection.refused(self.broker, rc)
+            return
+        client.subscribe(STATUS_WILDCARD, qos=1)
+        self._last_message = time.monotonic()
+        self._connected.set()
+
+    def _on_message(self, _c: mqtt.Client, _u: Any, msg: mqtt.MQTTMessage) -> None:
+        self._last_message = time.monotonic()
+        device = device_of_topic(msg.topic)
+        try:
+            status = json.loads(msg.payload)
+            if not isinstance(status, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as err:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            self.malformed += 1
+            log.warning("ignored a malformed status on %s: %s", msg.topic, err)
+            return
+        if device is None:
+            return
+        with self._lock:
+            self._statuses[device] = {**self._statuses.get(device, {}), **status}
+
+
+def fleet_rows(statuses: Mapping[str, Mapping[str, Any]], now: float) -> list[dict[str, Any]]:
+    """One row per device, sorted by id: what ``fedstream fleet`` shows.
+
+    Parameters
+    ----------
+    statuses : Mapping
+        Device id -> status (:meth:`FleetView.snapshot`).
+    now : float
+        Unix time the ages are measured to.
+
+    Returns
+    -------
+    list of dict
+        Kebab-case keys: ``device``, ``online``, ``rate``, ``fill``, ``capacity``,
+        ``accepted``, ``dropped``, ``refused`` and ``refused-by-reason``, ``last-seen-s``
+        (None when never seen), ``drift-changes`` (None where unknown), ``error``.
+    """
+    rows = []
+    for device, s in sorted(statuses.items()):
+        reasons = {str(k): int(v) for k, v in (s.get("rejected-by-reason") or {}).items()}
+        drift = s.get("drift") or {}
+        ts = s.get("ts")
+        rows.append(
+            {
+                "device": device,
+                "online": bool(s.get("online")),
+                "rate": s.get("rate"),
+                "fill": s.get("fill"),
+                "capacity": s.get("capacity"),
+                "accepted": s.get("accepted"),
+                "dropped": s.get("dropped"),
+                "refused": s.get("rejected", sum(reasons.values())),
+                "refused-by-reason": reasons,
+                "last-seen-s": round(now - float(ts), 1) if ts is not None else None,
+                "drift-changes": drift.get("changes"),
+                "error": s.get("error"),
+            }
+        )
+    return rows
