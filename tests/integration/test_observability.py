@@ -78,7 +78,7 @@ def test_ingest_serves_its_status_to_prometheus(
     s = stats(buf)
     (reason,) = s["rejected-by-reason"]
     refused = "fedstream_device_samples_refused_total"
-    assert wait_until(lambda: device_value(scrape(port), refused, "dev-a", reason=reason), 20)
+    assert wait_until(lambda: device_value(scrape(port), refused, "dev-a", reason=reason) == 1, 20)
     samples = scrape(port)
     assert device_value(samples, "fedstream_device_samples_accepted_total", "dev-a") == 400
     assert device_value(samples, "fedstream_device_online", "dev-a") == 1
@@ -161,7 +161,7 @@ def _run(
     devices = [VirtualDevice(f"dev-{i}", slowdown=s) for i, s in enumerate((1, 2))]
     grid = InProcessGrid(devices, tmp, settings)
     try:
-        return run_rounds(grid, settings, stop)  # type: ignore[arg-type]
+        return run_rounds(grid, settings, stop)
     finally:
         grid.close()
 
