@@ -8,11 +8,10 @@ process's start: a resumed run starts them again, as Prometheus counters do on a
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
 from aggregator.records import RoundRecord
 from aggregator.sinks import round_figures
-from edge_client.runtime.prometheus import serve_registry
 
 __all__ = ["METRIC_NAMES", "RoundExporter"]
 
@@ -63,7 +62,12 @@ class RoundExporter:
         }
         self._bytes_up = Counter(_BYTES_UP, "Update bytes received.", registry=r)
         self._skipped = Counter(_SKIPPED, "Rounds skipped, by reason.", ["reason"], registry=r)
-        self._server = serve_registry(r, port, listen)
+        try:
+            self._server, _thread = start_http_server(port, addr=listen, registry=r)
+        except OSError as err:
+            raise OSError(
+                f"prometheus-port: cannot serve on {listen}:{port}: {err.strerror}"
+            ) from err
 
     def write(self, record: RoundRecord) -> None:
         run, devices = round_figures(record)

@@ -23,7 +23,7 @@ from deploy.constants import (
     DEMO_DURATION_S,
     DEMO_SETTINGS,
 )
-from edge_client.emulation.constants import DISTRIBUTIONS, RATE_SETS
+from edge_client.emulation.constants import DISTRIBUTIONS, PUBLISH_PROGRESS_S, RATE_SETS
 from edge_client.runtime.constants import (
     COMMIT_INTERVAL_S,
     DEFAULT_CAPACITY,
@@ -327,6 +327,12 @@ def publish(
         float, typer.Option("--connect-timeout", help="Give up if not connected by then (s).")
     ] = 30.0,
     json_out: Annotated[bool, typer.Option("--json", help="Print the report as JSON.")] = False,
+    progress_interval: Annotated[
+        float,
+        typer.Option(
+            "--progress-interval", help="Seconds between progress lines on stderr; 0: none.", min=0
+        ),
+    ] = PUBLISH_PROGRESS_S,
     readings: Annotated[
         bool,
         typer.Option(
@@ -427,8 +433,24 @@ def publish(
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):  # stop cleanly: drain, report, exit 0
         signal.signal(sig, lambda *_: stop.set())
+
+    def progress(sent: int, acknowledged: int, elapsed: float) -> None:
+        share = sent / count if count else elapsed / (duration or elapsed)
+        of = f" of {count}" if count else ""
+        console.print(
+            f"sent {sent}{of} {unit} ({share:.0%}) in {elapsed:.1f} s: {sent / elapsed:.1f} "
+            f"{unit}/s; {acknowledged} messages acknowledged",
+            soft_wrap=True,
+        )
+
     try:
-        report = run_publisher(config, src, stop=stop)
+        report = run_publisher(
+            config,
+            src,
+            stop=stop,
+            on_progress=progress if progress_interval > 0 else None,
+            progress_interval=progress_interval,
+        )
     except ConnectionError as err:
         raise _fail(str(err)) from err
     if json_out:
@@ -726,7 +748,7 @@ def _fleet_table(rows: list[dict[str, Any]], broker: str) -> Table:
             fill,
             num(row["dropped"]),
             num(row["refused"]) + (f" ({reasons})" if reasons else ""),
-            num(row["last-seen-s"], "{:.0f} s ago"),
+            num(row["last-seen-s"], "{:.0f}s ago"),
             num(row["drift-changes"]),
             row["error"] or "",
         )

@@ -6,6 +6,7 @@ from typing import Final
 
 PUBLISH_MAX_INFLIGHT: Final = 1000
 PUBLISH_MAX_OUTSTANDING: Final = 60_000  # paho message ids are 16 bit
+PUBLISH_PROGRESS_S: Final = 10.0  # fedstream publish prints a progress line this often
 DISTRIBUTIONS: Final = ("constant", "poisson", "bursty")
 BURST_FACTOR: Final = 4.0  # bursty: on-phases send at 4x the mean rate, a quarter of the time
 

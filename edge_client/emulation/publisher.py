@@ -133,7 +133,8 @@ def run_publisher(
     source: SampleSource | SeriesReadings,
     *,
     stop: threading.Event | None = None,
-    on_progress: Callable[[int, float], None] | None = None,
+    on_progress: Callable[[int, int, float], None] | None = None,
+    progress_interval: float = 1.0,
 ) -> PublishReport:
     """Publish samples from ``source`` until ``count`` samples or ``duration`` seconds.
 
@@ -146,7 +147,10 @@ def run_publisher(
     stop : threading.Event, optional
         Set it to stop early (samples sent so far are still drained).
     on_progress : callable, optional
-        Called about once a second with ``(samples sent, elapsed seconds)``.
+        Called every ``progress_interval`` seconds with ``(samples sent, messages the broker
+        acknowledged, elapsed seconds)``.
+    progress_interval : float
+        Seconds between ``on_progress`` calls.
 
     Returns
     -------
@@ -182,7 +186,8 @@ def run_publisher(
             raise ConnectionError(
                 f"could not connect to {config.broker} within {config.connect_timeout:g} s: {why}"
             )
-        return _publish_loop(config, source, client, acks, stop, on_progress)
+        progress = None if on_progress is None else (on_progress, progress_interval)
+        return _publish_loop(config, source, client, acks, stop, progress)
     finally:
         client.disconnect()
         client.loop_stop()
@@ -194,7 +199,7 @@ def _publish_loop(
     client: mqtt.Client,
     acks: _Acks,
     stop: threading.Event,
-    on_progress: Callable[[int, float], None] | None,
+    progress: tuple[Callable[[int, int, float], None], float] | None,
 ) -> PublishReport:
     topic = config.topic or samples_topic(config.device_id)
     rng = np.random.default_rng([config.seed, 7])
@@ -202,7 +207,7 @@ def _publish_loop(
     total = config.count
     sent = messages = 0
     start = time.monotonic()
-    next_report = start + 1.0
+    next_report = start + (progress[1] if progress else 0.0)
     for offset in offsets:
         if stop.is_set() or (total is not None and sent >= total):
             break
@@ -225,9 +230,9 @@ def _publish_loop(
         sent += n
         messages += 1
         now = time.monotonic()
-        if on_progress is not None and now >= next_report:
-            on_progress(sent, now - start)
-            next_report = now + 1.0
+        if progress is not None and now >= next_report:
+            progress[0](sent, acks.count, now - start)
+            next_report = now + progress[1]
     elapsed = time.monotonic() - start
     if config.qos > 0:  # wait until the broker has every message
         deadline = time.monotonic() + config.drain_timeout

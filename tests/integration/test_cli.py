@@ -261,6 +261,21 @@ def test_publisher_stops_cleanly_on_sigterm(broker: Any, procs: ProcessGroup) ->
     assert report["acknowledged"] == report["messages"]
 
 
+def test_publish_shows_its_progress_on_a_long_run(broker: Any) -> None:
+    # Execute: 2 s of stream, a progress line every 0.5 s.
+    proc = run(
+        "publish", "--broker", broker.url, "--device-id", "d", "--rate", "300", "--count", "600",
+        "--progress-interval", "0.5",
+    )  # fmt: skip
+    # Assert: lines with what was sent so far, rising, then the report.
+    lines = [x for x in proc.stderr.splitlines() if x.startswith("sent ")]
+    assert proc.returncode == 0 and len(lines) >= 2, proc.stderr
+    sent = [int(x.split()[1]) for x in lines]
+    assert sent == sorted(sent) and 0 < sent[0] < 600
+    assert all(" of 600 samples (" in x and "messages acknowledged" in x for x in lines)
+    assert "published 600 samples" in proc.stderr
+
+
 def test_resume_explains_a_missing_or_old_checkpoint(tmp_path: Path) -> None:
     # Prepare: no checkpoint at all, and one written before checkpoints kept the run config.
     old = tmp_path / "old"

@@ -3,6 +3,7 @@ fedstream's app factories) run through ``flwr run`` on a real SuperLink and Supe
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -12,7 +13,7 @@ import numpy as np
 
 from aggregator.records import HOME_ENV, METRICS_FILE, read_metrics
 from deploy.flower import FlowerDeployment
-from deploy.local import ProcessGroup
+from deploy.local import ProcessGroup, fedstream_command
 from edge_client.runtime.buffer import BufferStore
 from edge_client.runtime.node_config import NodeConfig
 from edge_client.task.synthetic import SensorTask
@@ -73,3 +74,10 @@ def test_a_user_app_trains_its_own_model_through_flwr_run(tmp_path: Path) -> Non
     assert records[-1].test_accuracy > 0.6  # 4 activities: chance is 0.25
     assert records[-1].accuracy > 0.5  # prequential, on the watches' own windows
     assert records[-1].eval_count == sum(m.num_examples for m in records[-1].devices.values())
+    # ... and `fedstream report` draws the deployed run from its default place.
+    report = subprocess.run(
+        fedstream_command("report", str(out)), capture_output=True, text=True, timeout=120
+    )
+    assert report.returncode == 0, report.stderr
+    assert json.loads((out / "summary.json").read_text())["rounds"] == 3
+    assert (out / "report.png").stat().st_size > 10_000

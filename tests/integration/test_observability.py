@@ -7,7 +7,9 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
+import signal
 import subprocess
+import time
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
@@ -120,8 +122,18 @@ def test_fleet_shows_every_devices_retained_status_and_serves_it_to_prometheus(
         ),
         log_path=tmp_path / "fleet.log",
     )  # fmt: skip
+    watching = procs.start(
+        "watch",
+        fedstream_command(
+            "fleet", "--broker", broker.url, "--watch", "--json", "--interval", "0.3"
+        ),
+        stdout_pipe=True,
+    )
     assert wait_until(lambda: _scrapes(port), 30), (tmp_path / "fleet.log").read_text()
     samples = scrape(port)
+    time.sleep(1.5)
+    watching.send_signal(signal.SIGTERM)
+    watched, _ = watching.communicate(timeout=30)
     # Assert: one row per device, the stopped one offline with its last counters.
     assert table.returncode == 0 and listed.returncode == 0, table.stderr + listed.stderr
     assert "dev-a" in table.stdout and "dev-b" in table.stdout
@@ -134,6 +146,10 @@ def test_fleet_shows_every_devices_retained_status_and_serves_it_to_prometheus(
     assert online == {"dev-a": 1, "dev-b": 0}
     assert device_value(samples, "fedstream_device_samples_accepted_total", "dev-b") == 100
     assert served.poll() is None
+    # --watch --json: a line per refresh, until SIGTERM (exit 0).
+    views = [json.loads(line) for line in watched.decode().splitlines()]
+    assert watching.returncode == 0 and len(views) >= 2
+    assert all({row["device"] for row in view} == {"dev-a", "dev-b"} for view in views)
     probe.close()
     watcher.close()
 
