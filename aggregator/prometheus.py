@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 
 from aggregator.records import RoundRecord
 from aggregator.sinks import round_figures
+from edge_client.wire.mapping import kebab
 
 __all__ = ["METRIC_NAMES", "RoundExporter"]
 
@@ -25,8 +26,14 @@ _RUN_GAUGES = {
 }
 #: Device figure -> (gauge name, help); the device label is added.
 _DEVICE_GAUGES = {
-    "batch-size": ("fedstream_device_batch_size", "The device's batch, last round it trained."),
-    "compute-s": ("fedstream_device_compute_seconds", "The device's training time, last round."),
+    kebab("batch_size"): (
+        "fedstream_device_batch_size",
+        "The device's batch, last round it trained.",
+    ),
+    kebab("compute_s"): (
+        "fedstream_device_compute_seconds",
+        "The device's training time, last round.",
+    ),
     "staleness": ("fedstream_device_staleness", "Staleness of the device's last update (async)."),
 }
 _ROUND = "fedstream_round"

@@ -14,6 +14,7 @@ import math
 from typing import Any, Protocol
 
 from aggregator.records import RoundRecord
+from edge_client.wire.mapping import kebab
 from edge_client.wire.run_config import RunSettings
 
 __all__ = [
@@ -26,6 +27,9 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: The fields of a device's reply (:class:`~edge_client.wire.records.ReplyMetrics`) a sink gets.
+_DEVICE_FIGURES = ("batch_size", "compute_s", "step_s", "stream_rate", "buffer_fill")
 
 
 class RoundSink(Protocol):
@@ -57,7 +61,7 @@ def round_figures(record: RoundRecord) -> tuple[dict[str, float], dict[str, dict
         "test-accuracy": record.test_accuracy,
         "test-loss": record.test_loss,
         "wall-s": record.wall_s,
-        "bytes-up": float(record.bytes_up),
+        kebab("bytes_up"): float(record.bytes_up),
         "devices": float(len(record.devices)),
         "sum-b": float(record.sum_b),
         "skipped": 1.0 if record.skipped else 0.0,
@@ -71,13 +75,7 @@ def round_figures(record: RoundRecord) -> tuple[dict[str, float], dict[str, dict
         run["staleness-mean"] = sum(values) / len(values)
     devices = {}
     for device, m in record.devices.items():
-        figures = {
-            "batch-size": float(m.batch_size),
-            "compute-s": m.compute_s,
-            "step-s": m.step_s,
-            "stream-rate": m.stream_rate,
-            "buffer-fill": float(m.buffer_fill),
-        }
+        figures = {kebab(name): float(getattr(m, name)) for name in _DEVICE_FIGURES}
         if device in staleness:
             figures["staleness"] = staleness[device]
         devices[device] = _finite(figures)

@@ -749,7 +749,7 @@ def _fleet_table(rows: list[dict[str, Any]], broker: str) -> Table:
             num(row["dropped"]),
             num(row["refused"]) + (f" ({reasons})" if reasons else ""),
             num(row["last-seen-s"], "{:.0f}s ago"),
-            num(row["drift-changes"]),
+            num(row["drift"]),
             row["error"] or "",
         )
     return table

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 import threading
 import time
 from collections.abc import Mapping
@@ -55,7 +56,7 @@ class FleetView:
         #: Status messages that were not a JSON object (ignored).
         self.malformed = 0
         self._client = make_client(
-            f"fedstream-fleet-{id(self):x}",
+            f"fedstream-fleet-{secrets.token_hex(4)}",
             broker,
             username=username,
             password=password,
@@ -141,27 +142,46 @@ def fleet_rows(statuses: Mapping[str, Mapping[str, Any]], now: float) -> list[di
     list of dict
         Kebab-case keys: ``device``, ``online``, ``rate``, ``fill``, ``capacity``,
         ``accepted``, ``dropped``, ``refused`` and ``refused-by-reason``, ``last-seen-s``
-        (None when never seen), ``drift-changes`` (None where unknown), ``error``.
+        (None when never seen), ``drift`` (changes detected) (None where unknown), ``error``.
     """
     rows = []
     for device, s in sorted(statuses.items()):
-        reasons = {str(k): int(v) for k, v in (s.get("rejected-by-reason") or {}).items()}
-        drift = s.get("drift") or {}
-        ts = s.get("ts")
+        by_reason = s.get("rejected-by-reason")
+        reasons = {
+            str(k): int(v)
+            for k, v in (by_reason.items() if isinstance(by_reason, dict) else ())
+            if _number(v) is not None
+        }
+        drift = s.get("drift")
+        ts = _number(s.get("ts"))
+        error = s.get("error")
         rows.append(
             {
                 "device": device,
-                "online": bool(s.get("online")),
-                "rate": s.get("rate"),
-                "fill": s.get("fill"),
-                "capacity": s.get("capacity"),
-                "accepted": s.get("accepted"),
-                "dropped": s.get("dropped"),
-                "refused": s.get("rejected", sum(reasons.values())),
+                "online": s.get("online") is True,
+                "rate": _number(s.get("rate")),
+                "fill": _count(s.get("fill")),
+                "capacity": _count(s.get("capacity")),
+                "accepted": _count(s.get("accepted")),
+                "dropped": _count(s.get("dropped")),
+                "refused": _count(s.get("rejected", sum(reasons.values()))),
                 "refused-by-reason": reasons,
-                "last-seen-s": round(now - float(ts), 1) if ts is not None else None,
-                "drift-changes": drift.get("changes"),
-                "error": s.get("error"),
+                "last-seen-s": None if ts is None else round(now - ts, 1),
+                "drift": _count(drift.get("changes")) if isinstance(drift, dict) else None,
+                "error": None if error is None else str(error),
             }
         )
     return rows
+
+
+def _number(value: object) -> float | None:
+    """``value`` if a status holds a number there (it comes from the network: anything else,
+    a string or a bool, reads as unknown)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return None
+
+
+def _count(value: object) -> int | None:
+    number = _number(value)
+    return None if number is None else int(number)

@@ -23,4 +23,4 @@ python3 -m ruff check .
 python3 -m ruff format --check .
 python3 -m mypy
 # pytest exits 5 when it collects no test: that fails this script too (set -e).
-python3 -m pytest -q -ra "$@"
+python3 -m pytest -q -ra --durations=25 "$@"

@@ -55,7 +55,8 @@ METRIC_NAMES: tuple[str, ...] = (
 
 
 class StatusCollector(Collector):
-    """Devices' statuses as metrics, read at each scrape.
+    """Devices' statuses as metrics, read at each scrape. A status comes from the network
+    (``fedstream fleet``): a value of the wrong type is left out, not an error.
 
     Parameters
     ----------
@@ -85,7 +86,7 @@ class StatusCollector(Collector):
             _DRIFT, "Changes the device's drift watcher detected.", labels=["device"]
         )
         for device, status in sorted(statuses.items()):
-            online.add_metric([device], 1.0 if status.get("online") else 0.0)
+            online.add_metric([device], 1.0 if status.get("online") is True else 0.0)
             error.add_metric([device], 1.0 if status.get("error") else 0.0)
             for key, family in gauges.items():
                 if _is_number(status.get(key)):
@@ -93,11 +94,13 @@ class StatusCollector(Collector):
             for key, counter in counters.items():
                 if _is_number(status.get(key)):
                     counter.add_metric([device], float(status[key]))
-            for reason, count in (status.get("rejected-by-reason") or {}).items():
+            by_reason = status.get("rejected-by-reason")
+            for reason, count in by_reason.items() if isinstance(by_reason, dict) else ():
                 if _is_number(count):
                     refused.add_metric([device, str(reason)], float(count))
-            changes = (status.get("drift") or {}).get("changes")
-            if isinstance(changes, int):
+            drift_status = status.get("drift")
+            changes = drift_status.get("changes") if isinstance(drift_status, dict) else None
+            if isinstance(changes, int | float) and not isinstance(changes, bool):
                 drift.add_metric([device], float(changes))
         yield online
         yield error

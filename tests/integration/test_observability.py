@@ -106,6 +106,8 @@ def test_fleet_shows_every_devices_retained_status_and_serves_it_to_prometheus(
     probe = MqttProbe(broker.url, "stray")
     assert probe.wait_connected()
     probe.publish(status_topic("dev-c"), b"\xff not json", qos=1, retain=True)
+    hostile = {"ts": "yesterday", "rate": "fast", "rejected-by-reason": {"x": "many"}}
+    probe.publish(status_topic("dev-d"), json.dumps(hostile).encode(), qos=1, retain=True)
     watcher = MqttProbe(broker.url, "watcher")
     watcher.subscribe(status_topic("dev-a"))
     assert wait_until(lambda: watcher.last_json().get("accepted") == 300, 20)
@@ -138,7 +140,11 @@ def test_fleet_shows_every_devices_retained_status_and_serves_it_to_prometheus(
     assert table.returncode == 0 and listed.returncode == 0, table.stderr + listed.stderr
     assert "dev-a" in table.stdout and "dev-b" in table.stdout
     rows = {row["device"]: row for row in json.loads(listed.stdout)}
-    assert set(rows) == {"dev-a", "dev-b"}  # dev-c's status was not JSON: ignored
+    assert set(rows) == {"dev-a", "dev-b", "dev-d"}  # dev-c's status was not JSON: ignored
+    # dev-d's values are not numbers: unknown, not a crash
+    assert (rows["dev-d"]["rate"], rows["dev-d"]["last-seen-s"]) == (None, None)
+    assert rows["dev-d"]["refused-by-reason"] == {} and not rows["dev-d"]["online"]
+    del rows["dev-d"]
     assert rows["dev-a"]["online"] and rows["dev-a"]["accepted"] == 300
     assert not rows["dev-b"]["online"] and rows["dev-b"]["accepted"] == 100
     assert rows["dev-a"]["last-seen-s"] < 30 and rows["dev-a"]["refused"] == 0
@@ -149,7 +155,7 @@ def test_fleet_shows_every_devices_retained_status_and_serves_it_to_prometheus(
     # --watch --json: a line per refresh, until SIGTERM (exit 0).
     views = [json.loads(line) for line in watched.decode().splitlines()]
     assert watching.returncode == 0 and len(views) >= 2
-    assert all({row["device"] for row in view} == {"dev-a", "dev-b"} for view in views)
+    assert all({row["device"] for row in view} == {"dev-a", "dev-b", "dev-d"} for view in views)
     probe.close()
     watcher.close()
 
@@ -232,6 +238,21 @@ def test_each_round_goes_to_tensorboard(tmp_path: Path, fast: Callable[..., RunS
     )
     batches = events.Scalars("device/dev-1/batch-size")
     assert [e.value for e in batches] == [r.devices["dev-1"].batch_size for r in records]
+
+
+def test_each_round_goes_to_mlflow(tmp_path: Path, fast: Callable[..., RunSettings]) -> None:
+    # MLflow is not in the dev extra (its pins clash with flwr's); where it is installed:
+    mlflow_client = pytest.importorskip("mlflow.tracking", reason="MLflow is not installed")
+    # Prepare: a SQLite tracking store (MLflow's file store is deprecated).
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    # Execute
+    records = _run(tmp_path, fast(num_rounds=2, mlflow_uri=uri, mlflow_experiment="t"))
+    # Assert: one finished MLflow run, the run config as parameters, a point a round.
+    client = mlflow_client.MlflowClient(uri)
+    (run,) = client.search_runs([client.get_experiment_by_name("t").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.params["num-rounds"] == "2"
+    history = client.get_metric_history(run.info.run_id, "accuracy")
+    assert [m.value for m in history] == pytest.approx([r.accuracy for r in records])
 
 
 def test_a_sink_whose_library_is_missing_is_refused_before_the_run(

@@ -1,0 +1,70 @@
+"""Devices' statuses as Prometheus metrics (edge_client.runtime.prometheus), and the fleet's
+rows (deploy.fleet): what a status says, and nothing made up where it says something else."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from deploy.fleet import fleet_rows
+from edge_client.runtime.prometheus import StatusCollector
+
+STATUS: dict[str, Any] = {
+    "device-id": "pi-1", "online": True, "ts": 1000.0, "rate": 12.5, "fill": 30,
+    "capacity": 100, "fill-fraction": 0.3, "accepted": 40, "dropped": 2, "consumed": 10,
+    "rejected": 3, "rejected-by-reason": {"bad-shape": 2, "nan": 1},
+    "drift": {"changes": 1, "seen": 500, "last-change": 400, "error": 0.2},
+}  # fmt: skip
+HOSTILE: dict[str, Any] = {
+    "online": "yes", "ts": "yesterday", "rate": "fast", "fill": True,
+    "rejected-by-reason": ["bad"], "drift": "x",
+}  # fmt: skip
+
+
+def exported(statuses: dict[str, dict[str, Any]]) -> dict[tuple[str, tuple[Any, ...]], float]:
+    registry = CollectorRegistry()
+    registry.register(StatusCollector(lambda: statuses))
+    text = generate_latest(registry).decode()
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def test_a_status_becomes_its_metrics() -> None:
+    # Execute
+    m = exported({"pi-1": STATUS})
+    # Assert
+    pi = (("device", "pi-1"),)
+    assert m[("fedstream_device_online", pi)] == 1
+    assert m[("fedstream_device_stream_rate", pi)] == 12.5
+    assert m[("fedstream_device_buffer_fill_ratio", pi)] == 0.3
+    assert m[("fedstream_device_samples_accepted_total", pi)] == 40
+    assert m[("fedstream_device_samples_refused_total", (*pi, ("reason", "nan")))] == 1
+    assert m[("fedstream_device_drift_changes_total", pi)] == 1
+    assert m[("fedstream_device_last_seen_timestamp_seconds", pi)] == 1000
+
+
+def test_a_hostile_status_exports_only_what_is_well_typed() -> None:
+    # Execute: values of the wrong type, from the network.
+    m = exported({"x": HOSTILE})
+    # Assert: online and error (derived flags) only; nothing else made up, no error.
+    assert {name for name, _ in m} == {"fedstream_device_online", "fedstream_device_error"}
+    assert m[("fedstream_device_online", (("device", "x"),))] == 0  # "yes" is not true
+
+
+def test_fleet_rows_read_a_status_and_a_hostile_one() -> None:
+    # Execute
+    rows = {r["device"]: r for r in fleet_rows({"pi-1": STATUS, "x": HOSTILE}, now=1010.0)}
+    # Assert
+    pi = rows["pi-1"]
+    assert (pi["online"], pi["last-seen-s"], pi["refused"], pi["drift"]) == (
+        True, 10.0, 3, 1,
+    )  # fmt: skip
+    assert pi["refused-by-reason"] == {"bad-shape": 2, "nan": 1}
+    x = rows["x"]
+    assert (x["online"], x["rate"], x["fill"], x["last-seen-s"]) == (False, None, None, None)
+    assert x["refused-by-reason"] == {} and x["drift"] is None
