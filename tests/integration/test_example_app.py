@@ -7,19 +7,36 @@ import json
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
 
 from aggregator.records import HOME_ENV, METRICS_FILE, read_metrics
 from deploy.flower import FlowerDeployment
-from deploy.local import ProcessGroup, fedstream_command
+from deploy.local import ProcessGroup, fedstream_command, free_port, wait_until
 from edge_client.runtime.buffer import BufferStore
 from edge_client.runtime.node_config import NodeConfig
 from edge_client.task.synthetic import SensorTask
 from edge_client.wire.frames import SampleBatch
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "activity-app"
+
+
+def _scrape_round(port: int, into: dict[str, float]) -> float:
+    """The ServerApp's ``fedstream_round`` (-1 while nothing answers); unlabelled samples
+    go into ``into``."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return -1
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if not sample.labels:
+                into[sample.name] = sample.value
+    return into.get("fedstream_round", -1)
 
 
 def fill_buffer(path: Path, x: np.ndarray, y: np.ndarray) -> None:
@@ -51,14 +68,28 @@ def test_a_user_app_trains_its_own_model_through_flwr_run(tmp_path: Path) -> Non
         for device, path in buffers.items():
             flower.start_supernode(device, NodeConfig(device, str(path)).to_node_config())
         flower.wait_nodes(3)
-        # Execute: the app's own out-dir ("": the default place).
+        # Execute: the app's own out-dir ("": the default place), its Prometheus endpoint on.
+        port = free_port()
         run_id = flower.submit(
-            EXAMPLE, {"num-rounds": 3, "min-nodes": 3, "eval-data": str(data / "test.npz")}
+            EXAMPLE,
+            {
+                "num-rounds": 3,
+                "min-nodes": 3,
+                "eval-data": str(data / "test.npz"),
+                "prometheus-port": port,
+                "prometheus-listen": "127.0.0.1",
+            },
         )
+        scraped: dict[str, float] = {}
+        assert wait_until(lambda: _scrape_round(port, scraped) >= 1, 240)
         status = flower.wait_finished(run_id, timeout=300)
         logs = flower.logs(run_id)
     # Assert: the watches trained the app's model; the phone was left out, with its reason.
     assert status.get("status") == "finished:completed", logs[-3000:]
+    # The deployed ServerApp served a committed round's figures while it ran (the phone
+    # was refused: two devices trained).
+    assert scraped["fedstream_round"] >= 1 and 0 <= scraped["fedstream_accuracy"] <= 1
+    assert scraped["fedstream_round_devices"] == 2 and scraped["fedstream_bytes_up_total"] > 0
     # Each round's progress reached `flwr log`, and the records their documented place.
     for n in (1, 2, 3):
         assert f"round {n}/3: accuracy" in logs, logs[-3000:]
