@@ -221,7 +221,13 @@ class StreamStrategy:
         batches = sorted({max(s.b_min, share // d) for d in (1, 2, 4)}, reverse=True)
         record = ProbePlan(batches, s.controller_probe).to_record()
         return [
-            Message(RecordDict({CONFIG: record}), node, MessageType.QUERY, group_id="probe")
+            Message(
+                RecordDict({CONFIG: record}),
+                node,
+                MessageType.QUERY,
+                group_id="probe",
+                ttl=s.round_timeout,  # a device refuses it once the run stopped waiting
+            )
             for node in nodes
         ]
 
@@ -344,7 +350,15 @@ class StreamStrategy:
         for key, value in config.items():
             record[key] = value
         content = RecordDict({ARRAYS: current.broadcast, CONFIG: record})
-        return Message(content, node, MessageType.TRAIN, group_id=str(current.server_round))
+        # Its TTL is the round's timeout: Flower delivers it no later, and a device refuses it
+        # after (a crashed aggregator's queued messages must not spend samples).
+        return Message(
+            content,
+            node,
+            MessageType.TRAIN,
+            group_id=str(current.server_round),
+            ttl=self.settings.round_timeout,
+        )
 
     def _broadcast(self, arrays: ArrayRecord, model: Mapping[str, np.ndarray]) -> ArrayRecord:
         """The model as sent down: float32, or float16 when the broadcast is compressed."""

@@ -8,15 +8,18 @@ import re
 import shutil
 import tempfile
 from pathlib import Path
-
-from iotcore import Broker, IotCoreBroker
+from typing import TYPE_CHECKING
 
 from deploy.constants import (
     EMBEDDED_BROKER_LOGGERS,
     EMBEDDED_MAX_INFLIGHT,
     EMBEDDED_MAX_PAYLOAD,
 )
+from deploy.extras import require_extra
 from deploy.local import ProcessGroup, free_port, wait_for_port
+
+if TYPE_CHECKING:  # the embedded broker is the demo extra's: imported where it is started
+    from iotcore import Broker
 
 __all__ = [
     "BROKER_CONFIG_DIR",
@@ -36,7 +39,16 @@ BROKER_CONFIG_DIR = Path(__file__).resolve().parent.parent / "broker_config"
 
 
 def embedded_broker(port: int, listen: str = "127.0.0.1") -> Broker:
-    """An iotcore broker, in a child process, with fedstream's settings."""
+    """An iotcore broker, in a child process, with fedstream's settings.
+
+    Raises
+    ------
+    MissingExtraError
+        If iotcore (the ``demo`` extra) is not installed.
+    """
+    require_extra("the embedded broker", ("iotcore",))
+    from iotcore import Broker
+
     return Broker(
         port=port,
         listen=listen,
@@ -79,7 +91,12 @@ def run_embedded_broker(port: int, listen: str = "127.0.0.1") -> None:
     ------
     OSError
         If the port is taken.
+    MissingExtraError
+        If iotcore (the ``demo`` extra) is not installed.
     """
+    require_extra("the embedded broker", ("iotcore",))
+    from iotcore import IotCoreBroker
+
     native = IotCoreBroker(
         listen=listen,
         port=port,
@@ -178,6 +195,8 @@ class MosquittoBroker:
             text = text.replace("/etc/mosquitto/fedstream", str(self.files_dir))
         if self.persist and not re.search(r"(?m)^persistence\s+true", text):
             text += PERSISTENCE
+        elif not re.search(r"(?m)^persistence_location", text):  # a conf.d snippet's
+            text += f"\npersistence_location {self._tmp.name}/\n"
         text = text.replace("/var/lib/mosquitto/", self._tmp.name + "/")
 
         def new_port(match: re.Match[str]) -> str:

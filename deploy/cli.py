@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from deploy.bench import SCENARIOS
 from deploy.constants import (
@@ -23,6 +24,7 @@ from deploy.constants import (
     DEMO_DURATION_S,
     DEMO_SETTINGS,
 )
+from deploy.extras import DEMO_EXTRA, MissingExtraError, require_extra
 from edge_client.emulation.constants import DISTRIBUTIONS, PUBLISH_PROGRESS_S, RATE_SETS
 from edge_client.runtime.constants import (
     COMMIT_INTERVAL_S,
@@ -79,6 +81,17 @@ PasswordOption = Annotated[
     ),
 ]
 VerboseOption = Annotated[bool, typer.Option("--verbose", "-v", help="Log at DEBUG level.")]
+CafileOption = Annotated[str | None, typer.Option(help="CA bundle (enables TLS).")]
+CertfileOption = Annotated[
+    str | None,
+    typer.Option(
+        help="This client's certificate (PEM; enables TLS), for brokers that require one "
+        "(Mosquitto's require_certificate, AWS IoT)."
+    ),
+]
+KeyfileOption = Annotated[
+    str | None, typer.Option(help="The key of --certfile (PEM), if not in the same file.")
+]
 MetricsPortOption = Annotated[
     int | None,
     typer.Option(
@@ -250,10 +263,18 @@ def _run_daemon(daemon: IngestDaemon | InferenceDaemon) -> None:
         raise _fail(str(err), code=1) from err
 
 
+def _require(purpose: str, modules: tuple[str, ...] = tuple(DEMO_EXTRA)) -> None:
+    """Exit 1 with the install command if ``purpose`` needs an extra that is missing."""
+    try:
+        require_extra(purpose, modules)
+    except MissingExtraError as err:
+        raise _fail(str(err), code=1) from err
+
+
 def _fail(message: str, code: int = 2) -> typer.Exit:
     """Print ``message`` as one line and return the exit to raise: 2 for a usage error
     (bad options or input), 1 for a failure at run time (a broker never reached)."""
-    console.print(f"[red]error:[/red] {message}", soft_wrap=True)
+    console.print(f"[red]error:[/red] {escape(message)}", soft_wrap=True)  # [...] is text
     return typer.Exit(code)
 
 
@@ -267,6 +288,7 @@ def broker(
     from deploy.brokers import run_embedded_broker
 
     _setup_logging(verbose)
+    _require("fedstream broker", ("iotcore",))
     console.print(f"embedded MQTT broker on mqtt://{listen}:{port} (Ctrl+C stops it)")
     try:
         with contextlib.suppress(KeyboardInterrupt):
@@ -322,7 +344,9 @@ def publish(
     seed: Annotated[int, typer.Option(help="Seed for rate, samples and arrivals.")] = 0,
     username: UsernameOption = None,
     password: PasswordOption = None,
-    cafile: Annotated[str | None, typer.Option(help="CA bundle (enables TLS).")] = None,
+    cafile: CafileOption = None,
+    certfile: CertfileOption = None,
+    keyfile: KeyfileOption = None,
     connect_timeout: Annotated[
         float, typer.Option("--connect-timeout", help="Give up if not connected by then (s).")
     ] = 30.0,
@@ -420,6 +444,8 @@ def publish(
             username=username,
             password=password,
             cafile=cafile,
+            certfile=certfile,
+            keyfile=keyfile,
             connect_timeout=connect_timeout,
             topic=topic,
         )
@@ -451,7 +477,7 @@ def publish(
             on_progress=progress if progress_interval > 0 else None,
             progress_interval=progress_interval,
         )
-    except ConnectionError as err:
+    except (ConnectionError, ValueError) as err:  # ValueError: its TLS files
         raise _fail(str(err)) from err
     if json_out:
         print(json.dumps(report.as_dict()), flush=True)
@@ -501,7 +527,9 @@ def ingest(
     ] = COMMIT_INTERVAL_S,
     username: UsernameOption = None,
     password: PasswordOption = None,
-    cafile: Annotated[str | None, typer.Option(help="CA bundle (enables TLS).")] = None,
+    cafile: CafileOption = None,
+    certfile: CertfileOption = None,
+    keyfile: KeyfileOption = None,
     inject: Annotated[
         bool,
         typer.Option(
@@ -590,6 +618,8 @@ def ingest(
             username=username,
             password=password,
             cafile=cafile,
+            certfile=certfile,
+            keyfile=keyfile,
             status_interval=status_interval,
             log_interval=log_interval,
             commit_interval=commit_interval,
@@ -655,7 +685,9 @@ def fleet(
     metrics_listen: MetricsListenOption = "0.0.0.0",
     username: UsernameOption = None,
     password: PasswordOption = None,
-    cafile: Annotated[str | None, typer.Option(help="CA bundle (enables TLS).")] = None,
+    cafile: CafileOption = None,
+    certfile: CertfileOption = None,
+    keyfile: KeyfileOption = None,
     connect_timeout: Annotated[
         float,
         typer.Option(
@@ -679,7 +711,11 @@ def fleet(
         url = BrokerURL.parse(broker)
     except ValueError as err:
         raise _fail(str(err)) from err
-    with FleetView(url, username, password, cafile) as view:
+    try:
+        view = FleetView(url, username, password, cafile, certfile, keyfile)
+    except ValueError as err:
+        raise _fail(str(err)) from err
+    with view:
         if not view.wait_connected(connect_timeout):
             why = view.connection.last_error if view.connection else None
             raise _fail(
@@ -791,7 +827,9 @@ def infer(
     ] = None,
     username: UsernameOption = None,
     password: PasswordOption = None,
-    cafile: Annotated[str | None, typer.Option(help="CA bundle (enables TLS).")] = None,
+    cafile: CafileOption = None,
+    certfile: CertfileOption = None,
+    keyfile: KeyfileOption = None,
     topic: TopicOption = None,
     fields: FieldsOption = None,
     window: WindowOption = None,
@@ -822,6 +860,8 @@ def infer(
                 username=username,
                 password=password,
                 cafile=cafile,
+                certfile=certfile,
+                keyfile=keyfile,
                 topics=tuple(topic or ()) if spec is None else (),
                 windowing=spec,
                 drift=drift,
@@ -903,6 +943,8 @@ def report(
     included): a deployed run's, a simulation's, the demo's."""
     from aggregator.records import read_rotated
     from deploy.report import summarize, write_report
+
+    _require("fedstream report", ("matplotlib",))
 
     path = run / "metrics.jsonl" if run.is_dir() else run
     if not path.exists():
@@ -1173,6 +1215,8 @@ def demo(
         )
     except ValueError as err:
         raise _fail(str(err)) from err
+    own_broker = not (config.broker or config.mosquitto or config.secure)
+    _require("fedstream demo", ("matplotlib", "iotcore") if own_broker else ("matplotlib",))
     try:
         ok = run_demo(config, console=Console())
     except FlowerError as err:
@@ -1290,6 +1334,7 @@ def bench(
     from deploy.bench import run_scenario
 
     _setup_logging(False)
+    _require("fedstream bench")
     names = list(SCENARIOS) if scenario.value == "all" else [scenario.value]
     combined: dict[str, object] = {}
     for name in names:

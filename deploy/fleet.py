@@ -37,8 +37,9 @@ class FleetView:
     ----------
     broker : BrokerURL
         Where the devices publish.
-    username, password, cafile : str, optional
-        Credentials (the account must be allowed to read ``fedstream/v1/+/status``).
+    username, password, cafile, certfile, keyfile : str, optional
+        Credentials (the account must be allowed to read ``fedstream/v1/+/status``), the
+        CA, and a client certificate where the broker requires one.
     """
 
     def __init__(
@@ -47,6 +48,8 @@ class FleetView:
         username: str | None = None,
         password: str | None = None,
         cafile: str | None = None,
+        certfile: str | None = None,
+        keyfile: str | None = None,
     ) -> None:
         self.broker = broker
         self._statuses: dict[str, dict[str, Any]] = {}
@@ -61,6 +64,8 @@ class FleetView:
             username=username,
             password=password,
             cafile=cafile,
+            certfile=certfile,
+            keyfile=keyfile,
         )
         self._client.on_connect = self._on_connect
         self._client.on_message = self._on_message

@@ -6,13 +6,14 @@ import math
 from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
-
-from matplotlib.axes import Axes
+from typing import TYPE_CHECKING, Any
 
 from aggregator.records import RoundRecord
 from deploy.breakdown import run_breakdown
-from deploy.plots import Panel, save_figure
+from deploy.extras import require_extra
+
+if TYPE_CHECKING:  # matplotlib is the demo extra's: imported where a figure is drawn
+    from matplotlib.axes import Axes
 
 __all__ = ["summarize", "write_report"]
 
@@ -75,7 +76,16 @@ def _of(record: RoundRecord, device: str, name: str) -> Any:
 
 
 def write_report(records: Sequence[RoundRecord], path: Path, title: str = "") -> None:
-    """Plot accuracy vs time and per-device batch size and compute time per round."""
+    """Plot accuracy vs time and per-device batch size and compute time per round.
+
+    Raises
+    ------
+    MissingExtraError
+        If matplotlib (the ``demo`` extra) is not installed.
+    """
+    require_extra("a run's plots", ("matplotlib",))
+    from deploy.plots import Panel, save_figure
+
     rounds = [r.round for r in records]
     devices = sorted({d for r in records for d in r.devices})
 

@@ -51,8 +51,13 @@ class RunSecrets:
         return self.root / "certs" / "server.key"
 
     def password(self, user: str) -> str:
-        """The broker password of ``user`` (a device id or ``aggregator``)."""
+        """The broker password of ``user`` (a device id, ``sensor.<id>`` or ``aggregator``)."""
         return (self.root / "credentials" / f"{user}.txt").read_text().strip()
+
+    def client_cert(self, user: str) -> tuple[Path, Path]:
+        """The client certificate of ``user`` and its key (its CN is the username)."""
+        clients = self.root / "certs" / "clients"
+        return clients / f"{user}.crt", clients / f"{user}.key"
 
     def node_key(self, device_id: str) -> Path:
         """The SuperNode private key of ``device_id`` (OpenSSH format)."""
@@ -94,15 +99,21 @@ def make_node_key(path: Path) -> Path:
     return public
 
 
-def make_run_secrets(root: Path, device_ids: list[str]) -> RunSecrets:
-    """Make a CA, the server certificate, broker credentials and ACL, and node keys.
+def make_run_secrets(
+    root: Path, device_ids: list[str], inject: list[str] | None = None
+) -> RunSecrets:
+    """Make a CA, the server certificate, broker credentials (passwords and client
+    certificates) and ACL, and node keys.
 
     Parameters
     ----------
     root : Path
         Folder to write into (created; private).
     device_ids : list of str
-        One broker user and one SuperNode key per device.
+        One broker user, one sensor user (``sensor.<id>``) and one SuperNode key per device.
+    inject : list of str, optional
+        The devices the ACL lets use the data-injection topic (None: every device, as the
+        demo's devices may all opt in).
 
     Raises
     ------
@@ -113,6 +124,7 @@ def make_run_secrets(root: Path, device_ids: list[str]) -> RunSecrets:
     os.chmod(root, 0o700)
     proc = subprocess.run(
         ["bash", str(BROKER_CONFIG_DIR / "make-dev-certs.sh"), str(root), *device_ids],
+        env={**os.environ, "FEDSTREAM_INJECT": ",".join(device_ids if inject is None else inject)},
         capture_output=True,
         text=True,
         timeout=CERT_SCRIPT_TIMEOUT_S,

@@ -50,6 +50,8 @@ class PublisherConfig:
     username: str | None = None
     password: str | None = None
     cafile: str | None = None
+    certfile: str | None = None  # a client certificate (brokers that require one)
+    keyfile: str | None = None
     connect_timeout: float = 30.0
     drain_timeout: float = 60.0
     publisher_id: str = field(default_factory=lambda: secrets.token_hex(6))
@@ -169,6 +171,8 @@ def run_publisher(
         username=config.username,
         password=config.password,
         cafile=config.cafile,
+        certfile=config.certfile,
+        keyfile=config.keyfile,
     )
     client.on_connect = acks.on_connect
     client.on_disconnect = acks.on_disconnect

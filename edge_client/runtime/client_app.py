@@ -25,9 +25,9 @@ import time
 
 import numpy as np
 import torch
-from flwr.app import Context, Message
+from flwr.app import Context, Error, Message
 from flwr.clientapp import ClientApp
-from flwr.common.constant import PARTITION_ID_KEY
+from flwr.common.constant import PARTITION_ID_KEY, ErrorCode
 
 from edge_client.runtime.buffer import BufferStore
 from edge_client.runtime.device_state import DeviceStateStore
@@ -52,7 +52,7 @@ from edge_client.wire.records import (
 )
 from edge_client.wire.run_config import RunSettings
 
-__all__ = ["app", "make_client_app", "probe_steps", "train_round"]
+__all__ = ["app", "expired_reply", "make_client_app", "probe_steps", "train_round"]
 
 log = logging.getLogger(__name__)
 
@@ -86,14 +86,36 @@ def make_client_app(task: Task | None = None) -> ClientApp:
     @client_app.train()
     def train(msg: Message, context: Context) -> Message:
         """Train this round's plan on the device's buffer; reply with the model delta."""
-        return train_round(msg, context, task)
+        return expired_reply(msg) or train_round(msg, context, task)
 
     @client_app.query()
     def probe(msg: Message, context: Context) -> Message:
         """Time SGD steps at the probe's batch sizes (the controller's first timings)."""
-        return probe_steps(msg, context, task)
+        return expired_reply(msg) or probe_steps(msg, context, task)
 
     return client_app
+
+
+def expired_reply(msg: Message) -> Message | None:
+    """An error reply if ``msg`` outlived its TTL (None if it is current).
+
+    The aggregator gives each message the round's timeout as its TTL: past it, the round has
+    gone on without this device, or the run that sent it is gone (an aggregator crash leaves
+    its queued messages behind). Such a message must not spend the buffer's samples.
+    """
+    meta = msg.metadata
+    late = time.time() - (meta.created_at + meta.ttl)
+    if meta.ttl <= 0 or late <= 0:
+        return None
+    log.warning(
+        "refused %s message of run %d: it expired %.0f s ago (its round or run is over); "
+        "no samples taken",
+        msg.metadata.message_type,
+        meta.run_id,
+        late,
+    )
+    reason = f"expired {late:.0f} s ago: not trained, no samples taken"
+    return Message(Error(ErrorCode.MESSAGE_UNAVAILABLE, reason), reply_to=msg)
 
 
 def train_round(msg: Message, context: Context, task: Task | None = None) -> Message:

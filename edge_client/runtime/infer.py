@@ -105,6 +105,8 @@ class InferConfig:
     username: str | None = None
     password: str | None = None
     cafile: str | None = None
+    certfile: str | None = None  # a client certificate (brokers that require one)
+    keyfile: str | None = None
     topics: tuple[str, ...] = ()
     windowing: WindowSpec | None = None
     drift: str = "adwin"
@@ -179,6 +181,8 @@ class InferenceDaemon:
             username=config.username,
             password=config.password,
             cafile=config.cafile,
+            certfile=config.certfile,
+            keyfile=config.keyfile,
         )
         self._client.on_connect = self._on_connect
         self._client.on_disconnect = self._on_disconnect

@@ -85,6 +85,8 @@ class IngestConfig:
     username: str | None = None
     password: str | None = None
     cafile: str | None = None
+    certfile: str | None = None  # a client certificate (brokers that require one)
+    keyfile: str | None = None
     status_interval: float = STATUS_INTERVAL_S
     log_interval: float = RATE_LOG_S  # seconds between the log's rate lines
     # Longest a transaction gathers messages: longer writes less per sample (SD cards) and
@@ -209,6 +211,8 @@ class IngestDaemon:
             username=config.username,
             password=config.password,
             cafile=config.cafile,
+            certfile=config.certfile,
+            keyfile=config.keyfile,
         )
         self._client.will_set(
             self._status_topic,

@@ -69,6 +69,8 @@ def make_client(
     username: str | None = None,
     password: str | None = None,
     cafile: str | None = None,
+    certfile: str | None = None,
+    keyfile: str | None = None,
 ) -> mqtt.Client:
     """A paho 2 client (MQTT 3.1.1) with credentials, TLS and reconnect back-off set, that
     logs through Python logging (the ``paho.mqtt.client`` logger).
@@ -87,7 +89,17 @@ def make_client(
         Broker credentials.
     cafile : str, optional
         CA bundle for TLS; given alone it also switches TLS on.
+    certfile, keyfile : str, optional
+        This client's certificate and its key (PEM), for brokers that authenticate clients
+        by certificate (Mosquitto's ``require_certificate``, AWS IoT); they switch TLS on.
+
+    Raises
+    ------
+    ValueError
+        If a key is given without a certificate, or a TLS file cannot be read or used.
     """
+    if keyfile and not certfile:
+        raise ValueError("--keyfile needs --certfile (the client certificate)")
     client = mqtt.Client(
         CallbackAPIVersion.VERSION2,
         client_id=client_id,
@@ -97,8 +109,13 @@ def make_client(
     )
     if username is not None:
         client.username_pw_set(username, password)
-    if broker.tls or cafile:
-        client.tls_set(ca_certs=cafile, cert_reqs=ssl.CERT_REQUIRED)
+    if broker.tls or cafile or certfile:
+        try:
+            client.tls_set(
+                ca_certs=cafile, certfile=certfile, keyfile=keyfile, cert_reqs=ssl.CERT_REQUIRED
+            )
+        except (OSError, ValueError) as err:  # ssl.SSLError is an OSError
+            raise ValueError(f"TLS files ({cafile=}, {certfile=}, {keyfile=}): {err}") from err
     client.reconnect_delay_set(RECONNECT_MIN_DELAY_S, RECONNECT_MAX_DELAY_S)
     # paho's own log (packets at DEBUG, errors in callbacks at ERROR) through Python logging.
     client.enable_logger(_paho_logger())

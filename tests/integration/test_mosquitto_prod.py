@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import re
 import socket
 import ssl
 import subprocess
@@ -15,10 +17,11 @@ from pathlib import Path
 import pytest
 
 from deploy.brokers import BROKER_CONFIG_DIR, MosquittoBroker
-from deploy.local import ProcessGroup, fedstream_command, wait_until
+from deploy.local import ProcessGroup, fedstream_command, free_port, wait_for_port, wait_until
 from deploy.probes import MqttProbe, start_ingest
 from deploy.probes import buffer_stats as stats
-from edge_client.wire.topics import predictions_topic, samples_topic
+from edge_client.wire.constants import INJECT_TOPIC
+from edge_client.wire.topics import predictions_topic, samples_topic, status_topic
 
 pytestmark = pytest.mark.mosquitto
 
@@ -26,11 +29,12 @@ pytestmark = pytest.mark.mosquitto
 @pytest.fixture(scope="module")
 def secured(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[MosquittoBroker, Path]]:
     files = tmp_path_factory.mktemp("mosquitto-files")
-    subprocess.run(
+    subprocess.run(  # dev-a opted in to data injection, dev-b did not
         ["bash", str(BROKER_CONFIG_DIR / "make-dev-certs.sh"), str(files), "dev-a", "dev-b"],
         check=True,
         capture_output=True,
         timeout=120,
+        env={**os.environ, "FEDSTREAM_INJECT": "dev-a"},
     )
     with MosquittoBroker(BROKER_CONFIG_DIR / "mosquitto-prod.conf", files_dir=files) as broker:
         yield broker, files
@@ -102,6 +106,127 @@ def test_a_device_publishes_only_its_own_predictions(secured) -> None:
     assert b.messages == []
     a.close()
     b.close()
+
+
+def cert_url(broker: MosquittoBroker) -> str:
+    """The listener that authenticates clients by certificate."""
+    return f"mqtts://127.0.0.1:{broker.ports[2]}"
+
+
+def cert(files: Path, user: str) -> dict[str, str]:
+    clients = files / "certs" / "clients"
+    return {
+        "certfile": str(clients / f"{user}.crt"),
+        "keyfile": str(clients / f"{user}.key"),
+        "cafile": str(files / "certs" / "ca.crt"),
+    }
+
+
+def test_only_devices_that_opted_in_use_the_injection_topic(secured) -> None:
+    # Prepare: dev-a opted in (FEDSTREAM_INJECT), dev-b did not; both listen on the topic.
+    broker, files = secured
+    url = tls_url(broker)
+    a = MqttProbe(url, "a-inj", **creds(files, "dev-a"))
+    b = MqttProbe(url, "b-inj", **creds(files, "dev-b"))
+    agg = MqttProbe(url, "agg-inj", **creds(files, "aggregator"))
+    a.subscribe(INJECT_TOPIC)
+    b.subscribe(INJECT_TOPIC)
+    time.sleep(0.5)
+    # Execute
+    b.publish(INJECT_TOPIC, b"from-b")  # denied: dropped by the broker
+    agg.publish(INJECT_TOPIC, b"from-aggregator")
+    # Assert: dev-a gets what is shared; dev-b may neither share nor read.
+    assert wait_until(lambda: len(a.messages) >= 1, 10)
+    time.sleep(0.5)
+    assert [m.payload for m in a.messages] == [b"from-aggregator"]
+    assert b.messages == []
+    for probe in (a, b, agg):
+        probe.close()
+
+
+def test_a_sensor_credential_publishes_its_devices_samples_and_nothing_else(secured) -> None:
+    # Prepare: dev-a and dev-b listen on their samples; dev-a on its status too.
+    broker, files = secured
+    url = tls_url(broker)
+    a = MqttProbe(url, "a-s", **creds(files, "dev-a"))
+    b = MqttProbe(url, "b-s", **creds(files, "dev-b"))
+    sensor = MqttProbe(url, "sensor-a", **creds(files, "sensor.dev-a"))
+    a.subscribe(samples_topic("dev-a"))
+    a.subscribe(status_topic("dev-a"))
+    b.subscribe(samples_topic("dev-b"))
+    sensor.subscribe(samples_topic("dev-a"))  # not allowed to read: gets nothing
+    time.sleep(0.5)
+    # Execute
+    sensor.publish(samples_topic("dev-b"), b"wrong device")
+    sensor.publish(status_topic("dev-a"), b"forged status")
+    sensor.publish(samples_topic("dev-a"), b"reading")
+    # Assert
+    assert wait_until(lambda: len(a.messages) >= 1, 10)
+    time.sleep(0.5)
+    assert [m.payload for m in a.messages] == [b"reading"]
+    assert b.messages == [] and sensor.messages == []
+    for probe in (a, b, sensor):
+        probe.close()
+
+
+def test_a_device_logs_in_with_its_client_certificate(secured, tmp_path: Path) -> None:
+    # Prepare: the listener that requires a client certificate (its CN is the username).
+    broker, files = secured
+    url = cert_url(broker)
+    buf = tmp_path / "dev-a.sqlite"
+    with ProcessGroup() as procs:
+        # Execute: ingest and a publisher with certificates, no password.
+        start_ingest(procs, url, buf, "dev-a", *_flags(cert(files, "dev-a")), connected=True)
+        published = subprocess.run(
+            fedstream_command(
+                "publish", "--broker", url, "--device-id", "dev-a", "--count", "100",
+                "--rate", "1000", "--batch", "10", *_flags(cert(files, "sensor.dev-a")),
+            ),
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        # ... and one without a certificate, with dev-b's valid password.
+        anonymous = _ingest_once(url, tmp_path, *_flags(creds(files, "dev-b")))
+        # Assert: the certified ones are in, as their CNs (the ACL held: the sensor wrote).
+        assert published.returncode == 0, published.stderr
+        assert wait_until(lambda: stats(buf)["accepted"] == 100, 20)
+    assert anonymous.returncode == 1
+    assert "error: could not connect" in anonymous.stderr.strip().splitlines()[-1]
+
+
+def _flags(options: dict[str, str]) -> list[str]:
+    return [arg for key, value in options.items() for arg in (f"--{key}", value)]
+
+
+def test_the_bound_on_queued_bytes_drops_what_exceeds_it(tmp_path: Path) -> None:
+    # Prepare: the production config as written, its per-client bound on queued bytes
+    # shrunk from 64 MiB to 64 KiB (one directive changed; the rest as deployed).
+    files = tmp_path / "files"
+    subprocess.run(
+        ["bash", str(BROKER_CONFIG_DIR / "make-dev-certs.sh"), str(files), "dev-a"],
+        check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    text = (BROKER_CONFIG_DIR / "mosquitto-prod.conf").read_text()
+    assert "\nmax_queued_bytes 67108864\n" in text
+    config = tmp_path / "small-queue.conf"
+    config.write_text(text.replace("max_queued_bytes 67108864", "max_queued_bytes 65536"))
+    with MosquittoBroker(config, files_dir=files) as broker:
+        url = tls_url(broker)
+        away = MqttProbe(url, "away", clean_session=False, **creds(files, "dev-a"))
+        away.subscribe(samples_topic("dev-a"))
+        time.sleep(0.5)
+        away.close()  # its session (and the subscription) stays, queueing
+        sender = MqttProbe(url, "sender", **creds(files, "sensor.dev-a"))
+        assert sender.wait_connected()
+        # Execute: 40 messages of 4 KiB (160 KiB) while it is away, then it comes back.
+        for i in range(40):
+            sender.publish(samples_topic("dev-a"), bytes([i]) * 4096)
+        back = MqttProbe(url, "away", clean_session=False, **creds(files, "dev-a"))
+        time.sleep(2.0)
+        # Assert: what fit in the bound was queued, the rest dropped.
+        received = len(back.messages)
+        assert 8 <= received <= 17, received
+        sender.close()
+        back.close()
 
 
 def test_ingest_and_publisher_over_tls_with_credentials(secured, tmp_path: Path) -> None:
@@ -219,3 +344,55 @@ def test_ingest_names_the_host_a_tls_certificate_does_not_cover(tmp_path: Path) 
         listener.close()
     # Assert
     _exits_with_reason(proc, "certificate is not valid for '127.0.0.1'")
+
+
+DEBIAN_MAIN_CONFIG = Path("/etc/mosquitto/mosquitto.conf")
+
+
+@pytest.mark.skipif(not DEBIAN_MAIN_CONFIG.exists(), reason="not Debian's Mosquitto package")
+def test_the_snippet_starts_on_debians_stock_config_and_logs_what_an_operator_reads(
+    tmp_path: Path,
+) -> None:
+    # Prepare: Debian's own mosquitto.conf, with its host paths moved into tmp_path, and our
+    # snippet in its conf.d, as the deployment docs install it.
+    files = tmp_path / "files"
+    subprocess.run(
+        ["bash", str(BROKER_CONFIG_DIR / "make-dev-certs.sh"), str(files), "dev-a"],
+        check=True, capture_output=True, timeout=120,
+    )  # fmt: skip
+    confd, data, log = tmp_path / "conf.d", tmp_path / "data", tmp_path / "mosquitto.log"
+    confd.mkdir()
+    data.mkdir()
+    main = DEBIAN_MAIN_CONFIG.read_text()
+    assert "include_dir /etc/mosquitto/conf.d" in main and "persistence_location" in main
+    main = re.sub(r"(?m)^pid_file .*$", "", main)
+    main = re.sub(r"(?m)^persistence_location .*$", f"persistence_location {data}/", main)
+    main = re.sub(r"(?m)^log_dest .*$", f"log_dest file {log}", main)
+    main = main.replace("/etc/mosquitto/conf.d", str(confd))
+    ports: list[int] = []
+
+    def port(_match: re.Match[str]) -> str:
+        ports.append(free_port())
+        return f"listener {ports[-1]} 127.0.0.1"
+
+    snippet = (BROKER_CONFIG_DIR / "mosquitto-prod.conf").read_text()
+    snippet = snippet.replace("/etc/mosquitto/fedstream", str(files))
+    snippet = re.sub(r"(?m)^listener[ \t]+\d+([ \t]+\S+)?", port, snippet)
+    if os.geteuid() == 0:  # as root it would drop to user mosquitto, who cannot read tmp_path
+        snippet = "user root\n" + snippet
+    (confd / "fedstream.conf").write_text(snippet)
+    (tmp_path / "mosquitto.conf").write_text(main)
+    with ProcessGroup() as procs:
+        # Execute: it starts, a device connects over TLS and leaves; autosaves go by.
+        procs.start("mosquitto", ["mosquitto", "-c", str(tmp_path / "mosquitto.conf")])
+        assert all(wait_for_port(p) for p in ports), log.read_text() if log.exists() else ""
+        device = MqttProbe(f"mqtts://127.0.0.1:{ports[0]}", "dev-a-probe", **creds(files, "dev-a"))
+        assert device.wait_connected()
+        device.close()
+        time.sleep(3.0)  # autosave_interval 1: a save every second or two
+        procs.stop("mosquitto")
+    # Assert: the device's comings and goings are logged, the autosaves are not.
+    text = log.read_text()
+    assert "New client connected" in text and "dev-a" in text and "disconnected" in text
+    assert "Saving in-memory database" not in text
+    assert (data / "mosquitto.db").exists()  # persistence where Debian's config puts it

@@ -3,13 +3,17 @@ top-level packages, and the Flower app bundle (FAB) only what the apps run."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from deploy.local import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 TOP_LEVEL = {"edge_client", "aggregator", "deploy"}
@@ -56,3 +60,52 @@ def test_the_app_bundle_carries_only_what_the_apps_run(tmp_path: Path, app: Path
     assert "aggregator/server_app.py" in names and "edge_client/runtime/client_app.py" in names
     assert {n.split("/")[0] for n in names} == {"aggregator", "edge_client", "pyproject.toml"}
     assert all(n.endswith(".py") or n == "pyproject.toml" for n in names)
+
+
+#: A Python whose install lacks the demo extra: importing its packages fails.
+WITHOUT_DEMO_EXTRA = "import sys; sys.modules.update(iotcore=None, matplotlib=None); "
+
+
+def lean(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``fedstream ARGS`` in a Python without iotcore and matplotlib."""
+    code = WITHOUT_DEMO_EXTRA + "from deploy.cli import main; main()"
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_a_device_runs_without_the_demo_extra(broker: Any, procs: Any, tmp_path: Path) -> None:
+    # Prepare: the device's daemon, and what its SuperNode loads, without the demo extra.
+    buf = tmp_path / "pi-1.sqlite"
+    code = WITHOUT_DEMO_EXTRA + "from deploy.cli import main; main()"
+    procs.start(
+        "ingest",
+        [sys.executable, "-c", code, "ingest", "--broker", broker.url, "--device-id", "pi-1",
+         "--buffer", str(buf), "--status-interval", "0.5"],
+        log_path=tmp_path / "ingest.log",
+    )  # fmt: skip
+    log = tmp_path / "ingest.log"
+    assert wait_until(lambda: log.exists() and "connected to" in log.read_text(), 60)
+    # Execute
+    published = lean(
+        "publish", "--broker", broker.url, "--device-id", "pi-1", "--rate", "500",
+        "--count", "200", "--batch", "10",
+    )  # fmt: skip
+    apps = subprocess.run(
+        [sys.executable, "-c", WITHOUT_DEMO_EXTRA + "import edge_client.runtime.client_app, "
+         "aggregator.server_app, deploy.fleet, edge_client.runtime.infer"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    # Assert: samples in; the apps load; what needs the extra says how to get it.
+    assert published.returncode == 0, published.stderr
+    assert wait_until(lambda: buf.exists() and _accepted(buf) == 200, 30)
+    assert apps.returncode == 0, apps.stderr
+    for args in (["broker"], ["report", str(tmp_path)], ["demo", "--no-live"]):
+        refused = lean(*args)
+        assert refused.returncode == 1, (args, refused.stderr)
+        assert "pip install 'fedstream[demo]'" in " ".join(refused.stderr.split()), args
+
+
+def _accepted(buffer: Path) -> int:
+    status = lean("status", "--buffer", str(buffer), "--json")
+    return int(json.loads(status.stdout)["accepted"]) if status.returncode == 0 else -1
