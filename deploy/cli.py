@@ -705,6 +705,7 @@ def fleet(
     from deploy.fleet import FleetView, fleet_rows
     from edge_client.runtime.mqtt import BrokerURL
     from edge_client.runtime.prometheus import serve_statuses
+    from edge_client.runtime.signals import connected_or_raise
 
     _setup_logging(verbose)
     try:
@@ -716,12 +717,12 @@ def fleet(
     except ValueError as err:
         raise _fail(str(err)) from err
     with view:
-        if not view.wait_connected(connect_timeout):
-            why = view.connection.last_error if view.connection else None
-            raise _fail(
-                f"could not connect to {url} within {connect_timeout:g} s: {why or 'no answer'}",
-                code=1,
+        try:
+            connected_or_raise(
+                view.wait_connected, view.connection, url, connect_timeout, view.stop
             )
+        except ConnectionError as err:
+            raise _fail(str(err), code=1) from err
         view.wait_settled()
         if prometheus_port is not None:
             try:

@@ -20,6 +20,7 @@ from typing import Any
 import paho.mqtt.client as mqtt
 
 from edge_client.runtime.mqtt import BrokerURL, Connection, connect_async, make_client
+from edge_client.runtime.prometheus import status_number
 from edge_client.wire.topics import STATUS_WILDCARD, device_of_topic
 
 __all__ = ["FleetView", "fleet_rows"]
@@ -69,21 +70,24 @@ class FleetView:
         )
         self._client.on_connect = self._on_connect
         self._client.on_message = self._on_message
-        self.connection: Connection | None = None
+        self._client.on_subscribe = self._on_subscribe
+        #: The attempts to reach the broker (from :meth:`start` on).
+        self.connection = Connection()
 
     def start(self) -> FleetView:
         """Connect (retrying with back-off) and subscribe, in paho's thread."""
         self.connection = connect_async(self._client, self.broker)
-        self._client.loop_start()
         return self
 
     def wait_connected(self, timeout: float) -> bool:
-        """Block until subscribed, or ``timeout`` seconds."""
+        """Block until subscribed (the broker acknowledged the subscription: the retained
+        statuses follow it), or ``timeout`` seconds."""
         return self._connected.wait(timeout)
 
     def wait_settled(self, timeout: float = 5.0) -> None:
-        """After connecting: wait until the retained statuses have come in (no new one for
-        half a second), at most ``timeout`` seconds."""
+        """After :meth:`wait_connected`: wait until the retained statuses have come in (none
+        new for half a second since the subscription's acknowledgement), at most
+        ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if time.monotonic() - self._last_message >= _QUIET_S:
@@ -108,10 +112,11 @@ class FleetView:
 
     def _on_connect(self, client: mqtt.Client, _u: Any, _f: Any, rc: Any, _p: Any) -> None:
         if rc.is_failure:
-            if self.connection is not None:
-                self.connection.refused(self.broker, rc)
+            self.connection.refused(self.broker, rc)
             return
         client.subscribe(STATUS_WILDCARD, qos=1)
+
+    def _on_subscribe(self, _c: mqtt.Client, _u: Any, _mid: int, _rc: Any, _p: Any) -> None:
         self._last_message = time.monotonic()
         self._connected.set()
 
@@ -155,16 +160,16 @@ def fleet_rows(statuses: Mapping[str, Mapping[str, Any]], now: float) -> list[di
         reasons = {
             str(k): int(v)
             for k, v in (by_reason.items() if isinstance(by_reason, dict) else ())
-            if _number(v) is not None
+            if status_number(v) is not None
         }
         drift = s.get("drift")
-        ts = _number(s.get("ts"))
+        ts = status_number(s.get("ts"))
         error = s.get("error")
         rows.append(
             {
                 "device": device,
                 "online": s.get("online") is True,
-                "rate": _number(s.get("rate")),
+                "rate": status_number(s.get("rate")),
                 "fill": _count(s.get("fill")),
                 "capacity": _count(s.get("capacity")),
                 "accepted": _count(s.get("accepted")),
@@ -179,14 +184,6 @@ def fleet_rows(statuses: Mapping[str, Mapping[str, Any]], now: float) -> list[di
     return rows
 
 
-def _number(value: object) -> float | None:
-    """``value`` if a status holds a number there (it comes from the network: anything else,
-    a string or a bool, reads as unknown)."""
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        return float(value)
-    return None
-
-
 def _count(value: object) -> int | None:
-    number = _number(value)
+    number = status_number(value)
     return None if number is None else int(number)

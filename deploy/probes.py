@@ -12,12 +12,14 @@ import math
 import os
 import struct
 import subprocess
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import paho.mqtt.client as mqtt
+from prometheus_client.parser import text_string_to_metric_families
 
 from deploy.flower import FlowerDeployment
 from deploy.local import ProcessGroup, fedstream_command, wait_until
@@ -30,11 +32,14 @@ from edge_client.wire.codec import encode, reseal
 __all__ = [
     "DISK_FULL_S",
     "SMALL_DISK_MB",
+    "MetricSamples",
     "MqttProbe",
     "buffer_stats",
     "fill_disk",
     "nan_frame",
+    "parse_metrics",
     "publish_report",
+    "scrape_metrics",
     "small_disk",
     "start_ingest",
     "start_publisher",
@@ -45,6 +50,32 @@ BALLAST_CHUNK = 1 << 20
 SMALL_DISK_MB = 160  # a buffer's WAL grows to ~64 MB (1000 pages of 64 KB) before a checkpoint
 DISK_FULL_S = 3.0  # how long the disk-full fault keeps the disk full
 REFUSED_WAIT_S = 60.0  # how long an unregistered SuperNode gets to give up
+
+
+#: Prometheus samples by (name, sorted label pairs).
+MetricSamples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def parse_metrics(text: str) -> MetricSamples:
+    """Prometheus exposition text, read with prometheus_client's own parser."""
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def scrape_metrics(port: int, timeout: float = 10.0) -> MetricSamples:
+    """``http://127.0.0.1:port/metrics``, parsed.
+
+    Raises
+    ------
+    OSError
+        If nothing answers there.
+    """
+    url = f"http://127.0.0.1:{port}/metrics"
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
+        return parse_metrics(resp.read().decode())
 
 
 class MqttProbe:

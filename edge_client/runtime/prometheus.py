@@ -19,7 +19,13 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-__all__ = ["METRIC_NAMES", "StatusCollector", "serve_registry", "serve_statuses"]
+__all__ = [
+    "METRIC_NAMES",
+    "StatusCollector",
+    "serve_registry",
+    "serve_statuses",
+    "status_number",
+]
 
 #: Status key -> (metric name, help) of the gauges; the device label is added.
 _GAUGES = {
@@ -88,20 +94,18 @@ class StatusCollector(Collector):
         for device, status in sorted(statuses.items()):
             online.add_metric([device], 1.0 if status.get("online") is True else 0.0)
             error.add_metric([device], 1.0 if status.get("error") else 0.0)
-            for key, family in gauges.items():
-                if _is_number(status.get(key)):
-                    family.add_metric([device], float(status[key]))
-            for key, counter in counters.items():
-                if _is_number(status.get(key)):
-                    counter.add_metric([device], float(status[key]))
+            for families in (gauges, counters):
+                for key, family in families.items():
+                    if (value := status_number(status.get(key))) is not None:
+                        family.add_metric([device], value)
             by_reason = status.get("rejected-by-reason")
             for reason, count in by_reason.items() if isinstance(by_reason, dict) else ():
-                if _is_number(count):
-                    refused.add_metric([device, str(reason)], float(count))
+                if (value := status_number(count)) is not None:
+                    refused.add_metric([device, str(reason)], value)
             drift_status = status.get("drift")
             changes = drift_status.get("changes") if isinstance(drift_status, dict) else None
-            if isinstance(changes, int | float) and not isinstance(changes, bool):
-                drift.add_metric([device], float(changes))
+            if (value := status_number(changes)) is not None:
+                drift.add_metric([device], value)
         yield online
         yield error
         yield from gauges.values()
@@ -146,5 +150,9 @@ def serve_registry(registry: CollectorRegistry, port: int, addr: str = "0.0.0.0"
     return server
 
 
-def _is_number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+def status_number(value: object) -> float | None:
+    """A status's value as a number, None where it holds none (a status may come from the
+    network: a string or a bool reads as unknown)."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    return None

@@ -7,15 +7,14 @@ import json
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import numpy as np
-from prometheus_client.parser import text_string_to_metric_families
 
 from aggregator.records import HOME_ENV, METRICS_FILE, read_metrics
 from deploy.flower import FlowerDeployment
 from deploy.local import ProcessGroup, fedstream_command, free_port, wait_until
+from deploy.probes import scrape_metrics
 from edge_client.runtime.buffer import BufferStore
 from edge_client.runtime.node_config import NodeConfig
 from edge_client.task.synthetic import SensorTask
@@ -28,14 +27,10 @@ def _scrape_round(port: int, into: dict[str, float]) -> float:
     """The ServerApp's ``fedstream_round`` (-1 while nothing answers); unlabelled samples
     go into ``into``."""
     try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-            text = resp.read().decode()
+        samples = scrape_metrics(port, timeout=5)
     except OSError:
         return -1
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if not sample.labels:
-                into[sample.name] = sample.value
+    into.update({name: value for (name, labels), value in samples.items() if not labels})
     return into.get("fedstream_round", -1)
 
 

@@ -10,13 +10,11 @@ import re
 import signal
 import subprocess
 import time
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from aggregator.prometheus import METRIC_NAMES as ROUND_METRICS
 from aggregator.records import RoundRecord
@@ -24,26 +22,15 @@ from aggregator.server_app import run_rounds
 from deploy.brokers import EmbeddedBroker, MosquittoBroker
 from deploy.inprocess import InProcessGrid, VirtualDevice
 from deploy.local import ProcessGroup, fedstream_command, free_port, wait_until
-from deploy.probes import MqttProbe, publish_report, start_ingest, start_publisher
+from deploy.probes import MetricSamples as Samples
+from deploy.probes import MqttProbe, publish_report, scrape_metrics, start_ingest, start_publisher
 from deploy.probes import buffer_stats as stats
 from edge_client.runtime.prometheus import METRIC_NAMES as DEVICE_METRICS
 from edge_client.wire.run_config import RunSettings
 from edge_client.wire.topics import status_topic
 
 Broker = EmbeddedBroker | MosquittoBroker
-Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "fedstream.json"
-
-
-def scrape(port: int) -> Samples:
-    """``/metrics`` on 127.0.0.1:``port``, parsed: (name, sorted labels) -> value."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
 
 
 def device_value(samples: Samples, name: str, device: str, **labels: str) -> float | None:
@@ -80,8 +67,10 @@ def test_ingest_serves_its_status_to_prometheus(
     s = stats(buf)
     (reason,) = s["rejected-by-reason"]
     refused = "fedstream_device_samples_refused_total"
-    assert wait_until(lambda: device_value(scrape(port), refused, "dev-a", reason=reason) == 1, 20)
-    samples = scrape(port)
+    assert wait_until(
+        lambda: device_value(scrape_metrics(port), refused, "dev-a", reason=reason) == 1, 20
+    )
+    samples = scrape_metrics(port)
     assert device_value(samples, "fedstream_device_samples_accepted_total", "dev-a") == 400
     assert device_value(samples, "fedstream_device_online", "dev-a") == 1
     assert device_value(samples, "fedstream_device_buffer_fill", "dev-a") == s["fill"] == 400
@@ -132,7 +121,7 @@ def test_fleet_shows_every_devices_retained_status_and_serves_it_to_prometheus(
         stdout_pipe=True,
     )
     assert wait_until(lambda: _scrapes(port), 30), (tmp_path / "fleet.log").read_text()
-    samples = scrape(port)
+    samples = scrape_metrics(port)
     time.sleep(1.5)
     watching.send_signal(signal.SIGTERM)
     watched, _ = watching.communicate(timeout=30)
@@ -162,7 +151,7 @@ def test_fleet_shows_every_devices_retained_status_and_serves_it_to_prometheus(
 
 def _scrapes(port: int) -> bool:
     try:
-        return bool(scrape(port))
+        return bool(scrape_metrics(port))
     except OSError:
         return False
 
@@ -197,7 +186,7 @@ def test_the_aggregator_serves_each_rounds_figures_to_prometheus(
     scraped: list[Samples] = []
 
     def scrape_after(record: RoundRecord) -> bool:
-        scraped.append(scrape(port))
+        scraped.append(scrape_metrics(port))
         return False
 
     # Execute: scraped after each round but the last is committed, while the run goes on.
@@ -217,7 +206,7 @@ def test_the_aggregator_serves_each_rounds_figures_to_prometheus(
     exported = {name.removesuffix("_created") for name, _ in scraped[-1]}  # counters' start
     assert exported <= set(ROUND_METRICS) | {"fedstream_bytes_up", "fedstream_rounds_skipped"}
     with pytest.raises(OSError):  # the run closed its endpoint
-        scrape(port)
+        scrape_metrics(port)
 
 
 def test_each_round_goes_to_tensorboard(tmp_path: Path, fast: Callable[..., RunSettings]) -> None:

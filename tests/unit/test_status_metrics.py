@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from deploy.fleet import fleet_rows
+from deploy.probes import MetricSamples, parse_metrics
 from edge_client.runtime.prometheus import StatusCollector
 
 STATUS: dict[str, Any] = {
@@ -23,15 +23,10 @@ HOSTILE: dict[str, Any] = {
 }  # fmt: skip
 
 
-def exported(statuses: dict[str, dict[str, Any]]) -> dict[tuple[str, tuple[Any, ...]], float]:
+def exported(statuses: dict[str, dict[str, Any]]) -> MetricSamples:
     registry = CollectorRegistry()
     registry.register(StatusCollector(lambda: statuses))
-    text = generate_latest(registry).decode()
-    return {
-        (s.name, tuple(sorted(s.labels.items()))): s.value
-        for family in text_string_to_metric_families(text)
-        for s in family.samples
-    }
+    return parse_metrics(generate_latest(registry).decode())
 
 
 def test_a_status_becomes_its_metrics() -> None:
