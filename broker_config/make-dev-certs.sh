@@ -9,8 +9,12 @@
 # the username, for brokers that authenticate clients by certificate), and OUT_DIR/acl.
 # Users: each device, "aggregator", and sensor.<device> per device (publishes that device's
 # samples and nothing else). FEDSTREAM_INJECT lists the devices that opted in to data
-# injection: only they may use the shared injection topic. Point broker_config/mosquitto-prod.conf at OUT_DIR by copying it
-# to /etc/mosquitto/fedstream. Server names: localhost, 127.0.0.1 and $FEDSTREAM_BROKER_HOST.
+# injection: only they may use the shared injection topic. Server names: localhost, 127.0.0.1
+# and $FEDSTREAM_BROKER_HOST.
+# Also writes OUT_DIR/fedstream.conf: broker_config/mosquitto-prod.conf pointed at OUT_DIR,
+# its listeners on $FEDSTREAM_MQTT_PORT (TLS, 8883), $FEDSTREAM_MQTT_CERT_PORT (client
+# certificates, 8884) and $FEDSTREAM_MQTT_LOCAL_PORT (plain, 127.0.0.1 only, 1883): copy it
+# into Mosquitto's conf.d.
 set -euo pipefail
 
 out=${1:?usage: make-dev-certs.sh OUT_DIR [DEVICE_ID ...]}
@@ -70,8 +74,13 @@ cp "$here/acl" "$out/acl"
         printf 'user sensor.%s\ntopic write fedstream/v1/%s/samples\n' "$device" "$device"
     done
 } >> "$out/acl"
+sed -e "s#/etc/mosquitto/fedstream#$out#g" \
+    -e "s#^listener 8883\$#listener ${FEDSTREAM_MQTT_PORT:-8883}#" \
+    -e "s#^listener 8884\$#listener ${FEDSTREAM_MQTT_CERT_PORT:-8884}#" \
+    -e "s#^listener 1883 #listener ${FEDSTREAM_MQTT_LOCAL_PORT:-1883} #" \
+    "$here/mosquitto-prod.conf" > "$out/fedstream.conf"
 # Mosquitto reads these after dropping root privileges to its own user.
 if [ "$(id -u)" = 0 ] && id mosquitto >/dev/null 2>&1; then
     chown -R mosquitto: "$out"
 fi
-echo "wrote CA, server and client certificates, passwd (${#devices[@]} devices, their sensors, aggregator) and acl to $out"
+echo "wrote CA, server and client certificates, passwd (${#devices[@]} devices, their sensors, aggregator), acl and fedstream.conf to $out"

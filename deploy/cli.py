@@ -311,7 +311,13 @@ def publish(
         Distribution, typer.Option(help="Arrival process.")
     ] = _DEFAULT_DISTRIBUTION,
     batch: Annotated[int, typer.Option(help="Samples per message.")] = 1,
-    count: Annotated[int | None, typer.Option(help="Stop after this many samples.")] = None,
+    count: Annotated[
+        int | None,
+        typer.Option(
+            help="Stop after this many samples (neither this nor --duration: run "
+            "until SIGTERM or Ctrl+C, as a sensor does)."
+        ),
+    ] = None,
     duration: Annotated[float | None, typer.Option(help="Stop after this many seconds.")] = None,
     source: Annotated[
         str,
@@ -461,10 +467,11 @@ def publish(
         signal.signal(sig, lambda *_: stop.set())
 
     def progress(sent: int, acknowledged: int, elapsed: float) -> None:
-        share = sent / count if count else elapsed / (duration or elapsed)
         of = f" of {count}" if count else ""
+        share = sent / count if count else elapsed / duration if duration else None
         console.print(
-            f"sent {sent}{of} {unit} ({share:.0%}) in {elapsed:.1f} s: {sent / elapsed:.1f} "
+            f"sent {sent}{of} {unit}{'' if share is None else f' ({share:.0%})'} in "
+            f"{elapsed:.1f} s: {sent / elapsed:.1f} "
             f"{unit}/s; {acknowledged} messages acknowledged",
             soft_wrap=True,
         )
@@ -970,6 +977,22 @@ def report(
     )
 
 
+@app.command("app")
+def write_app_dir(
+    directory: Annotated[Path, typer.Argument(help="Folder to write the app's pyproject.toml to.")],
+) -> None:
+    """Write fedstream's own Flower app (ServerApp, ClientApp, every run-config key) to a
+    folder, for `flwr run DIR <connection>` and `fedstream resume --app DIR` without a checkout.
+    """
+    from deploy.flower import write_app
+
+    try:
+        path = write_app(directory)
+    except OSError as err:
+        raise _fail(f"cannot write the app to {directory}: {err}") from err
+    console.print(f"wrote {path}: flwr run {directory} <connection> submits it", soft_wrap=True)
+
+
 @app.command("run-config")
 def run_config_keys(
     toml: Annotated[
@@ -984,10 +1007,9 @@ def run_config_keys(
 
     declared = knobs()
     if toml:
-        print("[tool.flwr.app.config]")
-        for key, knob in declared.items():
-            value = json.dumps(knob["default"])  # TOML and JSON agree on these scalars
-            print(f"{key} = {value}  # {knob['help']}")
+        from deploy.flower import config_toml
+
+        print(config_toml(), end="")
         return
     table = Table(title="run config (flwr run --run-config 'key=value ...')")
     table.add_column("key", no_wrap=True)
@@ -1254,8 +1276,13 @@ def resume(
         typer.Option(help="SuperLink connection in $FLWR_HOME/config.toml (default: its default)."),
     ] = None,
     app_dir: Annotated[
-        Path, typer.Option("--app", help="The Flower app (folder with pyproject.toml).")
-    ] = Path("."),
+        Path | None,
+        typer.Option(
+            "--app",
+            help="The Flower app (folder with pyproject.toml; default: the current directory, "
+            "when it holds one). deploy/install.sh writes fedstream's to /opt/fedstream/app.",
+        ),
+    ] = None,
 ) -> None:
     """Continue a run after an aggregator crash, from its last checkpoint.
 
@@ -1299,18 +1326,24 @@ def serve(
         typer.Option(help="SuperLink connection in $FLWR_HOME/config.toml (default: its default)."),
     ] = None,
     app_dir: Annotated[
-        Path, typer.Option("--app", help="The Flower app (folder with pyproject.toml).")
-    ] = Path("."),
+        Path | None,
+        typer.Option(
+            "--app",
+            help="The Flower app (folder with pyproject.toml; default: the current directory, "
+            "when it holds one).",
+        ),
+    ] = None,
     verbose: VerboseOption = False,
 ) -> None:
     """Keep a continuous run (num-rounds = 0) going on a SuperLink until SIGTERM; then stop it
     after its current round and exit 0 (the aggregator's systemd unit runs this)."""
-    from deploy.flower import FlowerError
+    from deploy.flower import FlowerError, find_app
     from deploy.service import serve as serve_run
 
     _setup_logging(verbose)
     try:
-        code = serve_run(app_dir, checkpoint_dir, _parse_run_config(run_config), connection)
+        settings = _parse_run_config(run_config)
+        code = serve_run(find_app(app_dir), checkpoint_dir, settings, connection)
     except (FlowerError, ValueError) as err:
         raise _fail(str(err)) from err
     raise typer.Exit(code)

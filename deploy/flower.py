@@ -33,6 +33,8 @@ __all__ = [
     "FlowerDeployment",
     "FlowerError",
     "app_run_config",
+    "config_toml",
+    "find_app",
     "resume_run",
     "run_status",
     "submit_run",
@@ -43,8 +45,83 @@ DEFAULT_FEDERATION = "@none/default"
 CLI_TIMEOUT_S = 60.0
 
 
+#: The components of fedstream's own Flower app (in the installed package).
+SERVERAPP = "aggregator.server_app:app"
+CLIENTAPP = "edge_client.runtime.client_app:app"
+
+
 class FlowerError(RuntimeError):
     """A Flower process or run did not do what was asked; the message says what."""
+
+
+def config_toml() -> str:
+    """The ``[tool.flwr.app.config]`` block: every run-config key at its default, with its help."""
+    from edge_client.wire.run_config import knobs
+
+    lines = ["[tool.flwr.app.config]"]
+    for key, knob in knobs().items():
+        value = json.dumps(knob["default"])  # TOML and JSON agree on these scalars
+        lines.append(f"{key} = {value}  # {knob['help']}")
+    return "\n".join(lines) + "\n"
+
+
+def write_app(directory: Path) -> Path:
+    """Write fedstream's own Flower app to ``directory``: ``flwr run DIR`` without a checkout.
+
+    The app is one ``pyproject.toml`` naming fedstream's ServerApp and ClientApp; their code
+    comes from the fedstream installed where they run (the bundle carries no code), so the
+    SuperLink's and every SuperNode's fedstream must be the same version.
+
+    Returns
+    -------
+    Path
+        The ``pyproject.toml`` written.
+    """
+    from importlib.metadata import version
+
+    installed = version("fedstream")
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "pyproject.toml"
+    path.write_text(
+        "# fedstream's own Flower app (`fedstream app`): flwr run THIS_FOLDER <connection>\n"
+        "# Its ServerApp and ClientApp are those of the fedstream installed where they run.\n"
+        "[project]\n"
+        'name = "fedstream-app"\n'
+        f'version = "{installed}"\n'
+        'description = "fedstream: federated learning on live MQTT sensor streams"\n'
+        'license = "Apache-2.0"\n'
+        f'dependencies = ["fedstream=={installed}"]\n\n'
+        "[tool.flwr.app]\n"
+        'publisher = "fedstream"\n'
+        'fab-include = ["pyproject.toml"]  # no code: the installed package\'s\n\n'
+        "[tool.flwr.app.components]\n"
+        f'serverapp = "{SERVERAPP}"\n'
+        f'clientapp = "{CLIENTAPP}"\n\n' + config_toml()
+    )
+    return path
+
+
+def find_app(app_dir: Path | None) -> Path:
+    """The Flower app to submit: ``app_dir``, or the current directory when it holds one.
+
+    Raises
+    ------
+    FlowerError
+        If there is no ``pyproject.toml`` with a ``[tool.flwr.app]`` table there.
+    """
+    where = Path(".") if app_dir is None else app_dir
+    pyproject = where / "pyproject.toml"
+    try:
+        declared = "app" in tomllib.loads(pyproject.read_text()).get("tool", {}).get("flwr", {})
+    except (OSError, tomllib.TOMLDecodeError):
+        declared = False
+    if not declared:
+        hint = "" if app_dir is not None else "the current directory holds none: "
+        raise FlowerError(
+            f"no Flower app in {where.resolve()} ({hint}pass --app DIR; deploy/install.sh "
+            "writes fedstream's to /opt/fedstream/app, `fedstream app DIR` writes it anywhere)"
+        )
+    return where
 
 
 def _toml_value(value: Any) -> str:
@@ -112,7 +189,7 @@ def submit_run(
 
 def resume_run(
     checkpoint_dir: Path,
-    app_dir: Path,
+    app_dir: Path | None,
     connection: str | None = None,
     env: Mapping[str, str] | None = None,
 ) -> tuple[str, int, int]:
@@ -120,7 +197,8 @@ def resume_run(
 
     The checkpoint holds the run config it was made with, so the resumed run has the same
     rounds, model and settings; it continues after the checkpoint's round with its model,
-    controller state and device map, and appends to the same ``metrics.jsonl``.
+    controller state and device map, and appends to the same ``metrics.jsonl``. ``app_dir``
+    None: the current directory's Flower app (:func:`find_app`).
 
     Returns
     -------
@@ -148,7 +226,8 @@ def resume_run(
             f"the checkpoint in {checkpoint_dir} has a bad run config: {err}"
         ) from err
     settings = replace(settings, resume=True, checkpoint_dir=str(Path(checkpoint_dir).resolve()))
-    run_id = submit_run(app_dir, connection, app_run_config(settings.to_run_config(), app_dir), env)
+    app = find_app(app_dir)
+    run_id = submit_run(app, connection, app_run_config(settings.to_run_config(), app), env)
     return run_id, int(state[SERVER_ROUND]), settings.num_rounds
 
 

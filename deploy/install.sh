@@ -4,13 +4,14 @@
 #
 #   deploy/install.sh [--prefix /opt/fedstream] [--source PATH|SPEC] [--extras demo]
 #                     [--units /etc/systemd/system] [--user fedstream]
-#                     [--state-dir /var/lib/fedstream] [--system-site-packages]
-#                     [--no-system-user]
+#                     [--state-dir /var/lib/fedstream] [--config-dir /etc/fedstream]
+#                     [--system-site-packages] [--no-system-user]
 #
 # - a venv in PREFIX/venv with fedstream (SOURCE: a checkout, a wheel, or a pip spec such as
 #   "fedstream==0.1.0"; default: the checkout this script is in);
-# - the units of deploy/systemd, their programs pointed into the venv, written to UNITS,
-#   checked with `systemd-analyze verify` where it is available;
+# - fedstream's Flower app in PREFIX/app (`flwr run PREFIX/app <connection>`, no checkout);
+# - the units of deploy/systemd, their programs pointed into the venv, their settings read
+#   from CONFIG_DIR, written to UNITS, checked with `systemd-analyze verify` where available;
 # - as root (unless --no-system-user): the system user USER that the units run as, and
 #   STATE_DIR owned by it.
 # Then: systemctl daemon-reload and enable the units this machine runs (see deploy/README.md).
@@ -23,10 +24,11 @@ extras=""
 units=/etc/systemd/system
 user=fedstream
 state=/var/lib/fedstream
+config=/etc/fedstream
 venv_args=()
 make_user=1
 
-usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 while [ $# -gt 0 ]; do
     case $1 in
         --prefix) prefix=${2:?}; shift 2 ;;
@@ -35,6 +37,7 @@ while [ $# -gt 0 ]; do
         --units) units=${2:?}; shift 2 ;;
         --user) user=${2:?}; shift 2 ;;
         --state-dir) state=${2:?}; shift 2 ;;
+        --config-dir) config=${2:?}; shift 2 ;;
         # Reuse the system's packages (e.g. NVIDIA's torch on a Jetson) and its pip.
         --system-site-packages) venv_args+=(--system-site-packages --without-pip); shift ;;
         --no-system-user) make_user=0; shift ;;
@@ -75,13 +78,14 @@ for ep in distribution("flwr").entry_points.select(group="console_scripts"):
         script.chmod(0o755)
 PY
 "$prefix/venv/bin/fedstream" --version
+"$prefix/venv/bin/fedstream" app "$prefix/app"
 
 echo "units: $units"
 mkdir -p "$units"
 for unit in "$here"/systemd/*.service; do
-    sed -e "s#/usr/local/bin#$prefix/venv/bin#g" \
+    sed -e "s#/opt/fedstream#$prefix#g" -e "s#/usr/local/bin#$prefix/venv/bin#g" \
         -e "s#^User=fedstream#User=$user#" -e "s#^Group=fedstream#Group=$user#" \
-        -e "s#/var/lib/fedstream#$state#g" \
+        -e "s#/var/lib/fedstream#$state#g" -e "s#/etc/fedstream#$config#g" \
         "$unit" > "$units/$(basename "$unit")"
 done
 if command -v systemd-analyze >/dev/null; then

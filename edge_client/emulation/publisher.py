@@ -36,7 +36,8 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class PublisherConfig:
-    """What to publish, where and how fast (rates in samples, or readings, per second)."""
+    """What to publish, where and how fast (rates in samples, or readings, per second), and
+    for how long: ``count`` samples, ``duration`` seconds, or neither (until stopped)."""
 
     broker: BrokerURL
     device_id: str
@@ -58,8 +59,8 @@ class PublisherConfig:
     topic: str | None = None  # default: the device's samples topic
 
     def __post_init__(self) -> None:
-        if (self.count is None) == (self.duration is None):
-            raise ValueError("give exactly one of count and duration")
+        if self.count is not None and self.duration is not None:
+            raise ValueError("give at most one of count and duration (neither: until stopped)")
         if self.count is not None and self.count < 1:
             raise ValueError(f"count must be >= 1, got {self.count}")
         if self.duration is not None and not self.duration > 0:
@@ -138,7 +139,8 @@ def run_publisher(
     on_progress: Callable[[int, int, float], None] | None = None,
     progress_interval: float = 1.0,
 ) -> PublishReport:
-    """Publish samples from ``source`` until ``count`` samples or ``duration`` seconds.
+    """Publish samples from ``source`` until ``count`` samples, ``duration`` seconds, or (with
+    neither) until ``stop`` is set.
 
     Parameters
     ----------

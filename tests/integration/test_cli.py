@@ -80,7 +80,7 @@ def test_status_on_a_directory_and_version_answer_in_one_line(tmp_path: Path) ->
     ("args", "message"),
     [
         (["--rate", "10", "--rate-set", "S1"], "exactly one of --rate"),
-        (["--rate", "10"], "exactly one of count and duration"),
+        (["--rate", "10", "--count", "5", "--duration", "1"], "at most one of count and"),
         (["--rate", "-1", "--count", "5"], "rate must be > 0"),
         (["--rate", "10", "--count", "5", "--classes", "9"], "labels must be classes"),
         (["--rate", "10", "--count", "5", "--labels", "9"], "classes per device"),
@@ -247,6 +247,7 @@ def test_broker_command_serves_mqtt_quietly_and_reports_a_taken_port(
 
 
 def test_publisher_stops_cleanly_on_sigterm(broker: Any, procs: ProcessGroup) -> None:
+    # Neither --count nor --duration: it streams until stopped, as a sensor does.
     pub = procs.start(
         "pub",
         fedstream_command(
@@ -257,8 +258,6 @@ def test_publisher_stops_cleanly_on_sigterm(broker: Any, procs: ProcessGroup) ->
             "d",
             "--rate",
             "100",
-            "--duration",
-            "60",
             "--json",
         ),
         stdout_pipe=True,
@@ -302,6 +301,31 @@ def test_resume_explains_a_missing_or_old_checkpoint(tmp_path: Path) -> None:
     assert stale.returncode == 2 and "does not record its run config" in " ".join(
         stale.stderr.split()
     )
+
+
+def test_resume_outside_a_checkout_asks_for_the_app_and_app_writes_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prepare: a checkpoint with its run config, and a working folder without a Flower app.
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    (ckpt / "state.json").write_text(
+        json.dumps({"server-round": 2, "model": "m.pt", "controller": {}, "run-config": {}})
+    )
+    monkeypatch.chdir(tmp_path)
+    # Execute
+    resumed = invoke("resume", str(ckpt), "--connection", "nowhere")
+    written = invoke("app", str(tmp_path / "app"))
+    # Assert: the refusal says where an app is; `fedstream app` writes fedstream's own.
+    assert resumed.exit_code == 2 and "no Flower app in" in resumed.output
+    assert "--app DIR" in " ".join(resumed.output.split())
+    app = tomllib.loads((tmp_path / "app" / "pyproject.toml").read_text())
+    assert written.exit_code == 0
+    assert app["tool"]["flwr"]["app"]["components"] == {
+        "serverapp": "aggregator.server_app:app",
+        "clientapp": "edge_client.runtime.client_app:app",
+    }
+    assert app["tool"]["flwr"]["app"]["config"]["num-rounds"] == 10
 
 
 def test_run_config_lists_the_keys_as_pyproject_declares_them() -> None:

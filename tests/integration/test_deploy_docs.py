@@ -1,0 +1,357 @@
+"""The deployment walkthrough of ``deploy/README.md``, run as written (about 3 minutes).
+
+Every ``bash`` block of the walkthrough runs verbatim, in order, as a non-root user, with its
+variables pointed into a temporary folder and at free ports, the aggregator, both devices and
+their sensors on this one host: ``install.sh`` into a prefix, Mosquitto (TLS, passwords, the
+ACL) on Debian's stock layout, a TLS SuperLink admitting registered SuperNodes, two devices'
+ingest daemons and SuperNodes, a run, the aggregator killed after a checkpoint, the run
+resumed, the fleet view and the report. ``sudo``, ``systemctl`` and ``apt-get`` are the shims
+in ``tests/shims`` (what they do and do not do is written there); the test itself plays
+``scp`` between machines and systemd's restart of the killed SuperLink.
+
+Run as root (CI), the blocks run as uid 65534 with one capability, CAP_DAC_READ_SEARCH, so that
+they can reach this machine's interpreter under /root; they can write only their own folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import pytest
+
+from aggregator.records import read_metrics
+from deploy.brokers import mosquitto_available
+from deploy.local import free_port, wait_for_port
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC = ROOT / "deploy" / "README.md"
+SHIMS = ROOT / "tests" / "shims"
+DEVICES = ("pi-1", "pi-2")
+NOBODY = 65534
+UNITS = (
+    "fedstream-ingest@.service",
+    "fedstream-supernode@.service",
+    "fedstream-superlink.service",
+    "fedstream-aggregator.service",
+)
+
+
+@dataclass(frozen=True)
+class Block:
+    """One fenced ``bash`` block: its info-string words after ``bash``, its code, its line."""
+
+    tags: frozenset[str]
+    code: str
+    line: int
+
+
+def doc_blocks(text: str) -> list[Block]:
+    """The ``bash`` blocks of a Markdown text, in order (``sh`` and others are not run)."""
+    blocks = []
+    for match in re.finditer(r"(?ms)^```bash([^\n]*)\n(.*?)^```", text):
+        line = text.count("\n", 0, match.start()) + 1
+        blocks.append(Block(frozenset(match.group(1).split()), match.group(2), line))
+    return blocks
+
+
+class Walkthrough:
+    """Runs blocks as the docs' user, each after the first (the variables) in a new shell."""
+
+    def __init__(self, tmp: Path, env: dict[str, str], variables: str, as_user: list[str]) -> None:
+        self.tmp, self.env, self.variables, self.as_user = tmp, env, variables, as_user
+        self.background: list[subprocess.Popen[bytes]] = []
+
+    def _argv(self, code: str) -> list[str]:
+        return [*self.as_user, "bash", "-euo", "pipefail", "-c", f"{self.variables}\n{code}"]
+
+    def run(self, block: Block, extra: Mapping[str, str] | None = None) -> str:
+        """Run a block to its end; its output, or a failure with it and the units' logs."""
+        proc = subprocess.run(
+            self._argv(block.code), cwd=self.env["DOCS_CWD"], env={**self.env, **(extra or {})},
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        out = proc.stdout + proc.stderr
+        if proc.returncode != 0:
+            pytest.fail(
+                f"deploy/README.md's block at line {block.line} ({extra or 'once'}) exited "
+                f"{proc.returncode}:\n{block.code}\n{out[-4000:]}\n{self.unit_logs()}"
+            )
+        return out
+
+    def start(
+        self, block: Block, extra: Mapping[str, str] | None = None
+    ) -> tuple[subprocess.Popen[bytes], Path]:
+        """Start a block that runs until stopped (a sensor, ``flwr run --stream``); the
+        process and its log."""
+        path = self.tmp / f"block-{block.line}-{len(self.background)}.log"
+        with path.open("wb") as log:
+            proc = subprocess.Popen(
+                self._argv(block.code), cwd=self.env["DOCS_CWD"],
+                env={**self.env, **(extra or {})}, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+        self.background.append(proc)
+        return proc, path
+
+    def unit_logs(self) -> str:
+        state = Path(self.env["SHIM_STATE"])
+        return "\n".join(
+            f"--- {log.name}:\n{log.read_text(errors='replace')[-2500:]}"
+            for log in sorted(state.glob("*.log"))
+        )
+
+    def systemctl(self, *args: str) -> None:
+        """``systemctl ARGS`` as the docs' user (the shim), for what the test plays."""
+        subprocess.run(
+            [*self.as_user, str(Path(self.env["PATH"].split(":")[0]) / "systemctl"), *args],
+            env=self.env, check=True, timeout=120,
+        )  # fmt: skip
+
+    def close(self) -> None:
+        """Kill every unit the shim started (with their descendants) and background block."""
+        units = [f.name.removesuffix(".pid") for f in Path(self.env["SHIM_STATE"]).glob("*.pid")]
+        if units:
+            self.systemctl("kill", "--signal=SIGKILL", *units)
+        for proc in self.background:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
+
+def _as_nobody(tmp: Path) -> tuple[list[str], str]:
+    """How root runs a command as uid 65534, and the interpreter path that user runs.
+
+    This machine's interpreter may live where that user cannot go (pyenv under /root): it is
+    then bound to a folder in ``tmp``, in a mount namespace of the command's own, and the
+    command keeps CAP_DAC_READ_SEARCH for the files the interpreter's build still names under
+    the original path (access(2), which some libraries check paths with, ignores that
+    capability; the bound path needs none).
+    """
+    if not shutil.which("setpriv"):
+        pytest.skip("running as root without setpriv: cannot run the docs as another user")
+    drop = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+            "--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search"]  # fmt: skip
+    base = Path(sys.base_prefix)
+    if all(os.stat(p).st_mode & 0o001 for p in [base, *base.parents]):
+        return drop, sys.executable
+    bound = tmp / "python"
+    bound.mkdir()
+    prefix = ["unshare", "-m", "--propagation", "private", "--", "sh", "-c",
+              'mount --bind "$0" "$1" && shift && exec "$@"', str(base), str(bound)]  # fmt: skip
+    probe = subprocess.run([*prefix, "true"], capture_output=True, text=True, timeout=30)
+    if probe.returncode != 0:
+        pytest.skip(f"cannot bind the interpreter for another user here: {probe.stderr.strip()}")
+    return [*prefix, *drop], str(bound / Path(sys.executable).relative_to(base))
+
+
+def _stock_mosquitto(mosquitto_etc: Path, units: Path) -> None:
+    """Debian's layout: mosquitto.conf with persistence and a log, conf.d, and its unit."""
+    (mosquitto_etc / "conf.d").mkdir(parents=True)
+    (mosquitto_etc / "data").mkdir()
+    (mosquitto_etc / "mosquitto.conf").write_text(
+        "# As Debian's stock /etc/mosquitto/mosquitto.conf, its paths in the test's folder\n"
+        f"persistence true\npersistence_location {mosquitto_etc}/data/\n"
+        f"log_dest file {mosquitto_etc}/mosquitto.log\ninclude_dir {mosquitto_etc}/conf.d\n"
+    )
+    units.mkdir(parents=True)
+    binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
+    (units / "mosquitto.service").write_text(
+        f"[Service]\nExecStart={binary} -c {mosquitto_etc}/mosquitto.conf\n"
+    )
+
+
+def _wait(predicate: Callable[[], bool], timeout: float, what: str, walk: Walkthrough) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(1.0)
+    pytest.fail(f"{what} within {timeout:.0f} s\n{walk.unit_logs()}")
+
+
+def _checkpointed_round(ckpt: Path) -> int:
+    try:
+        return int(json.loads((ckpt / "state.json").read_text())["server-round"])
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+@pytest.mark.skipif(not mosquitto_available(), reason="needs Mosquitto (apt-get install mosquitto)")
+@pytest.mark.timeout(900)
+def test_the_deployment_walkthrough_runs_as_written() -> None:
+    # Its own folder in /tmp: pytest's is under a folder only root may enter, and access(2),
+    # which pip asks whether it may write, ignores the capability the blocks run with.
+    tmp_path = Path(tempfile.mkdtemp(prefix="fedstream-docs-"))
+    try:
+        _walkthrough(tmp_path)
+    finally:
+        if not os.environ.get("FEDSTREAM_KEEP_TMP"):  # for a look after a failure
+            shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def _walkthrough(tmp_path: Path) -> None:
+    # Prepare: a checkout to run from, the folders the variables point at, free ports, the
+    # shims, Debian's Mosquitto layout; all of it owned by the docs' user.
+    src = Path(
+        shutil.copytree(
+            ROOT, tmp_path / "src",
+            ignore=shutil.ignore_patterns(".git", "runs", "build", "*.egg-info", "__pycache__",
+                                          ".*_cache", "bench"),
+        )
+    )  # fmt: skip
+    bin_dir, units, extra_units = tmp_path / "bin", tmp_path / "units", tmp_path / "debian-units"
+    bin_dir.mkdir()
+    for shim in ("sudo", "apt-get"):
+        shutil.copy(SHIMS / shim, bin_dir / shim)
+    as_user, python = _as_nobody(tmp_path) if os.geteuid() == 0 else ([], sys.executable)
+    (bin_dir / "systemctl").write_text(f'#!/bin/sh\nexec {python} {SHIMS / "systemctl.py"} "$@"\n')
+    (bin_dir / "systemctl").chmod(0o755)
+    mosquitto_etc, state, prefix = tmp_path / "mosquitto", tmp_path / "state", tmp_path / "opt"
+    etc, home = tmp_path / "etc", tmp_path / "home"
+    _stock_mosquitto(mosquitto_etc, extra_units)
+    home.mkdir()
+    if os.geteuid() == 0:
+        for path in [tmp_path, *tmp_path.rglob("*")]:
+            os.lchown(path, NOBODY, NOBODY)
+        user = "nobody"
+    else:
+        user = os.environ.get("USER") or subprocess.check_output(["id", "-un"], text=True).strip()
+    mqtt_port, superlink_port = free_port(), free_port()
+    env = {
+        "PATH": f"{bin_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "HOME": str(home), "USER": user, "LANG": "C.UTF-8", "DOCS_CWD": str(src),
+        # this machine's packages (torch, flwr) reused in the venv: no download
+        "PYTHON": python, "PIP_NO_INDEX": "1", "PIP_NO_BUILD_ISOLATION": "0",
+        "SHIM_STATE": str(tmp_path / "systemd"), "SHIM_UNIT_PATH": f"{units}:{extra_units}",
+        "FEDSTREAM_PREFIX": str(prefix), "FEDSTREAM_ETC": str(etc),
+        "FEDSTREAM_STATE": str(state), "FEDSTREAM_UNITS": str(units),
+        "FEDSTREAM_USER": user, "FEDSTREAM_INSTALL": "--system-site-packages",
+        "MOSQUITTO_ETC": str(mosquitto_etc), "AGGREGATOR": "localhost",
+        "MQTT_PORT": str(mqtt_port), "MQTT_CERT_PORT": str(free_port()),
+        "MQTT_LOCAL_PORT": str(free_port()), "SUPERLINK_PORT": str(superlink_port),
+        "RUN_CONFIG": "num-rounds=3 min-nodes=2 local-steps=10",
+    }  # fmt: skip
+    variables, *blocks = doc_blocks(DOC.read_text())
+    assert "FEDSTREAM_PREFIX" in variables.code and not variables.tags
+    walk = Walkthrough(tmp_path, env, variables.code, as_user)
+    device_env = {d: {"DEVICE": d, "SUPERNODE_PORT": str(free_port())} for d in DEVICES}
+    ckpt, run_dir = state / "ckpt", state / "run"
+    resumed: dict[str, object] = {}
+    final_status = ""
+    sensors: list[tuple[subprocess.Popen[bytes], Path]] = []
+    outputs: list[str] = []
+
+    def scp(source: Path) -> None:  # a copy between machines: here, into the current folder
+        shutil.copy(source, src / source.name)
+        if os.geteuid() == 0:
+            os.chown(src / source.name, NOBODY, NOBODY)
+
+    try:
+        # Execute: the walkthrough, block by block; where the docs say to copy files between
+        # machines or the aggregator dies, the test does it.
+        for block in blocks:
+            if "flwr supernode register" in block.code:
+                for device in DEVICES:
+                    scp(etc / f"node-{device}.key.pub")
+            if "fedstream resume" in block.code:
+                _wait(lambda: _checkpointed_round(ckpt) >= 1, 300, "no checkpoint", walk)
+                # The crash: the SuperLink and what it started (the ServerApp), then
+                # systemd's restart of it.
+                walk.systemctl("kill", "--signal=SIGKILL", "fedstream-superlink")
+                walk.systemctl("start", "fedstream-superlink")
+                assert wait_for_port(superlink_port, timeout=60.0), walk.unit_logs()
+            if "device" in block.tags:
+                if "apt-get" in block.code:  # each device copies the aggregator's files
+                    scp(mosquitto_etc / "fedstream" / "certs" / "ca.crt")
+                    for device in DEVICES:
+                        scp(mosquitto_etc / "fedstream" / "credentials" / f"{device}.txt")
+                for device in DEVICES:
+                    if "background" in block.tags:
+                        sensors.append(walk.start(block, device_env[device]))
+                    else:
+                        outputs.append(walk.run(block, device_env[device]))
+            elif "background" in block.tags:
+                walk.start(block)
+            else:
+                out = walk.run(block)
+                outputs.append(out)
+                if "fedstream resume" in block.code:
+                    resumed = json.loads(
+                        next(line for line in out.splitlines() if line.startswith('{"run-id"'))
+                    )
+                    # the resumed run, to its end (flwr list, as the docs say to check)
+                    run_id = str(resumed["run-id"])
+                    finished = partial(_finished, walk, ckpt, run_id, 3)
+                    _wait(finished, 420, "the resumed run did not finish", walk)
+                    final_status = _run_status(walk, run_id)
+        # The sensors streamed throughout (they run until stopped).
+        for proc, log in sensors:
+            assert proc.poll() is None, log.read_text()[-2000:]
+    finally:
+        walk.close()
+
+    # Assert: installed into the prefix, units pointed there and hardened.
+    assert (prefix / "venv" / "bin" / "fedstream").exists()
+    assert (prefix / "app" / "pyproject.toml").exists()  # fedstream's app, no checkout needed
+    for name in UNITS:
+        text = (units / name).read_text()
+        assert f"ExecStart={prefix}/venv/bin/" in text and "/usr/local/bin" not in text
+        assert f"\nEnvironment=PATH={prefix}/venv/bin:" in text  # Flower finds its programs
+        for line in ("NoNewPrivileges=true", "ProtectSystem=strict", f"ReadWritePaths={state}",
+                     "Restart=", f"User={user}"):  # fmt: skip
+            assert f"\n{line}" in text, (name, line)
+        assert "/etc/fedstream" not in text and str(etc) in text
+    if shutil.which("systemd-analyze"):
+        assert any("systemd-analyze verify: ok" in out for out in outputs)
+    assert not list(units.glob("*@check.service"))
+    # The run: every round once across the crash, both devices in each, resumed after a
+    # checkpointed round, finished.
+    assert resumed.get("num-rounds") == 3 and 1 <= int(resumed["resumed-after"]) < 3  # type: ignore[call-overload]
+    assert final_status == "finished:completed"
+    records = read_metrics(run_dir / "metrics.jsonl")
+    assert [r.round for r in records] == [1, 2, 3]
+    assert all(set(r.devices) == set(DEVICES) and not r.failed for r in records), [
+        (r.round, sorted(r.devices), r.failed, r.wall_s) for r in records
+    ]
+    # The broker and the SuperLink were the secured ones: the devices came in over TLS with
+    # their passwords, and the SuperNodes with their registered keys.
+    broker_log = (mosquitto_etc / "mosquitto.log").read_text()
+    assert all(f"u'{d}'" in broker_log for d in DEVICES), broker_log[-3000:]
+    # The fleet view and the report, as the walkthrough's last block shows them.
+    fleet = json.loads(
+        next(line for o in outputs for line in o.splitlines() if line.startswith('[{"device"'))
+    )
+    assert {row["device"] for row in fleet if row["online"]} >= set(DEVICES)
+    assert (src / "report" / "summary.json").exists()
+
+
+def _finished(walk: Walkthrough, ckpt: Path, run_id: str, rounds: int) -> bool:
+    """Whether the run has checkpointed its last round and Flower says it finished."""
+    return _checkpointed_round(ckpt) >= rounds and _run_status(walk, run_id).startswith("finished")
+
+
+def _run_status(walk: Walkthrough, run_id: str) -> str:
+    """The resumed run's status from ``flwr list`` (empty until it answers)."""
+    proc = subprocess.run(
+        [*walk.as_user, "bash", "-c",
+         f'{walk.variables}\nflwr list fleet --run-id {run_id} --format json'],
+        env=walk.env, cwd=walk.env["DOCS_CWD"], capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    try:
+        runs = json.loads(proc.stdout).get("runs") or [{}]
+    except ValueError:
+        return ""
+    return str(runs[0].get("status", ""))
