@@ -25,7 +25,7 @@ from deploy.constants import (
     DEMO_SETTINGS,
 )
 from deploy.extras import DEMO_EXTRA, MissingExtraError, require_extra
-from edge_client.emulation.constants import DISTRIBUTIONS, PUBLISH_PROGRESS_S, RATE_SETS
+from edge_client.emulation.constants import DISTRIBUTIONS, PUBLISH_PROGRESS_S
 from edge_client.runtime.constants import (
     COMMIT_INTERVAL_S,
     DEFAULT_CAPACITY,
@@ -39,6 +39,7 @@ from edge_client.runtime.constants import (
 )
 from edge_client.runtime.drift import DEFAULT_DELTA
 from edge_client.task.constants import DEFAULT_NUM_CLASSES, DEFAULT_SHAPE, DIGITS_SHAPE
+from edge_client.wire.constants import RATE_SETS
 from edge_client.wire.mapping import kebab
 from edge_client.wire.run_config import default
 

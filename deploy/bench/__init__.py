@@ -31,6 +31,7 @@ SCENARIOS = {
     "drift": "deploy.bench.drift",
     "inference": "deploy.bench.inference",
     "service": "deploy.bench.service",
+    "simulation": "deploy.bench.simulation",
 }
 
 

@@ -63,17 +63,12 @@ from edge_client.task.constants import DEFAULT_NUM_CLASSES, DEFAULT_SHAPE
 from edge_client.task.datasets import load_dataset
 from edge_client.task.evaluation import per_class_accuracy
 from edge_client.task.models import build_model
-from edge_client.wire.constants import CONTROLLER_MODES
+from edge_client.wire.constants import CONTROLLER_MODES, OMNILEARN_LEVELS
 from edge_client.wire.run_config import RunSettings
 
 __all__ = ["LEVELS", "measure_step_time", "run"]
 
-LEVELS: dict[str, tuple[int, ...]] = {
-    "HL1": (12, 12, 12, 12),
-    "HL2": (12, 12, 8, 16),
-    "HL4": (9, 9, 6, 24),
-    "HL8": (6, 6, 4, 32),
-}
+LEVELS = OMNILEARN_LEVELS
 SCHEDULE = ("HL1", "HL2", "HL4", "HL8", "HL8", "HL4", "HL2", "HL1")
 CONTROLLERS = CONTROLLER_MODES  # fixed, static, dynamic: every mode, side by side
 TARGET_ACCURACY = 0.9

@@ -32,11 +32,11 @@ from deploy.bench.common import Result, footnote, markdown_table, verdict
 from deploy.brokers import EmbeddedBroker
 from deploy.local import ProcessGroup, fedstream_command, wait_until
 from deploy.probes import MqttProbe
-from edge_client.emulation.constants import RATE_SETS
 from edge_client.runtime.model_store import store_model
 from edge_client.task.interface import init_model
 from edge_client.task.loading import load_task
 from edge_client.wire.artifact import latest_version, load_version
+from edge_client.wire.constants import RATE_SETS
 from edge_client.wire.frames import encode_frame
 from edge_client.wire.run_config import RunSettings
 from edge_client.wire.topics import predictions_topic, samples_topic

@@ -52,10 +52,10 @@ from deploy.bench.common import (
 )
 from deploy.bench.hetero import measure_step_time
 from deploy.inprocess import VirtualDevice
-from edge_client.emulation.constants import RATE_SETS
 from edge_client.emulation.schedule import draw_rate
 from edge_client.runtime.constants import POLICY_PERSISTENCE, POLICY_TRUNCATION
 from edge_client.runtime.seeding import device_rng
+from edge_client.wire.constants import RATE_SETS
 from edge_client.wire.run_config import RunSettings
 
 __all__ = ["run"]

@@ -1,4 +1,6 @@
-"""Constants of the stream emulation: publishers, arrival processes, ScaDLES' rate sets."""
+"""Constants of the stream emulation: publishers, arrival processes (ScaDLES' rate sets and
+OmniLearn's heterogeneity levels are in :mod:`edge_client.wire.constants`: run configs name
+them)."""
 
 from __future__ import annotations
 
@@ -10,13 +12,6 @@ PUBLISH_PROGRESS_S: Final = 10.0  # fedstream publish prints a progress line thi
 DISTRIBUTIONS: Final = ("constant", "poisson", "bursty")
 BURST_FACTOR: Final = 4.0  # bursty: on-phases send at 4x the mean rate, a quarter of the time
 
-# ScaDLES stream-rate sets, samples/s: (distribution, mean, standard deviation).
-RATE_SETS: Final = {
-    "S1": ("uniform", 38.0, 24.0),
-    "S2": ("uniform", 300.0, 112.0),
-    "S1p": ("normal", 64.0, 24.0),
-    "S2p": ("normal", 256.0, 28.0),
-}
 MIN_STREAM_RATE: Final = 1.0
 # A replayed series starts again this much later in stream time: above the ingest daemon's
 # --max-gap (default 1 s), so that no window spans the seam between its end and its start.

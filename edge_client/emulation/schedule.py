@@ -7,7 +7,8 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from edge_client.emulation.constants import BURST_FACTOR, DISTRIBUTIONS, MIN_STREAM_RATE, RATE_SETS
+from edge_client.emulation.constants import BURST_FACTOR, DISTRIBUTIONS, MIN_STREAM_RATE
+from edge_client.wire.constants import RATE_SETS
 
 __all__ = ["arrival_offsets", "draw_rate"]
 
@@ -18,7 +19,7 @@ def draw_rate(rate_set: str, rng: np.random.Generator) -> float:
     """Draw one device's stream rate (samples/s) from a ScaDLES rate set.
 
     ``S1``/``S2`` are uniform and ``S1p``/``S2p`` normal, with the means and standard
-    deviations of :data:`~edge_client.emulation.constants.RATE_SETS`; results are floored at 1/s.
+    deviations of :data:`~edge_client.wire.constants.RATE_SETS`; results are floored at 1/s.
     """
     try:
         kind, mean, sd = RATE_SETS[rate_set]

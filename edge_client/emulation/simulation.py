@@ -1,77 +1,182 @@
 """Virtual devices of Flower's simulation engine, fed by replayed streams.
 
 In the simulation engine a node has only ``partition-id``: it becomes the virtual device
-``sim-<partition-id>``, whose buffer a replayed stream of the synthetic task (of the run's
-``sample-shape`` and ``num-classes``) tops up before each round
-(:func:`~edge_client.emulation.replay.replay_into`) at the rate, and trains with the
-slowdown, that the run config's ``sim-rates`` and ``sim-slowdowns`` give it.
+``sim-<partition-id>``, whose stream of the synthetic task (of the run's ``sample-shape`` and
+``num-classes``) delivers at the rate, whose training runs with the slowdown, and which is
+away when, the run config's ``sim-population`` (or ``sim-rates`` and ``sim-slowdowns``) gives
+it (:mod:`edge_client.emulation.population`). An away device answers each message with
+Flower's ``NODE_UNAVAILABLE`` error at once (the aggregator counts it as failed); its stream
+goes on (the broker would queue it).
+
+With ``sim-buffers = "lazy"`` (the default) the device's buffer is a
+:class:`~edge_client.emulation.lazy_buffer.LazyBuffer` kept in the node's Flower state
+(``context.state``) between rounds: counts, a few hundred bytes, samples made only when a
+round takes them; so is the device state a real device keeps in its buffer file
+(error-feedback residual, standardisation, drift): no file at all. With ``"files"`` a
+replayed stream tops a buffer file up before each round
+(:func:`~edge_client.emulation.replay.replay_into`), as a real device's ingest would.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import tempfile
-from collections.abc import Mapping
+import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from flwr.app import ConfigRecord, RecordDict
 from flwr.common.constant import PARTITION_ID_KEY
 
+from edge_client.emulation.lazy_buffer import LazyBuffer, StreamSamples
+from edge_client.emulation.population import DeviceProfile, profile_of
 from edge_client.emulation.replay import replay_into
 from edge_client.emulation.sources import pick_classes
 from edge_client.runtime.constants import DEFAULT_CAPACITY
+from edge_client.runtime.device_state import MemoryDeviceState
 from edge_client.runtime.node_config import NodeConfig
+from edge_client.wire.population import parse_population
 from edge_client.wire.run_config import RunSettings, number_list
 
-__all__ = ["simulated_node"]
+__all__ = ["absence", "lazy_device", "profile", "simulated_node"]
+
+#: Where a lazy virtual device's buffer lives between rounds, in its ``context.state``.
+LAZY_STATE_KEY = "fedstream.lazy-buffer"
+#: When the virtual device got its first message (its availability counts from there).
+START_STATE_KEY = "fedstream.sim-start"
 
 
-def simulated_node(
-    node_config: Mapping[str, Any], run_id: int, settings: RunSettings
-) -> NodeConfig:
-    """The virtual device of a simulation node, its buffer topped up to now.
-
-    Parameters
-    ----------
-    node_config : Mapping
-        Flower's node config (``partition-id``).
-    run_id : int
-        The Flower run (buffers are kept per run under ``sim-dir``).
-    settings : RunSettings
-        The run's settings (``sim-*`` keys, ``seed``).
-
-    Returns
-    -------
-    NodeConfig
-        Device ``sim-<partition-id>``, its buffer under ``sim-dir``, its slowdown.
-
-    Raises
-    ------
-    ValueError
-        If the run's ``dataset`` is not the synthetic task (the only one replayed here).
-    """
+def _device(node_config: Mapping[str, Any], settings: RunSettings) -> tuple[int, str]:
     if settings.dataset != "synthetic":
         raise ValueError(
             f"the simulation engine replays the synthetic task (sample-shape "
             f"{settings.sample_shape}), not dataset {settings.dataset!r}"
         )
     pid = int(node_config[PARTITION_ID_KEY])
-    device_id = f"sim-{pid}"
-    rates = number_list(settings.sim_rates, "sim-rates", 1e-9)
-    slowdowns = number_list(settings.sim_slowdowns, "sim-slowdowns", 1.0)
-    root = Path(settings.sim_dir or Path(tempfile.gettempdir()) / "fedstream-sim")
-    path = root / f"run-{run_id}" / f"{device_id}.sqlite"
+    return pid, f"sim-{pid}"
+
+
+def profile(settings: RunSettings, pid: int) -> DeviceProfile:
+    """Virtual device ``pid``'s slowdown, stream rate and availability: ``sim-population``,
+    with ``sim-slowdowns`` and ``sim-rates`` for what it leaves out."""
+    return profile_of(
+        parse_population(settings.sim_population),
+        pid,
+        settings.seed,
+        number_list(settings.sim_slowdowns, "sim-slowdowns", 1.0),
+        number_list(settings.sim_rates, "sim-rates", 1e-9),
+    )
+
+
+def absence(node_config: Mapping[str, Any], settings: RunSettings, state: RecordDict) -> str:
+    """Why the virtual device is away now (empty: it is there). Its availability counts
+    from its first message, kept in ``state``."""
+    pid, device_id = _device(node_config, settings)
+    saved = state.get(START_STATE_KEY)
+    now = time.time()
+    if isinstance(saved, ConfigRecord):
+        start = float(str(saved["start"]))
+    else:
+        start = now
+        state[START_STATE_KEY] = ConfigRecord({"start": repr(now)})
+    if profile(settings, pid).online(now - start):
+        return ""
+    return f"{device_id} is offline {now - start:.0f} s into the run (sim-population)"
+
+
+def _samples(settings: RunSettings, pid: int, device_id: str) -> StreamSamples:
     k = settings.sim_labels
-    replay_into(
-        path,
+    return StreamSamples(
         device_id,
-        rates[pid % len(rates)],
-        initial=settings.sim_initial,
-        capacity=DEFAULT_CAPACITY,
-        seed=settings.seed,
+        settings.seed,
+        settings.shape,
+        settings.num_classes,
         labels=pick_classes(k, settings.num_classes, index=pid) if k else None,
         dirichlet=settings.sim_dirichlet or None,
         feature_shift=settings.sim_feature_shift,
-        shape=settings.shape,
-        num_classes=settings.num_classes,
     )
-    return NodeConfig(device_id, str(path), slowdown=slowdowns[pid % len(slowdowns)])
+
+
+def simulated_node(
+    node_config: Mapping[str, Any], run_id: int, settings: RunSettings
+) -> NodeConfig:
+    """The virtual device of a simulation node (with ``sim-buffers = "files"``, its buffer
+    file topped up to now).
+
+    Parameters
+    ----------
+    node_config : Mapping
+        Flower's node config (``partition-id``).
+    run_id : int
+        The Flower run (files are kept per run under ``sim-dir``).
+    settings : RunSettings
+        The run's settings (``sim-*`` keys, ``seed``).
+
+    Returns
+    -------
+    NodeConfig
+        Device ``sim-<partition-id>``, its file under ``sim-dir`` (lazy: the device state
+        only), its slowdown.
+
+    Raises
+    ------
+    ValueError
+        If the run's ``dataset`` is not the synthetic task (the only one replayed here).
+    """
+    pid, device_id = _device(node_config, settings)
+    device = profile(settings, pid)
+    root = Path(settings.sim_dir or Path(tempfile.gettempdir()) / "fedstream-sim")
+    if settings.sim_buffers == "lazy":  # no file: buffer and state in its context.state
+        path = root / f"run-{run_id}" / f"{device_id}.sqlite"
+    else:
+        path = root / f"run-{run_id}" / f"{device_id}.sqlite"
+        samples = _samples(settings, pid, device_id)
+        replay_into(
+            path, samples, device.rate, initial=settings.sim_initial, capacity=DEFAULT_CAPACITY
+        )
+    # One torch thread: Ray runs one ClientApp per CPU it was given (--client-resources-num-cpus).
+    return NodeConfig(device_id, str(path), slowdown=device.slowdown, threads=1)
+
+
+@contextlib.contextmanager
+def lazy_device(
+    node_config: Mapping[str, Any], settings: RunSettings, state: RecordDict
+) -> Iterator[tuple[LazyBuffer, MemoryDeviceState]]:
+    """The virtual device's lazy buffer, advanced to now, and its device state; both kept in
+    ``state`` on exit.
+
+    Parameters
+    ----------
+    node_config : Mapping
+        Flower's node config (``partition-id``).
+    settings : RunSettings
+        The run's settings.
+    state : RecordDict
+        The node's ``context.state``, which the simulation engine keeps between rounds.
+    """
+    pid, device_id = _device(node_config, settings)
+    samples = _samples(settings, pid, device_id)
+    saved = state.get(LAZY_STATE_KEY)
+    if isinstance(saved, ConfigRecord):
+        buffer = LazyBuffer.from_state(samples, json.loads(str(saved["buffer"])), time.time)
+        values = {k: v for k, v in saved.items() if isinstance(v, bytes)}
+        device = MemoryDeviceState(values)
+    else:
+        buffer = LazyBuffer(
+            samples,
+            profile(settings, pid).rate,
+            DEFAULT_CAPACITY,
+            initial=settings.sim_initial,
+            clock=time.time,
+        )
+        device = MemoryDeviceState()
+    buffer.advance()
+    try:
+        yield buffer, device
+    finally:
+        record = ConfigRecord({"buffer": json.dumps(buffer.to_state())})
+        for key, value in device.values.items():
+            record[key] = value
+        state[LAZY_STATE_KEY] = record

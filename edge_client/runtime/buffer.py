@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -57,10 +57,45 @@ from edge_client.runtime.dedup import SeqWindow
 from edge_client.runtime.schema import BufferStoreError, SqliteStore, transaction
 from edge_client.wire.frames import Arrivals, SampleBatch
 
-__all__ = ["AppendResult", "BufferStore", "BufferStoreError"]
+__all__ = [
+    "COUNTERS",
+    "AppendResult",
+    "BufferStore",
+    "BufferStoreError",
+    "SampleBuffer",
+    "sample_bytes",
+]
 
 
 COUNTERS = ("messages", "received", "accepted", "dropped", "duplicates", "rejected", "consumed")
+
+
+class SampleBuffer(Protocol):
+    """What training needs of a buffer: a :class:`BufferStore`, or a simulated device's
+    :class:`~edge_client.emulation.lazy_buffer.LazyBuffer`."""
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """Shape of one sample."""
+        ...
+
+    @property
+    def fill(self) -> int:
+        """Samples held now."""
+        ...
+
+    def take(self, n: int) -> SampleBatch:
+        """Remove and return up to ``n`` of the oldest samples."""
+        ...
+
+    def stats(self) -> dict[str, Any]:
+        """Counters, fill, rate and configuration (kebab-case keys)."""
+        ...
+
+
+def sample_bytes(shape: Sequence[int]) -> int:
+    """Bytes one sample of ``shape`` takes in a buffer: float32 features, label, timestamp."""
+    return 4 * math.prod(shape) + 16
 
 
 _RESERVED_META = frozenset(
@@ -130,7 +165,7 @@ class BufferStore(SqliteStore):
             raise
         self.shape: tuple[int, ...] = tuple(json.loads(meta["shape"]))
         self.policy: str = meta["policy"]
-        self.sample_bytes = 4 * math.prod(self.shape) + 16  # features + label + timestamp
+        self.sample_bytes = sample_bytes(self.shape)
         cap = int(meta["capacity"])
         if "capacity-bytes" in meta:
             cap = min(cap, int(meta["capacity-bytes"]) // self.sample_bytes)

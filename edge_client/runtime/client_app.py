@@ -22,6 +22,7 @@ import contextlib
 import logging
 import math
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -29,8 +30,8 @@ from flwr.app import Context, Error, Message
 from flwr.clientapp import ClientApp
 from flwr.common.constant import PARTITION_ID_KEY, ErrorCode
 
-from edge_client.runtime.buffer import BufferStore
-from edge_client.runtime.device_state import DeviceStateStore
+from edge_client.runtime.buffer import BufferStore, SampleBuffer
+from edge_client.runtime.device_state import DeviceState, DeviceStateStore
 from edge_client.runtime.drift import errors_of
 from edge_client.runtime.inject import inject_pool_path, share
 from edge_client.runtime.model_store import store_model
@@ -52,7 +53,14 @@ from edge_client.wire.records import (
 )
 from edge_client.wire.run_config import RunSettings
 
-__all__ = ["app", "expired_reply", "make_client_app", "probe_steps", "train_round"]
+__all__ = [
+    "absent_reply",
+    "app",
+    "expired_reply",
+    "make_client_app",
+    "probe_steps",
+    "train_round",
+]
 
 log = logging.getLogger(__name__)
 
@@ -86,12 +94,12 @@ def make_client_app(task: Task | None = None) -> ClientApp:
     @client_app.train()
     def train(msg: Message, context: Context) -> Message:
         """Train this round's plan on the device's buffer; reply with the model delta."""
-        return expired_reply(msg) or train_round(msg, context, task)
+        return expired_reply(msg) or absent_reply(msg, context) or train_round(msg, context, task)
 
     @client_app.query()
     def probe(msg: Message, context: Context) -> Message:
         """Time SGD steps at the probe's batch sizes (the controller's first timings)."""
-        return expired_reply(msg) or probe_steps(msg, context, task)
+        return expired_reply(msg) or absent_reply(msg, context) or probe_steps(msg, context, task)
 
     return client_app
 
@@ -118,6 +126,18 @@ def expired_reply(msg: Message) -> Message | None:
     return Message(Error(ErrorCode.MESSAGE_UNAVAILABLE, reason), reply_to=msg)
 
 
+def absent_reply(msg: Message, context: Context) -> Message | None:
+    """A simulation engine's virtual device that its population has away now answers
+    ``NODE_UNAVAILABLE`` at once (None: it is there, or this is a real device)."""
+    if not _virtual(context):
+        return None
+    from edge_client.emulation.simulation import absence  # the simulation engine only
+
+    settings = RunSettings.from_run_config(context.run_config)
+    why = absence(context.node_config, settings, context.state)
+    return Message(Error(ErrorCode.NODE_UNAVAILABLE, why), reply_to=msg) if why else None
+
+
 def train_round(msg: Message, context: Context, task: Task | None = None) -> Message:
     """One round: prequential evaluation and training on the device's buffer, the reply.
 
@@ -132,7 +152,7 @@ def train_round(msg: Message, context: Context, task: Task | None = None) -> Mes
     if node.threads > 0:
         torch.set_num_threads(node.threads)
     plan = RoundPlan.from_record(msg.content.config_records[CONFIG])
-    with BufferStore(node.buffer) as store, DeviceStateStore(node.buffer) as state:
+    with _open_device(context, settings, node) as (store, state):
         if store.shape != settings.shape:
             return _shape_mismatch(msg, node.device_id, store, settings.shape)
         model = task.build_model(settings.shape, settings.num_classes)
@@ -250,7 +270,7 @@ app = make_client_app()
 
 
 def _shape_mismatch(
-    msg: Message, device_id: str, store: BufferStore, expected: tuple[int, ...]
+    msg: Message, device_id: str, store: SampleBuffer, expected: tuple[int, ...]
 ) -> Message:
     """The reply of a device whose buffer holds samples of another shape: no update, its
     buffer's shape, its samples left where they are."""
@@ -275,18 +295,38 @@ def _shape_mismatch(
     return Message(DeviceReply(device_id, metrics, b"").to_content(), reply_to=msg)
 
 
-def _node(context: Context, settings: RunSettings) -> NodeConfig:
-    """This node's device: from its node config, or a virtual one in the simulation engine
-    (a node with only Flower's ``partition-id``)."""
+def _virtual(context: Context) -> bool:
+    """Whether this node is a simulation engine's (only Flower's ``partition-id``)."""
     node = context.node_config
-    if NodeConfig.given_in(node) or PARTITION_ID_KEY not in node:
-        return NodeConfig.from_node_config(node)
+    return not NodeConfig.given_in(node) and PARTITION_ID_KEY in node
+
+
+def _node(context: Context, settings: RunSettings) -> NodeConfig:
+    """This node's device: from its node config, or a virtual one in the simulation engine."""
+    if not _virtual(context):
+        return NodeConfig.from_node_config(context.node_config)
     from edge_client.emulation.simulation import simulated_node  # the simulation engine only
 
     return simulated_node(context.node_config, context.run_id, settings)
 
 
-def _watch_drift(state: DeviceStateStore, delta: float, task: Task, scores: Scores) -> None:
+@contextlib.contextmanager
+def _open_device(
+    context: Context, settings: RunSettings, node: NodeConfig
+) -> Iterator[tuple[SampleBuffer, DeviceState]]:
+    """The device's buffer and state: its buffer file, or a virtual device's lazy buffer and
+    state in its ``context.state`` (``sim-buffers = "lazy"``)."""
+    if _virtual(context) and settings.sim_buffers == "lazy":
+        from edge_client.emulation.simulation import lazy_device
+
+        with lazy_device(context.node_config, settings, context.state) as device:
+            yield device
+    else:
+        with BufferStore(node.buffer) as store, DeviceStateStore(node.buffer) as state:
+            yield store, state
+
+
+def _watch_drift(state: DeviceState, delta: float, task: Task, scores: Scores) -> None:
     """Feed the round's prequential errors, sample by sample, to the device's drift watcher
     (River is imported here: about 1-3 s per round, so only with ``drift = "adwin"``)."""
     if scores.values is None or not len(scores.values):
@@ -302,7 +342,7 @@ def _numpy_state(model: torch.nn.Module) -> dict[str, np.ndarray]:
 
 
 def _encode(
-    state: DeviceStateStore,
+    state: DeviceState,
     run_id: int,
     delta: dict[str, np.ndarray],
     plan: RoundPlan,

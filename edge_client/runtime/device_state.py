@@ -24,7 +24,7 @@ from edge_client.runtime.schema import SqliteStore, transaction
 from edge_client.task.preprocess import Preprocessor
 from edge_client.wire.codec import CodecError, FeedbackState, decode, encode
 
-__all__ = ["DeviceStateStore"]
+__all__ = ["DeviceState", "DeviceStateStore", "MemoryDeviceState"]
 
 log = logging.getLogger(__name__)
 
@@ -36,14 +36,10 @@ _INJECT_SEQ = "inject-seq"
 _PREPROCESS = "preprocess-state"  # JSON: {"kind": ..., "state": ...}
 
 
-class DeviceStateStore(SqliteStore):
-    """The device state in the buffer file at ``path`` (which must exist).
-
-    Raises
-    ------
-    BufferStoreError
-        If there is no buffer file at ``path``, or it is not one.
-    """
+class DeviceState:
+    """The device state's reads and writes over a key/value table (:meth:`_get`, :meth:`_set`):
+    a buffer file's (:class:`DeviceStateStore`) or a simulated device's in memory
+    (:class:`MemoryDeviceState`)."""
 
     def feedback(self, run_id: int, like: Mapping[str, np.ndarray]) -> FeedbackState:
         """The residual and gap EWMA kept for run ``run_id``; empty for another run, or when
@@ -111,12 +107,42 @@ class DeviceStateStore(SqliteStore):
         self._set({_INJECT_SEQ: str(seq).encode()})
 
     def _get(self, key: str) -> bytes | None:
+        raise NotImplementedError
+
+    def _set(self, values: Mapping[str, bytes]) -> None:
+        raise NotImplementedError
+
+
+class DeviceStateStore(SqliteStore, DeviceState):
+    """The device state in the buffer file at ``path`` (which must exist).
+
+    Raises
+    ------
+    BufferStoreError
+        If there is no buffer file at ``path``, or it is not one.
+    """
+
+    def _get(self, key: str) -> bytes | None:
         row = self._db.execute("SELECT value FROM state WHERE key = ?", (key,)).fetchone()
         return None if row is None else bytes(row[0])
 
     def _set(self, values: Mapping[str, bytes]) -> None:
         with transaction(self._db) as db:
             db.executemany("INSERT OR REPLACE INTO state VALUES (?, ?)", list(values.items()))
+
+
+class MemoryDeviceState(DeviceState):
+    """The device state in a dict (``values``): a simulated device's, which the simulation
+    engine keeps in the node's ``context.state`` between rounds instead of a file."""
+
+    def __init__(self, values: Mapping[str, bytes] | None = None) -> None:
+        self.values: dict[str, bytes] = dict(values or {})
+
+    def _get(self, key: str) -> bytes | None:
+        return self.values.get(key)
+
+    def _set(self, values: Mapping[str, bytes]) -> None:
+        self.values.update(values)
 
 
 def _kind(preprocessor: Preprocessor) -> str:

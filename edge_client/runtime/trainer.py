@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.optim.sgd import sgd
 
-from edge_client.runtime.buffer import BufferStore
+from edge_client.runtime.buffer import BufferStore, SampleBuffer
 from edge_client.task.interface import Classification, Scores, Task, evaluate
 from edge_client.task.preprocess import Preprocessor
 from edge_client.wire.frames import SampleBatch
@@ -168,7 +168,7 @@ def probe_step_times(
     return medians
 
 
-def _gather(store: BufferStore, plan: RoundPlan) -> tuple[int, float]:
+def _gather(store: SampleBuffer, plan: RoundPlan) -> tuple[int, float]:
     """Wait per the plan's wait rule; return (samples per step to use, seconds waited)."""
     need = plan.samples_to_wait_for()
     start = time.monotonic()
@@ -184,7 +184,7 @@ def _gather(store: BufferStore, plan: RoundPlan) -> tuple[int, float]:
 
 def train_local(
     model: nn.Module,
-    store: BufferStore,
+    store: SampleBuffer,
     plan: RoundPlan,
     *,
     task: Task | None = None,

@@ -52,8 +52,27 @@ BROADCAST_MODES: Final = ("none", "fp16")  # how the model is sent down
 # Byzantine-robust and keep every update of the round.
 ROBUST_AGGREGATIONS: Final = ("trimmed-mean", "median", "krum", "multi-krum")
 AGGREGATIONS: Final = ("fedavg", "fednova", *ROBUST_AGGREGATIONS)
+#: How the simulation engine's virtual devices keep their streams: as counts, samples made
+#: only when a round takes them (lazy), or stored in a buffer file each (files).
+SIM_BUFFERS: Final = ("lazy", "files")
 DRIFT_REACTIONS: Final = ("none", "learning-rate", "boost")  # the aggregator's reactions to drift
 # How the aggregator drives training (aggregator.server_app): rounds that wait for every
 # device, or FedBuff's buffered asynchronous aggregation (aggregator.asynchronous).
 MODES: Final = ("sync", "async")
 STALENESS_RULES: Final = ("constant", "polynomial", "hinge")  # aggregator.fedbuff
+
+# ScaDLES stream-rate sets, samples/s: (distribution, mean, standard deviation).
+RATE_SETS: Final = {
+    "S1": ("uniform", 38.0, 24.0),
+    "S2": ("uniform", 300.0, 112.0),
+    "S1p": ("normal", 64.0, 24.0),
+    "S2p": ("normal", 256.0, 28.0),
+}
+# OmniLearn's heterogeneity levels: CPU cores per device (a device's slowdown is the most
+# cores over its own).
+OMNILEARN_LEVELS: Final[dict[str, tuple[int, ...]]] = {
+    "HL1": (12, 12, 12, 12),
+    "HL2": (12, 12, 8, 16),
+    "HL4": (9, 9, 6, 24),
+    "HL8": (6, 6, 4, 32),
+}

@@ -39,10 +39,12 @@ from edge_client.wire.constants import (
     DRIFT_REACTIONS,
     MODES,
     ROBUST_AGGREGATIONS,
+    SIM_BUFFERS,
     STALENESS_RULES,
     WAIT_POLICIES,
 )
 from edge_client.wire.mapping import MappingError, from_mapping, kebab, to_mapping
+from edge_client.wire.population import parse_population
 
 __all__ = [
     "ControllerSettings",
@@ -309,7 +311,19 @@ class RunSettings(ControllerSettings):
     )
     trim_fraction: float = knob(0.2, "trimmed-mean: cut at each end", ge=0, lt=0.5)
     krum_malicious: int = knob(1, "krum, multi-krum: updates that may be hostile (f)", ge=0)
-    sim_dir: str = knob("", "simulation only: buffers of the virtual devices (default: tmp)")
+    sim_dir: str = knob("", "simulation only: state of the virtual devices (default: tmp)")
+    sim_buffers: str = knob(
+        "lazy",
+        "simulation: lazy (a virtual device's stream kept as counts, samples made only when a "
+        "round takes them) or files (a buffer file per device, filled as the stream delivers)",
+        choices=SIM_BUFFERS,
+    )
+    sim_population: str = knob(
+        "",
+        "simulation: the virtual devices' slowdown, rate and availability, e.g. "
+        "'slowdown=omnilearn(HL4) rate=scadles(S2) availability=churn(600,60)' or "
+        "'trace=fleet.csv' (edge_client/emulation/population.py); empty: sim-rates, sim-slowdowns",
+    )
     sim_rates: str = knob("400,400,200,100", "simulation: stream rate per virtual device")
     sim_slowdowns: str = knob("1,1,2,4", "simulation: slowdown per virtual device")
     sim_initial: int = knob(2000, "simulation: samples buffered before the first round", ge=0)
@@ -344,6 +358,7 @@ class RunSettings(ControllerSettings):
             raise ValueError(f"sim-labels must be in 0..num-classes ({self.num_classes})")
         number_list(self.sim_rates, "sim-rates", 1e-9)
         number_list(self.sim_slowdowns, "sim-slowdowns", 1.0)
+        parse_population(self.sim_population)  # its syntax (a trace file: where it is read)
 
     @property
     def shape(self) -> tuple[int, ...]:

@@ -94,12 +94,14 @@ def simulate(tmp_path: Path, config: dict[str, object]) -> list[RoundRecord]:
 
 
 def test_flwr_run_in_the_simulation_engine_trains_on_replayed_streams(tmp_path: Path) -> None:
-    # Prepare / Execute: 3 virtual devices, 2 rounds
-    records = simulate(tmp_path, {"num-rounds": 2})
+    # Prepare / Execute: 3 virtual devices, 2 rounds, each stream replayed into a buffer file
+    records = simulate(tmp_path, {"num-rounds": 2, "sim-buffers": "files"})
     # Assert
     assert [r.round for r in records] == [1, 2]
     assert set(records[-1].devices) == {"sim-0", "sim-1", "sim-2"}
-    assert len(list((tmp_path / "sim").glob("run-*/sim-*.sqlite"))) == 3
+    assert all(m.num_examples > 0 for r in records for m in r.devices.values())
+    files = list((tmp_path / "sim").glob("run-*/sim-?.sqlite"))
+    assert len(files) == 3 and all(buffer_stats(f)["accepted"] > 0 for f in files)
 
 
 def test_demo_forecasts_a_series_its_devices_publish_reading_by_reading(tmp_path: Path) -> None:
@@ -167,3 +169,7 @@ def test_flwr_run_in_the_simulation_engine_trains_asynchronously(tmp_path: Path)
     assert [r.round for r in records] == [1, 2, 3, 4]
     assert all(r.mode == "async" and len(r.updates) == 1 for r in records)
     assert {u.device for r in records for u in r.updates} <= {"sim-0", "sim-1", "sim-2"}
+    # The default lazy replay: the devices trained on their streams, which no file holds
+    # (buffer and device state live in each node's Flower state).
+    assert all(u.num_examples > 0 for r in records for u in r.updates)
+    assert not list(tmp_path.glob("sim/**/*.sqlite"))

@@ -17,6 +17,7 @@ from aggregator.injection import pick_injectors
 from aggregator.server_app import run_rounds
 from aggregator.strategy import StreamStrategy
 from deploy.inprocess import InProcessGrid, StaticGrid, VirtualDevice
+from edge_client.emulation.lazy_buffer import StreamSamples
 from edge_client.emulation.replay import replay_into
 from edge_client.emulation.sources import SyntheticSource, label_distribution, pick_classes
 from edge_client.runtime.buffer import BufferStore
@@ -24,6 +25,7 @@ from edge_client.runtime.inject import open_pool, receive, share
 from edge_client.runtime.outbox import Outbox
 from edge_client.runtime.seeding import device_rng
 from edge_client.runtime.trainer import train_local
+from edge_client.task.constants import DEFAULT_NUM_CLASSES, DEFAULT_SHAPE
 from edge_client.task.models import build_model
 from edge_client.task.synthetic import SensorTask
 from edge_client.wire.constants import INJECT_MAX_PAYLOAD_BYTES
@@ -88,8 +90,9 @@ def test_feature_shift_moves_each_devices_sensor_statistics() -> None:
 def test_replayed_streams_carry_the_skew_across_top_ups(tmp_path: Path) -> None:
     path = tmp_path / "sim-3.sqlite"
 
-    replay_into(path, "sim-3", 100.0, initial=500, capacity=10_000, labels=[3], now=0.0)
-    replay_into(path, "sim-3", 100.0, initial=500, capacity=10_000, labels=[3], now=5.0)
+    stream = StreamSamples("sim-3", 0, DEFAULT_SHAPE, DEFAULT_NUM_CLASSES, labels=[3])
+    replay_into(path, stream, 100.0, initial=500, capacity=10_000, now=0.0)
+    replay_into(path, stream, 100.0, initial=500, capacity=10_000, now=5.0)
 
     with BufferStore(path) as store:
         y = store.take(10_000).y

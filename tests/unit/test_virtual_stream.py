@@ -11,6 +11,7 @@ import pytest
 
 from aggregator.server_app import run_rounds
 from deploy.inprocess import InProcessGrid, VirtualDevice
+from edge_client.emulation.lazy_buffer import StreamSamples
 from edge_client.emulation.replay import replay_into
 from edge_client.emulation.sources import SyntheticSource
 from edge_client.emulation.virtual_stream import VirtualStream, arrived
@@ -198,10 +199,10 @@ def test_a_device_waiting_for_its_stream_gets_its_rate_not_double(
 def test_replay_delivers_rate_times_wall_time_without_losing_fractions(tmp_path: Path) -> None:
     # Prepare: top-ups every 0.15 s at 10 samples/s (1.5 per call; int() lost the halves).
     path = tmp_path / "sim-0.sqlite"
+    stream = StreamSamples("sim-0", 0, DEFAULT_SHAPE, DEFAULT_NUM_CLASSES)
     # Execute
     counts = [
-        replay_into(path, "sim-0", 10.0, initial=7, capacity=10_000, now=0.15 * i)
-        for i in range(21)
+        replay_into(path, stream, 10.0, initial=7, capacity=10_000, now=0.15 * i) for i in range(21)
     ]
     # Assert: 7 at the start, then 30 over 3 s.
     assert sum(counts) == arrived(10.0, 3.0, 7) == 37
