@@ -11,7 +11,9 @@ summed: the SuperLink, the ServerApp, Ray and its workers) and the disk its fold
 Runs: the lazy replay (``sim-buffers = "lazy"``, the default) at 100 and 1,000 devices
 (``--quick``) and 5,000 (the full run); side by side at 100 devices, the eager replay into a
 buffer file per device (``sim-buffers = "files"``), the way every virtual device was fed
-before. Wall clock on this machine, not a virtual clock.
+before. The default ``sim-slowdowns`` (1,1,2,4) are real: a slow device's steps sleep, and
+hold their Ray actor; the full run adds 1,000 devices at one speed to show what that costs.
+Wall clock on this machine, not a virtual clock.
 """
 
 from __future__ import annotations
@@ -150,6 +152,10 @@ def simulate(
     }
 
 
+#: ``sim-slowdowns``' default: two devices at full speed, one 2x and one 4x slower, cycled.
+DEFAULT_SLOWDOWNS = "1,1,2,4"
+
+
 def _row(run: dict[str, Any]) -> str:
     later = [r["wall_s"] for r in run["rounds"][1:]] or [float("nan")]
     mem = [r["memory_bytes"] for r in run["rounds"]]
@@ -157,7 +163,8 @@ def _row(run: dict[str, Any]) -> str:
     replied = min((r["replied"] for r in run["rounds"]), default=0.0)
     first = run["rounds"][0]["wall_s"] if run["rounds"] else float("nan")
     return (
-        f"| {run['devices']} | {run['sim_buffers']} | {run['status']} | {first:.1f} | "
+        f"| {run['devices']} | {run['sim_buffers']} | {run['sim_slowdowns']} | {run['status']} | "
+        f"{first:.1f} | "
         f"{max(later):.1f} | {replied:.0%} | {run['memory_peak_bytes'] / 2**20:.0f} | "
         f"{growth:+.1%} | {run['disk_peak_bytes'] / 2**20:.1f} |"
     )
@@ -168,19 +175,25 @@ def run(quick: bool = False, progress: Callable[[str], None] = print) -> Result:
     at 100 beside it."""
     sizes = [100, 1000] if quick else [100, 1000, 5000]
     rounds = 3 if quick else 4
+    plan: list[tuple[int, str, str]] = [(100, "files", DEFAULT_SLOWDOWNS)]
+    plan += [(n, "lazy", DEFAULT_SLOWDOWNS) for n in sizes]
+    if not quick:  # what the emulated slowdowns (real sleeps in Ray's actors) cost
+        plan.append((1000, "lazy", "1"))
     runs: list[dict[str, Any]] = []
-    for devices, buffers in [(100, "files"), *((n, "lazy") for n in sizes)]:
+    for devices, buffers, slowdowns in plan:
         where = Path(tempfile.mkdtemp(prefix=f"fedstream-bench-sim-{devices}-"))
         try:
-            progress(f"  {devices} virtual devices, sim-buffers={buffers}")
-            runs.append(simulate(devices, rounds, where, buffers, progress=progress))
+            progress(f"  {devices} virtual devices, sim-buffers={buffers}, slowdowns {slowdowns}")
+            extra = {"sim-slowdowns": slowdowns}
+            run_ = simulate(devices, rounds, where, buffers, extra=extra, progress=progress)
+            runs.append({**run_, "sim_slowdowns": slowdowns})
         finally:
             shutil.rmtree(where, ignore_errors=True)
     table = "\n".join(
         [
-            "| devices | sim-buffers | status | round 1 (s) | slowest later round (s) | "
-            "fewest replied | memory peak (MiB) | memory, round 2 to last | disk peak (MiB) |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| devices | sim-buffers | sim-slowdowns | status | round 1 (s) | slowest later round "
+            "(s) | fewest replied | memory peak (MiB) | memory, round 2 to last | disk peak (MiB) |",
+            "|---|---|---|---|---|---|---|---|---|---|",
             *(_row(r) for r in runs),
         ]
     )
