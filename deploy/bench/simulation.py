@@ -191,8 +191,9 @@ def run(quick: bool = False, progress: Callable[[str], None] = print) -> Result:
             shutil.rmtree(where, ignore_errors=True)
     table = "\n".join(
         [
-            "| devices | sim-buffers | sim-slowdowns | status | round 1 (s) | slowest later round "
-            "(s) | fewest replied | memory peak (MiB) | memory, round 2 to last | disk peak (MiB) |",
+            "| devices | sim-buffers | sim-slowdowns | status | round 1 (s) | slowest later "
+            "round (s) | fewest replied | memory peak (MiB) | memory, round 2 to last | "
+            "disk peak (MiB) |",
             "|---|---|---|---|---|---|---|---|---|---|",
             *(_row(r) for r in runs),
         ]
