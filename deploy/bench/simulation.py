@@ -34,6 +34,7 @@ from deploy.demo import APP_DIR
 from deploy.flower import FlowerDeployment
 from deploy.local import ProcessGroup
 from edge_client.runtime.usage import children, pss_bytes
+from edge_client.wire.mapping import kebab
 
 __all__ = ["run", "simulate"]
 
@@ -106,7 +107,7 @@ def simulate(
             APP_DIR,
             {
                 "num-rounds": rounds,
-                "local-steps": LOCAL_STEPS,
+                kebab("local_steps"): LOCAL_STEPS,  # a metric's name too: through the mapping
                 "global-batch": BATCH_PER_DEVICE * devices,
                 "out-dir": str(out),
                 "sim-dir": str(sim),
