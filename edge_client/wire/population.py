@@ -12,7 +12,7 @@ from pathlib import Path
 
 from edge_client.wire.constants import OMNILEARN_LEVELS, RATE_SETS
 
-__all__ = ["PopulationSpec", "parse_population", "positive_number"]
+__all__ = ["PopulationSpec", "finite_number", "parse_population", "positive_number"]
 
 _TERM = re.compile(r"^(slowdown|rate|availability|trace)=(.+)$")
 _CALL = re.compile(r"^([a-z]+)\((.*)\)$")

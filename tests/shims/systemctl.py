@@ -207,25 +207,17 @@ def main(args: list[str]) -> int:
             sig = signal.Signals["SIG" + rest[i + 1].upper().removeprefix("SIG")]
             flags.append(rest[i + 1])
     units = [unit_name(a) for a in rest if a not in flags]
-    if verb == "daemon-reload":
-        return 0
-    if verb == "enable":
-        if "--now" in flags:
-            for name in units:
-                start(name)
-        return 0
-    if verb == "start":
+    steps = {
+        "daemon-reload": (),
+        "enable": (start,) if "--now" in flags else (),
+        "start": (start,),
+        "stop": (stop,),
+        "restart": (stop, start),
+    }
+    if verb in steps:
         for name in units:
-            start(name)
-        return 0
-    if verb == "stop":
-        for name in units:
-            stop(name)
-        return 0
-    if verb == "restart":
-        for name in units:
-            stop(name)
-            start(name)
+            for step in steps[verb]:
+                step(name)
         return 0
     if verb == "kill":
         for name in units:
