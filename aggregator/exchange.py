@@ -4,15 +4,25 @@ on the in-process runner)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import deque
 from collections.abc import Iterator
 
+import httpx
 from flwr.app import Message
 from flwr.serverapp import Grid
 
-__all__ = ["PULL_BATCH", "PULL_INTERVAL_S", "Exchange", "exchange", "wait_for_nodes"]
+__all__ = [
+    "PULL_BATCH",
+    "PULL_INTERVAL_S",
+    "Exchange",
+    "SuperLinkUnreachable",
+    "exchange",
+    "superlink_outage_bound",
+    "wait_for_nodes",
+]
 
 log = logging.getLogger(__name__)
 #: Seconds between pulls while replies are awaited.
@@ -112,3 +122,36 @@ def exchange(grid: Grid, messages: list[Message], timeout: float) -> Exchange:
     ids = list(grid.push_messages(messages))
     sent = {i: m.metadata.dst_node_id for i, m in zip(ids, messages, strict=True)}
     return Exchange(grid, sent, timeout, pushed)
+
+
+class SuperLinkUnreachable(RuntimeError):
+    """The SuperLink has not answered the ServerApp for longer than the run allows."""
+
+
+@contextlib.contextmanager
+def superlink_outage_bound(grid: Grid, seconds: float) -> Iterator[None]:
+    """End the run with :class:`SuperLinkUnreachable` once the SuperLink has been
+    unreachable for ``seconds`` (0: retry for ever, Flower's default).
+
+    Flower's deployment grid retries a SuperLink that does not answer for ever, so a
+    ServerApp whose SuperLink died (killed, or its host gone) would otherwise wait for ever
+    too, holding its model and its port. Each call to the SuperLink gives up after
+    ``seconds`` of failed attempts; the run then ends with an error that says why (its last
+    checkpoint is kept: ``fedstream resume`` continues it). Other grids (simulation, the
+    in-process runner) do not retry and are left as they are.
+
+    Raises
+    ------
+    SuperLinkUnreachable
+        When a call to the SuperLink gave up.
+    """
+    invoker = getattr(grid, "_retry_invoker", None)  # HttpGrid's (flwr 1.42)
+    if seconds > 0 and invoker is not None and hasattr(invoker, "max_time"):
+        invoker.max_time = seconds
+    try:
+        yield
+    except httpx.TransportError as err:
+        raise SuperLinkUnreachable(
+            f"the SuperLink has not answered for {seconds:g} s ({type(err).__name__}: {err}):"
+            " ending the run; its last checkpoint is kept (fedstream resume continues it)"
+        ) from err

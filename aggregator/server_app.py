@@ -31,7 +31,7 @@ from flwr.common.logger import console_handler
 from flwr.serverapp import Grid, ServerApp
 
 from aggregator.asynchronous import run_async
-from aggregator.exchange import exchange, wait_for_nodes
+from aggregator.exchange import exchange, superlink_outage_bound, wait_for_nodes
 from aggregator.records import METRICS_FILE, RoundRecord, RoundTiming, virtual_round_s
 from aggregator.session import (
     RECORDS_KEPT,
@@ -78,7 +78,8 @@ def make_server_app(task: Task | None = None) -> ServerApp:
         settings = with_run_dir(RunSettings.from_run_config(context.run_config), context.run_id)
         if settings.out_dir:
             log.info("run %d writes %s", context.run_id, Path(settings.out_dir) / METRICS_FILE)
-        run_rounds(grid, settings, task=task)
+        with superlink_outage_bound(grid, settings.superlink_timeout):
+            run_rounds(grid, settings, task=task)
 
     return server_app
 

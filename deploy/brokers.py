@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -87,6 +88,9 @@ def run_embedded_broker(port: int, listen: str = "127.0.0.1") -> None:
     """Run the embedded broker in this process until interrupted; its per-packet tracing is
     logged at DEBUG (:func:`quiet_embedded_broker_log`): set up logging first.
 
+    The broker's loop is native code that never returns to Python, so it runs in a daemon
+    thread while this one waits: signal handlers (and Ctrl-C) run here.
+
     Raises
     ------
     OSError
@@ -105,7 +109,10 @@ def run_embedded_broker(port: int, listen: str = "127.0.0.1") -> None:
     )
     quiet_embedded_broker_log()
     native.check_ports()
-    native.run_forever()
+    loop = threading.Thread(target=native.run_forever, name="embedded-broker", daemon=True)
+    loop.start()
+    while loop.is_alive():
+        loop.join(0.5)
 
 
 class EmbeddedBroker:

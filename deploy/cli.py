@@ -5,9 +5,11 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 import threading
+from collections.abc import Iterator
 from enum import Enum, StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -264,6 +266,26 @@ def _run_daemon(daemon: IngestDaemon | InferenceDaemon) -> None:
         raise _fail(str(err), code=1) from err
 
 
+@contextlib.contextmanager
+def _stoppable(what: str, *, normal_end: bool = False) -> Iterator[None]:
+    """Run a command that starts processes so that SIGTERM, Ctrl-C or SIGHUP stops all of
+    them (a second one kills them at once), says so, and exits with the signal's code (0
+    where a signal is how ``what`` normally ends: ``normal_end``)."""
+    from deploy.local import Stopped, descendants, stop_on_signals
+
+    try:
+        with stop_on_signals(lambda line: console.print(f"[yellow]{escape(line)}[/yellow]")):
+            yield
+    except Stopped as stop:
+        left = descendants(os.getpid())
+        if left:
+            pids = ", ".join(str(pid) for pid, _ in left)
+            console.print(f"[red]{what} stopped by {stop}; still running: {pids}[/red]")
+        else:
+            console.print(f"[yellow]{what} stopped by {stop}; nothing it started is running[/]")
+        raise typer.Exit(0 if normal_end else stop.exit_code) from None
+
+
 def _require(purpose: str, modules: tuple[str, ...] = tuple(DEMO_EXTRA)) -> None:
     """Exit 1 with the install command if ``purpose`` needs an extra that is missing."""
     try:
@@ -292,7 +314,7 @@ def broker(
     _require("fedstream broker", ("iotcore",))
     console.print(f"embedded MQTT broker on mqtt://{listen}:{port} (Ctrl+C stops it)")
     try:
-        with contextlib.suppress(KeyboardInterrupt):
+        with _stoppable("the broker", normal_end=True):
             run_embedded_broker(port, listen)
     except OSError as err:
         raise _fail(f"cannot listen on {listen}:{port}: {err}") from err
@@ -1242,7 +1264,8 @@ def demo(
     own_broker = not (config.broker or config.mosquitto or config.secure)
     _require("fedstream demo", ("matplotlib", "iotcore") if own_broker else ("matplotlib",))
     try:
-        ok = run_demo(config, console=Console())
+        with _stoppable("the demo"):
+            ok = run_demo(config, console=Console())
     except FlowerError as err:
         raise _fail(str(err)) from err
     raise typer.Exit(0 if ok else 1)
@@ -1366,21 +1389,28 @@ def bench(
 ) -> None:
     """Benchmarks: tables, plots and JSON (on the in-process runner's virtual clock; deployment:
     real Flower processes on the wall clock)."""
-    from deploy.bench import run_scenario
-
     _setup_logging(False)
     _require("fedstream bench")
     names = list(SCENARIOS) if scenario.value == "all" else [scenario.value]
     combined: dict[str, object] = {}
+    with _stoppable(f"bench {scenario.value}"):
+        _run_benches(names, quick, out, json_path if scenario.value != "all" else None, combined)
+    if json_path is not None and scenario.value == "all":
+        json_path.write_text(json.dumps(combined, indent=2) + "\n")
+
+
+def _run_benches(
+    names: list[str], quick: bool, out: Path, json_path: Path | None, combined: dict[str, object]
+) -> None:
+    """Run the benchmarks ``names`` one after another, each result into ``combined``."""
+    from deploy.bench import run_scenario
+
     for name in names:
         console.print(f"[bold]bench {name}[/bold]{' (quick)' if quick else ''}")
-        one_json = None if scenario.value == "all" else json_path
-        result, paths = run_scenario(name, quick, out, one_json)
+        result, paths = run_scenario(name, quick, out, json_path)
         print(result.table, flush=True)
         console.print("wrote " + ", ".join(str(p) for p in paths))
         combined[name] = json.loads((out / f"{name}.json").read_text())
-    if json_path is not None and scenario.value == "all":
-        json_path.write_text(json.dumps(combined, indent=2) + "\n")
 
 
 def _parse_kills(specs: list[str], option: str = "--kill") -> dict[str, int]:

@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 import tomllib
 from collections.abc import Mapping
@@ -132,8 +133,13 @@ def _toml_value(value: Any) -> str:
     return json.dumps(str(value))  # a TOML basic string
 
 
+#: Where this interpreter's programs are: Flower's are there when it is in the same venv,
+#: whether or not the venv is activated (its bin on PATH).
+SCRIPTS_DIR = str(Path(sys.executable).parent)
+
+
 def _flwr_bin(name: str) -> str:
-    path = shutil.which(name)
+    path = shutil.which(name, path=f"{SCRIPTS_DIR}{os.pathsep}{os.environ.get('PATH', '')}")
     if path is None:
         raise FlowerError(f"{name} not found: install flwr (pip install -e .)")
     return path
@@ -304,6 +310,8 @@ class FlowerDeployment:
             "FLWR_DISABLE_UPDATE_CHECK": "1",
             "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
             "PYTHONUNBUFFERED": "1",
+            # Flower starts flower-superexec and the app processes by name, from PATH
+            "PATH": f"{SCRIPTS_DIR}{os.pathsep}{os.environ.get('PATH', '')}",
         }
         self.nodes: list[str] = []
         home.mkdir(parents=True, exist_ok=True)

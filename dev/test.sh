@@ -1,8 +1,17 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh machine: installs what it needs, then ruff, mypy, pytest.
 #   bash dev/test.sh [extra pytest args]
+# It runs in the active virtual environment, else in the checkout's .venv (made when missing):
+# PEP 668 systems (Debian 12, Ubuntu 24.04, Raspberry Pi OS) refuse pip into their Python.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+if ! python3 -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)'; then
+    [ -x .venv/bin/python3 ] || { echo "making .venv (python3 -m venv .venv)"; python3 -m venv .venv; }
+    # shellcheck disable=SC1091
+    . .venv/bin/activate  # Flower's programs (flower-superlink, flwr) are found on PATH
+fi
+echo "python: $(command -v python3) ($(python3 -c 'import sys; print(sys.prefix)'))"
 
 python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore -e '.[dev]'
 

@@ -9,11 +9,20 @@ Tests live in one of three folders, and each folder is a marker (``pytest -m uni
 - ``faults``: faults injected into real parts (kills, a full disk, hostile input).
 
 A test marked ``mosquitto`` is skipped, with the reason, where Mosquitto is not installed.
+
+Nothing a test starts outlives it: pytest becomes the subreaper of every process the suite
+starts (Linux), so that what a killed command leaves behind stays findable, and after each test
+whatever it started and left running is stopped (SIGTERM, then SIGKILL) and reported.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
+import signal
+import sys
+import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +33,7 @@ import torch
 
 from deploy.brokers import EmbeddedBroker, MosquittoBroker, mosquitto_available
 from deploy.inprocess import VirtualDevice
-from deploy.local import ProcessGroup
+from deploy.local import ProcessGroup, descendants, wait_until
 from edge_client.task.synthetic import SensorTask
 from edge_client.wire.frames import encode_frame
 from edge_client.wire.run_config import RunSettings
@@ -42,6 +51,73 @@ FAST: dict[str, Any] = {
     "eval_data": "synthetic",  # the built-in task's held-out set: test-accuracy
     "eval_samples": 500,
 }
+
+
+#: Seconds a test's leftover processes get to end by themselves before they are stopped.
+LEFTOVER_GRACE_S = 3.0
+PR_SET_CHILD_SUBREAPER = 36  # prctl(2)
+
+
+class LeftoverProcessWarning(UserWarning):
+    """A test left processes running (they were stopped)."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Adopt the orphans of the processes the suite starts (a command killed while its
+    children run), so that the leftover check below finds them."""
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _reap(me: int, keep: set[int]) -> None:
+    """Collect the exit status of this process's ended children but those in ``keep``
+    (adopted orphans: no Popen waits for them)."""
+    for entry in Path("/proc").iterdir():
+        try:
+            fields = (entry / "stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        pid = int(entry.name) if entry.name.isdigit() else 0
+        if fields[0] == "Z" and int(fields[1]) == me and pid not in keep:
+            with contextlib.suppress(ChildProcessError):  # collected meanwhile
+                os.waitpid(pid, os.WNOHANG)
+
+
+@pytest.fixture(autouse=True)
+def _nothing_left_running(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each test, stop and report every process it started that still runs."""
+    me = os.getpid()
+    before = {pid for pid, _ in descendants(me)}
+    yield
+
+    def leftover() -> set[int]:
+        _reap(me, before)
+        return {pid for pid, _ in descendants(me) if pid not in before}
+
+    if wait_until(lambda: not leftover(), LEFTOVER_GRACE_S, interval=0.2):
+        return
+    left = leftover()
+    names = {pid: _cmdline(pid) for pid in left}
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in leftover():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        if wait_until(lambda: not leftover(), LEFTOVER_GRACE_S, interval=0.2):
+            break
+    warnings.warn(
+        LeftoverProcessWarning(
+            f"{request.node.nodeid} left {len(names)} processes running (now stopped): "
+            + "; ".join(f"{pid} {cmd}" for pid, cmd in sorted(names.items()))
+        ),
+        stacklevel=1,
+    )
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:160]
+    except OSError:
+        return "?"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -1,18 +1,22 @@
 """Builders the tests share: mock replies for strategy tests (as Flower's own strategy tests
-build them), and ``fedstream demo`` as a user runs it."""
+build them), commands run so that nothing they start outlives the test, and ``fedstream
+demo`` as a user runs it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from flwr.app import Message
 
-from deploy.local import fedstream_command
+from deploy.local import fedstream_command, stop_tree
 from edge_client.wire.codec import encode
 from edge_client.wire.records import DeviceReply, ReplyMetrics
 
@@ -43,14 +47,55 @@ def mock_reply(
     return Message(reply.to_content(), reply_to=ask)
 
 
+#: Seconds a stopped command gets to stop what it started before all of it is killed: the
+#: demo's own bound (10 s) and some.
+STOP_GRACE_S = 15.0
+
+
+def run_command(
+    cmd: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``subprocess.run(cmd, capture_output=True, text=True, timeout=...)``, except that a
+    timeout, or the test failing meanwhile (pytest-timeout's signal), stops the command as a
+    user would: SIGTERM, time to stop its children, then SIGKILL to it and everything it
+    started. (``subprocess.run`` would SIGKILL the command alone, and leave its children
+    running for the rest of the suite.)"""
+    proc = subprocess.Popen(
+        list(cmd),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        text=True,
+        env=None if env is None else {**os.environ, **env},
+        start_new_session=True,  # its own group: the signals reach it alone
+    )
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except BaseException:
+        stop_command(proc)
+        raise
+    return subprocess.CompletedProcess(list(cmd), proc.returncode, out, err)
+
+
+def stop_command(proc: subprocess.Popen[Any]) -> None:
+    """Stop a command started in its own session and everything it started: SIGTERM,
+    :data:`STOP_GRACE_S` seconds, then SIGKILL to whatever is left."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.communicate(timeout=STOP_GRACE_S)
+    except subprocess.TimeoutExpired:
+        stop_tree(proc.pid, 0.0, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+
+
 def demo(tmp_path: Path, *args: str, timeout: float = 400) -> tuple[int, str, dict[str, Any]]:
     """Run ``fedstream demo --no-live --out TMP ARGS`` as a user would: (exit code, output with
     whitespace collapsed, summary.json or {})."""
-    proc = subprocess.run(
-        fedstream_command("demo", "--no-live", "--out", str(tmp_path), *args),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
+    proc = run_command(
+        fedstream_command("demo", "--no-live", "--out", str(tmp_path), *args), timeout=timeout
     )
     summaries = list(tmp_path.glob("run-*/summary.json"))
     summary = json.loads(summaries[0].read_text()) if summaries else {}

@@ -21,7 +21,11 @@ from typing import Any
 import numpy as np
 import paho.mqtt.client as mqtt
 
-from edge_client.emulation.constants import PUBLISH_MAX_INFLIGHT, PUBLISH_MAX_OUTSTANDING
+from edge_client.emulation.constants import (
+    PUBLISH_MAX_INFLIGHT,
+    PUBLISH_MAX_OUTSTANDING,
+    PUBLISH_STOP_DRAIN_S,
+)
 from edge_client.emulation.readings import SeriesReadings
 from edge_client.emulation.schedule import arrival_offsets
 from edge_client.emulation.sources import SampleSource
@@ -183,7 +187,13 @@ def run_publisher(
     client.max_queued_messages_set(0)  # unbounded: keep every sample while the broker is away
     connection = connect_async(client, config.broker)
     try:
-        if not acks.connected.wait(config.connect_timeout):
+        waited = time.monotonic() + config.connect_timeout
+        while not acks.connected.wait(0.1) and time.monotonic() < waited:
+            if stop.is_set():  # stopped before the broker answered: nothing was sent
+                return PublishReport(
+                    config.device_id, config.publisher_id, 0, 0, 0, 0.0, config.rate
+                )
+        if not acks.connected.is_set():
             why = (
                 f"the broker refused the connection: {acks.refused}"
                 if acks.refused
@@ -240,12 +250,8 @@ def _publish_loop(
             progress[0](sent, acks.count, now - start)
             next_report = now + progress[1]
     elapsed = time.monotonic() - start
-    if config.qos > 0:  # wait until the broker has every message
-        deadline = time.monotonic() + config.drain_timeout
-        while acks.count < messages and time.monotonic() < deadline:
-            time.sleep(0.02)
-        if acks.count < messages:
-            log.warning("%d of %d messages unacknowledged", messages - acks.count, messages)
+    if config.qos > 0:
+        _drain(config, acks, messages, stop)
     return PublishReport(
         device_id=config.device_id,
         publisher_id=config.publisher_id,
@@ -255,3 +261,27 @@ def _publish_loop(
         elapsed_s=elapsed,
         target_rate=config.rate,
     )
+
+
+def _drain(config: PublisherConfig, acks: _Acks, messages: int, stop: threading.Event) -> None:
+    """Wait until the broker has acknowledged every message: up to ``drain_timeout``, or
+    :data:`PUBLISH_STOP_DRAIN_S` once stopped, and not at all once stopped while the broker
+    is away (a stopped sensor exits within seconds; what was not acknowledged is lost with
+    it and said so)."""
+    deadline = time.monotonic() + config.drain_timeout
+    shortened = False
+    while acks.count < messages and time.monotonic() < deadline:
+        if stop.is_set():
+            if not acks.connected.is_set():
+                break
+            if not shortened:
+                deadline, shortened = min(deadline, time.monotonic() + PUBLISH_STOP_DRAIN_S), True
+        time.sleep(0.02)
+    if acks.count < messages:
+        log.warning(
+            "%d of %d messages not acknowledged by %s%s: not delivered",
+            messages - acks.count,
+            messages,
+            config.broker,
+            "" if acks.connected.is_set() else " (not connected)",
+        )

@@ -5,13 +5,13 @@ shared); that it runs, and that its breakdowns add up, are."""
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from deploy.breakdown import PARTS
 from deploy.local import fedstream_command
+from tests.helpers import run_command
 
 #: Stated tolerances of the breakdown on a real deployment: the round's wall time that no
 #: part measured, and Flower's share read as a remainder (it must not be negative).
@@ -22,13 +22,11 @@ HANDLER_UNMEASURED_SHARE = 0.01
 @pytest.mark.timeout(900)
 def test_the_quick_deployment_benchmark_runs_and_its_breakdowns_add_up(tmp_path: Path) -> None:
     # Execute
-    proc = subprocess.run(
+    proc = run_command(
         fedstream_command(
             "bench", "deployment", "--quick", "--out", str(tmp_path), "--json",
             str(tmp_path / "copy.json"),
         ),
-        capture_output=True,
-        text=True,
         timeout=840,
     )  # fmt: skip
     # Assert: every variant ran, side by side, against the tuned plain Flower app

@@ -18,10 +18,11 @@ from typer.testing import CliRunner
 from deploy.cli import app as cli_app
 from deploy.local import ProcessGroup, fedstream_command, free_port, wait_for_port, wait_until
 from deploy.probes import MqttProbe
+from tests.helpers import run_command
 
 
 def run(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(fedstream_command(*args), capture_output=True, text=True, timeout=timeout)
+    return run_command(fedstream_command(*args), timeout=timeout)
 
 
 def invoke(*args: str) -> Result:

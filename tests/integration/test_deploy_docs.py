@@ -21,6 +21,7 @@ import os
 import re
 import shutil
 import signal
+import site
 import subprocess
 import sys
 import tempfile
@@ -131,6 +132,18 @@ class Walkthrough:
             proc.wait(timeout=30)
 
 
+def _base_python() -> Path:
+    """The interpreter the docs' ``PYTHON`` names: the base one where the test runs in a venv
+    (``python -m venv`` from a venv makes a venv of the base interpreter anyway)."""
+    return Path(getattr(sys, "_base_executable", sys.executable))
+
+
+def _venv_sites() -> list[str]:
+    """The test's own venv's site-packages, where it runs in one (else none): the docs' venv,
+    made with ``--system-site-packages`` from the base interpreter, does not see them."""
+    return site.getsitepackages() if sys.prefix != sys.base_prefix else []
+
+
 def _as_nobody(tmp: Path) -> tuple[list[str], str]:
     """How root runs a command as uid 65534, and the interpreter path that user runs.
 
@@ -146,7 +159,7 @@ def _as_nobody(tmp: Path) -> tuple[list[str], str]:
             "--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search"]  # fmt: skip
     base = Path(sys.base_prefix)
     if all(os.stat(p).st_mode & 0o001 for p in [base, *base.parents]):
-        return drop, sys.executable
+        return drop, str(_base_python())
     bound = tmp / "python"
     bound.mkdir()
     prefix = ["unshare", "-m", "--propagation", "private", "--", "sh", "-c",
@@ -154,7 +167,15 @@ def _as_nobody(tmp: Path) -> tuple[list[str], str]:
     probe = subprocess.run([*prefix, "true"], capture_output=True, text=True, timeout=30)
     if probe.returncode != 0:
         pytest.skip(f"cannot bind the interpreter for another user here: {probe.stderr.strip()}")
-    return [*prefix, *drop], str(bound / Path(sys.executable).relative_to(base))
+    return [*prefix, *drop], str(bound / _base_python().relative_to(base))
+
+
+def _not_copied(folder: str, names: list[str]) -> set[str]:
+    """What the checkout's copy leaves out: git, venvs, caches, runs and the benchmarks'
+    results (``bench/`` at the top; ``deploy/bench`` is code)."""
+    skip = shutil.ignore_patterns(".git", ".venv", "venv", "runs", "build", "*.egg-info",
+                                  "__pycache__", ".*_cache")(folder, names)  # fmt: skip
+    return skip | ({"bench"} & set(names) if Path(folder) == ROOT else set())
 
 
 def _stock_mosquitto(mosquitto_etc: Path, units: Path) -> None:
@@ -205,18 +226,12 @@ def test_the_deployment_walkthrough_runs_as_written() -> None:
 def _walkthrough(tmp_path: Path) -> None:
     # Prepare: a checkout to run from, the folders the variables point at, free ports, the
     # shims, Debian's Mosquitto layout; all of it owned by the docs' user.
-    src = Path(
-        shutil.copytree(
-            ROOT, tmp_path / "src",
-            ignore=shutil.ignore_patterns(".git", "runs", "build", "*.egg-info", "__pycache__",
-                                          ".*_cache", "bench"),
-        )
-    )  # fmt: skip
+    src = Path(shutil.copytree(ROOT, tmp_path / "src", ignore=_not_copied))
     bin_dir, units, extra_units = tmp_path / "bin", tmp_path / "units", tmp_path / "debian-units"
     bin_dir.mkdir()
     for shim in ("sudo", "apt-get"):
         shutil.copy(SHIMS / shim, bin_dir / shim)
-    as_user, python = _as_nobody(tmp_path) if os.geteuid() == 0 else ([], sys.executable)
+    as_user, python = _as_nobody(tmp_path) if os.geteuid() == 0 else ([], str(_base_python()))
     (bin_dir / "systemctl").write_text(f'#!/bin/sh\nexec {python} {SHIMS / "systemctl.py"} "$@"\n')
     (bin_dir / "systemctl").chmod(0o755)
     mosquitto_etc, state, prefix = tmp_path / "mosquitto", tmp_path / "state", tmp_path / "opt"
@@ -244,6 +259,8 @@ def _walkthrough(tmp_path: Path) -> None:
         "MQTT_LOCAL_PORT": str(free_port()), "SUPERLINK_PORT": str(superlink_port),
         "RUN_CONFIG": "num-rounds=3 min-nodes=2 local-steps=10",
     }  # fmt: skip
+    if _venv_sites():  # install.sh's pip finds torch and flwr installed: no download
+        env["PYTHONPATH"] = os.pathsep.join(_venv_sites())
     variables, *blocks = doc_blocks(DOC.read_text())
     assert "FEDSTREAM_PREFIX" in variables.code and not variables.tags
     walk = Walkthrough(tmp_path, env, variables.code, as_user)
@@ -288,6 +305,13 @@ def _walkthrough(tmp_path: Path) -> None:
             else:
                 out = walk.run(block)
                 outputs.append(out)
+                if "deploy/install.sh" in block.code and _venv_sites():
+                    # the units start with a clean environment (no PYTHONPATH): the test's
+                    # venv's packages reach the installed venv as its system's would
+                    for pth in (prefix / "venv").glob("lib/python3*/site-packages"):
+                        (pth / "zz-fedstream-test-packages.pth").write_text(
+                            "\n".join(_venv_sites()) + "\n"
+                        )
                 if "fedstream resume" in block.code:
                     resumed = json.loads(
                         next(line for line in out.splitlines() if line.startswith('{"run-id"'))
