@@ -6,9 +6,9 @@ It keeps one continuous run (``num-rounds = 0``) going on a SuperLink:
    config, ``resume = true``); otherwise a new run is submitted with the given run config,
    ``num-rounds = 0`` and that ``checkpoint-dir``;
 2. it follows the run (``flwr list`` every :data:`POLL_S` seconds);
-3. on SIGTERM or SIGINT (``systemctl stop``) it asks the run to stop after its current round
-   (a ``STOP`` file in ``checkpoint-dir``: the ServerApp's process is the SuperLink's child,
-   not ours), waits for the run to finish and exits 0;
+3. on SIGTERM, SIGINT or SIGHUP (``systemctl stop``, Ctrl-C, a closed terminal) it asks the
+   run to stop after its current round (a ``STOP`` file in ``checkpoint-dir``: the
+   ServerApp's process is the SuperLink's child, not ours), waits for the run to finish and exits 0;
 4. if the run finishes by itself (it failed, or someone ran ``flwr stop``) it exits 1, and
    systemd's ``Restart=on-failure`` starts it again, which resumes from the checkpoint.
 """
@@ -27,6 +27,7 @@ from typing import Any
 from aggregator.checkpoint import read_state
 from aggregator.service import request_stop
 from deploy.flower import app_run_config, resume_run, run_status, submit_run
+from deploy.local import STOP_SIGNALS
 
 __all__ = ["POLL_S", "serve"]
 
@@ -73,7 +74,7 @@ def serve(
         log.info("%s: asking the run to stop after its current round", signal.Signals(signum).name)
         stopping.set()
 
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
     try:
         if read_state(checkpoint_dir) is not None:
             run_id, last, _ = resume_run(checkpoint_dir, app_dir, connection, env)

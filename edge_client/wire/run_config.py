@@ -36,6 +36,7 @@ from edge_client.wire.constants import (
     COMPRESS_MODES,
     CONTROLLER_MODES,
     DEFAULT_TOPK_RATIO,
+    DIVERGED_LOSS_RATIO,
     DRIFT_REACTIONS,
     MODES,
     ROBUST_AGGREGATIONS,
@@ -153,6 +154,13 @@ class RunSettings(ControllerSettings):
         "is kept; counted in metrics.jsonl as skipped)",
         ge=1,
     )
+    max_diverged_rounds: int = knob(
+        3,
+        "the run ends with an error after this many rounds in a row (async: versions) in "
+        "which a device's training diverged (a non-finite loss, or one above "
+        f"{DIVERGED_LOSS_RATIO:g}x its first); 0: never",
+        ge=0,
+    )
     mode: str = knob(
         "sync",
         "sync (rounds that wait for every device) or async (FedBuff: a device gets new work "
@@ -222,6 +230,12 @@ class RunSettings(ControllerSettings):
     )
     availability_cap: bool = knob(True, "ScaDLES: cap batches at fill + rate * round time")
     round_timeout: float = knob(120.0, "seconds a round waits for replies", gt=0)
+    superlink_timeout: float = knob(
+        60.0,
+        "seconds the ServerApp keeps trying a SuperLink that does not answer before it ends "
+        "the run with an error (its checkpoint kept); 0: for ever, as Flower does",
+        ge=0,
+    )
     min_nodes: int = knob(1, "a round starts once this many SuperNodes are connected", ge=1)
     checkpoint_dir: str = knob("", "where checkpoints go; empty: none")
     resume: bool = knob(False, "continue from the checkpoint in checkpoint-dir")
