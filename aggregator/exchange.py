@@ -18,7 +18,7 @@ __all__ = [
     "PULL_BATCH",
     "PULL_INTERVAL_S",
     "Exchange",
-    "SuperLinkUnreachable",
+    "SuperLinkUnreachableError",
     "exchange",
     "superlink_outage_bound",
     "wait_for_nodes",
@@ -124,13 +124,13 @@ def exchange(grid: Grid, messages: list[Message], timeout: float) -> Exchange:
     return Exchange(grid, sent, timeout, pushed)
 
 
-class SuperLinkUnreachable(RuntimeError):
+class SuperLinkUnreachableError(RuntimeError):
     """The SuperLink has not answered the ServerApp for longer than the run allows."""
 
 
 @contextlib.contextmanager
 def superlink_outage_bound(grid: Grid, seconds: float) -> Iterator[None]:
-    """End the run with :class:`SuperLinkUnreachable` once the SuperLink has been
+    """End the run with :class:`SuperLinkUnreachableError` once the SuperLink has been
     unreachable for ``seconds`` (0: retry for ever, Flower's default).
 
     Flower's deployment grid retries a SuperLink that does not answer for ever, so a
@@ -142,7 +142,7 @@ def superlink_outage_bound(grid: Grid, seconds: float) -> Iterator[None]:
 
     Raises
     ------
-    SuperLinkUnreachable
+    SuperLinkUnreachableError
         When a call to the SuperLink gave up.
     """
     invoker = getattr(grid, "_retry_invoker", None)  # HttpGrid's (flwr 1.42)
@@ -151,7 +151,7 @@ def superlink_outage_bound(grid: Grid, seconds: float) -> Iterator[None]:
     try:
         yield
     except httpx.TransportError as err:
-        raise SuperLinkUnreachable(
+        raise SuperLinkUnreachableError(
             f"the SuperLink has not answered for {seconds:g} s ({type(err).__name__}: {err}):"
             " ending the run; its last checkpoint is kept (fedstream resume continues it)"
         ) from err

@@ -27,6 +27,7 @@ from deploy.constants import (
     DEMO_SETTINGS,
 )
 from deploy.extras import DEMO_EXTRA, MissingExtraError, require_extra
+from deploy.local import STOP_SIGNALS, Stopped, descendants, stop_on_signals
 from edge_client.emulation.constants import DISTRIBUTIONS, PUBLISH_PROGRESS_S
 from edge_client.runtime.constants import (
     COMMIT_INTERVAL_S,
@@ -271,8 +272,6 @@ def _stoppable(what: str, *, normal_end: bool = False) -> Iterator[None]:
     """Run a command that starts processes so that SIGTERM, Ctrl-C or SIGHUP stops all of
     them (a second one kills them at once), says so, and exits with the signal's code (0
     where a signal is how ``what`` normally ends: ``normal_end``)."""
-    from deploy.local import Stopped, descendants, stop_on_signals
-
     try:
         with stop_on_signals(lambda line: console.print(f"[yellow]{escape(line)}[/yellow]")):
             yield
@@ -486,7 +485,7 @@ def publish(
         f"{batch} per message, {distribution.value}"
     )
     stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):  # stop cleanly: drain, report, exit 0
+    for sig in STOP_SIGNALS:  # stop cleanly: drain, report, exit 0
         signal.signal(sig, lambda *_: stop.set())
 
     def progress(sent: int, acknowledged: int, elapsed: float) -> None:
@@ -764,7 +763,7 @@ def fleet(
             _print_fleet(fleet_rows(view.snapshot(), time.time()), json_out, str(url))
             return
         stop = threading.Event()
-        for sig in (signal.SIGTERM, signal.SIGINT):
+        for sig in STOP_SIGNALS:
             signal.signal(sig, lambda *_: stop.set())
         if not watch:
             stop.wait()

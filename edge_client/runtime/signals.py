@@ -1,5 +1,6 @@
-"""Running a device daemon in the foreground until SIGTERM or SIGINT (systemd, Ctrl-C), giving
-up with the reason when its first broker connection does not come in time."""
+"""Running a device daemon in the foreground until SIGTERM, SIGINT or SIGHUP (systemd, Ctrl-C, a
+closed terminal), giving up with the reason when its first broker connection does not come
+in time."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ def run_until_signalled(
     worker: threading.Thread,
     name: str,
 ) -> None:
-    """``start()``, wait for SIGTERM or SIGINT, then ``stop()``.
+    """``start()``, wait for SIGTERM, SIGINT or SIGHUP, then ``stop()``.
 
     Raises
     ------
@@ -35,8 +36,9 @@ def run_until_signalled(
         log.info("received %s, stopping", signal.Signals(signum).name)
         done.set()
 
-    signal.signal(signal.SIGTERM, handle)
-    signal.signal(signal.SIGINT, handle)
+    # SIGHUP too: a daemon run in a terminal that closes stops cleanly, as on Ctrl-C
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, handle)
     start()
     while not done.wait(1.0):
         if not worker.is_alive():

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from flwr.superlink.grid.http_grid import HttpGrid
 
-from aggregator.exchange import SuperLinkUnreachable, superlink_outage_bound
+from aggregator.exchange import SuperLinkUnreachableError, superlink_outage_bound
 from deploy.brokers import EmbeddedBroker
 from deploy.local import ProcessGroup, descendants, fedstream_command, free_port, wait_until
 from deploy.probes import start_ingest
@@ -238,7 +238,7 @@ def test_the_serverapp_gives_up_on_a_superlink_that_does_not_answer() -> None:
     grid = HttpGrid(f"127.0.0.1:{free_port()}", insecure=True, token="run-token")
     # Execute
     t0 = time.monotonic()
-    with pytest.raises(SuperLinkUnreachable) as raised, superlink_outage_bound(grid, 2.0):
+    with pytest.raises(SuperLinkUnreachableError) as raised, superlink_outage_bound(grid, 2.0):
         list(grid.get_node_ids())
     took = time.monotonic() - t0
     # Assert: it gave up after the bound, and says why and what is kept
