@@ -45,8 +45,14 @@ from flwr.serverapp import Grid
 
 from aggregator.exchange import PULL_BATCH, PULL_INTERVAL_S, wait_for_nodes
 from aggregator.fedbuff import UpdateBuffer
-from aggregator.records import RoundRecord, UpdateInfo, virtual_round_s
-from aggregator.session import RECORDS_KEPT, RunSession, is_virtual, virtual_time
+from aggregator.records import RoundRecord, UpdateInfo, divergence_hint, virtual_round_s
+from aggregator.session import (
+    RECORDS_KEPT,
+    RunDivergedError,
+    RunSession,
+    is_virtual,
+    virtual_time,
+)
 from aggregator.strategy import RoundReport
 
 __all__ = ["FEDBUFF_STATE", "default_buffer_size", "run_async"]
@@ -86,6 +92,10 @@ def run_async(
         If no node is connected for ``round-timeout`` seconds, or, on a virtual clock, none
         sent an update that could be used for that long (every reply an error, a refusal or
         empty).
+    RunDivergedError
+        After ``max-diverged-rounds`` versions in a row in which training diverged on some
+        device, or when no update could be used for ``round-timeout`` seconds because
+        training diverged.
     """
     if not session.more_rounds(session.start):
         return []
@@ -148,15 +158,22 @@ class _AsyncLoop:
                 time.sleep(PULL_INTERVAL_S)
 
     def _stalled(self) -> None:
-        """No usable update for ``round-timeout`` seconds. On a virtual clock nothing will
-        change (the same devices answer the same way at no cost in time): the run ends with
-        an error. On Flower's engines it is what a synchronous round without updates would
-        be (a broker outage, starved streams): logged, and the devices keep being asked."""
+        """No usable update for ``round-timeout`` seconds. When training diverged on devices
+        meanwhile (and ``max-diverged-rounds`` is not 0), the run ends as diverged: no
+        version is made to count it by. On a virtual clock nothing will change (the same
+        devices answer the same way at no cost in time): the run ends with an error. On
+        Flower's engines it is what a synchronous round without updates would be (a broker
+        outage, starved streams): logged, and the devices keep being asked."""
         s, fleet = self.settings, self.strategy.fleet
         why = (
             f"no usable update for {s.round_timeout:.0f} s (round-timeout): failures "
             f"{dict(fleet.failed)}, refusals {dict(fleet.rejected_reasons)}"
         )
+        diverged = self.report.diverged  # since the last version: no version will count them
+        if diverged and s.max_diverged_rounds:
+            raise RunDivergedError(
+                f"{why}; training diverged on {', '.join(diverged)}: {divergence_hint(s.lr)}"
+            )
         if self.virtual:
             raise RuntimeError(why)
         log.warning("%s; still waiting at version %d", why, self.buffer.version)

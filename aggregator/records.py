@@ -35,6 +35,7 @@ __all__ = [
     "RoundTiming",
     "UpdateInfo",
     "append_record",
+    "divergence_hint",
     "read_metrics",
     "read_rotated",
     "rotate",
@@ -202,11 +203,19 @@ class RoundRecord:
         delivery, the ClientApp process (its reply's ``start-s`` + ``handler-s``) and the
         reply's way back.
     skipped : str
-        Why the round's updates were not applied (the model is kept): ``no-replies``, or
-        ``too-few-fresh-samples`` (fewer than ``min-fresh-samples`` trained on in all);
-        empty for a round that moved the model.
+        Why the round's updates were not applied (the model is kept): ``no-replies``,
+        ``too-few-fresh-samples`` (fewer than ``min-fresh-samples`` trained on in all), or
+        ``diverged`` (that, because training diverged on the other devices); empty for a
+        round that moved the model.
     skipped_rounds : dict of str to int
         Skipped rounds per reason, over the run.
+    diverged : int
+        Devices whose training diverged this round: their updates refused as ``diverged``
+        (their replies are in ``devices``, with ``train-diverged``) or ``non-finite`` (an
+        update holding NaN or Inf), counted in ``rejected-reasons`` too.
+    diverged_rounds : int
+        Rounds in a row, up to this one, in which some device's training diverged (the run
+        ends with an error when it reaches ``max-diverged-rounds``).
     exported : int
         The model version exported after this round (``export-dir``), 0 for none.
     drift : dict of str to int
@@ -248,6 +257,8 @@ class RoundRecord:
     latency: dict[str, float] = field(default_factory=dict)
     skipped: str = ""
     skipped_rounds: dict[str, int] = field(default_factory=dict)
+    diverged: int = 0
+    diverged_rounds: int = 0
     exported: int = 0
     drift: dict[str, int] = field(default_factory=dict)
     format_version: int = FORMAT_VERSION
@@ -257,6 +268,17 @@ class RoundRecord:
         """Sum of the batches the devices actually trained (below ``sum_b`` when a device
         trained less than planned; each such device scaled its learning rate to match)."""
         return sum(m.batch_size for m in self.devices.values() if m.num_examples > 0)
+
+    def divergence(self) -> str:
+        """How many of the round's devices training diverged on, as a phrase (``the model
+        diverged on 3 of 4 devices``; empty when none did). The devices are those that
+        replied with their training: in ``devices`` (a diverged one with
+        ``train-diverged``), or refused for an update holding NaN or Inf."""
+        if not self.diverged:
+            return ""
+        flagged = sum(1 for m in self.devices.values() if m.train_diverged)
+        replied = len(self.devices) + self.diverged - flagged
+        return f"the model diverged on {self.diverged} of {replied} devices"
 
     def progress(self, num_rounds: int = 0, asked: int = 0) -> str:
         """The record as one progress line (what the ServerApp logs, so that ``flwr run
@@ -291,7 +313,8 @@ class RoundRecord:
         traffic = f"{self.bytes_up / 1e6:.2f} MB up, model {self.broadcast_bytes / 1e6:.2f} MB"
         tail = f"; skipped: {self.skipped}" if self.skipped else ""
         drift = f"; drift on {', '.join(sorted(self.drift))}" if self.drift else ""
-        return f"{head}: {score}; {who}, {traffic}; {self.wall_s:.1f} s{drift}{tail}"
+        broke = f"; diverged on {self.diverged}" if self.diverged else ""
+        return f"{head}: {score}; {who}, {traffic}; {self.wall_s:.1f} s{drift}{broke}{tail}"
 
     def to_json(self) -> str:
         """The record as one line of ``metrics.jsonl`` (strict JSON: NaN, a score over no
@@ -357,6 +380,11 @@ def _from_format_1(data: dict[str, Any]) -> dict[str, Any]:
         "accuracy": math.nan,
         "loss": math.nan,
     }
+
+
+def divergence_hint(lr: float) -> str:
+    """What to change when training diverges, for a run at learning rate ``lr``."""
+    return f"lower lr (now {lr:g}) or standardise the inputs"
 
 
 def virtual_round_s(replies: Iterable[ReplyMetrics], uplink_mbps: float) -> float:

@@ -27,10 +27,16 @@ from aggregator.evaluation import ServerEvaluation
 from aggregator.exchange import exchange, wait_for_nodes
 from aggregator.exports import export_model
 from aggregator.fleet import FleetRegistry
-from aggregator.records import METRICS_FILE, RoundRecord, append_record, runs_home
+from aggregator.records import (
+    METRICS_FILE,
+    RoundRecord,
+    append_record,
+    divergence_hint,
+    runs_home,
+)
 from aggregator.service import StopRequest
 from aggregator.sinks import RoundSink, open_sinks, write_all
-from aggregator.strategy import RoundReport, StreamStrategy
+from aggregator.strategy import DIVERGED, RoundReport, StreamStrategy
 from edge_client.task.interface import Scores, Task, init_model
 from edge_client.task.loading import load_task
 from edge_client.wire.mapping import kebab
@@ -40,6 +46,7 @@ __all__ = [
     "MODEL_SETTINGS",
     "NO_OUT_DIR",
     "RECORDS_KEPT",
+    "RunDivergedError",
     "RunSession",
     "is_virtual",
     "virtual_time",
@@ -52,11 +59,18 @@ log = logging.getLogger(__name__)
 MODEL_SETTINGS = ("task", "model", "model_width", "sample_shape", "num_classes")
 #: Records a run returns at most (a continuous run's are in metrics.jsonl, not in memory).
 RECORDS_KEPT = 1000
-#: Keys of the skipped rounds per reason, and the drift reaction's state, in a checkpoint.
+#: Keys of the skipped rounds per reason, the drift reaction's state, and the rounds in a
+#: row in which training diverged, in a checkpoint.
 SKIPPED = "skipped-rounds"
 DRIFT = "drift"
+DIVERGED_ROUNDS = "diverged-rounds"
 #: ``out-dir`` for a run that writes no ``metrics.jsonl`` at all.
 NO_OUT_DIR = "none"
+
+
+class RunDivergedError(RuntimeError):
+    """The run ended because training diverged on its devices in ``max-diverged-rounds``
+    rounds in a row (raised from the ServerApp: Flower marks the run failed)."""
 
 
 def with_run_dir(settings: RunSettings, run_id: int) -> RunSettings:
@@ -115,6 +129,7 @@ class RunSession:
     _exported: int = field(default=0, repr=False)  # the last version exported
     _last: RoundRecord | None = field(default=None, repr=False)  # the last committed
     skipped: dict[str, int] = field(default_factory=dict)
+    diverged_rounds: int = 0  # rounds in a row, up to the last committed, that diverged
     sinks: list[RoundSink] = field(default_factory=list)  # where rounds go besides metrics
 
     @classmethod
@@ -164,6 +179,7 @@ class RunSession:
             out,
         )
         session.skipped = {str(k): int(v) for k, v in saved.get(SKIPPED, {}).items()}
+        session.diverged_rounds = int(saved.get(DIVERGED_ROUNDS, 0))
         session.strategy.drift.load_state_dict(saved.get(DRIFT, {}))
         session.sinks = open_sinks(settings)
         return session
@@ -205,11 +221,12 @@ class RunSession:
     def skip_reason(self, report: RoundReport) -> str:
         """Why a round's update must not be applied ('' if it may): no device replied, or
         they trained on fewer than ``min-fresh-samples`` fresh samples in all (the
-        buffers' samples are consumed by training, so fresh means not trained on before)."""
-        if not report.replies:
+        buffers' samples are consumed by training, so fresh means not trained on before),
+        ``diverged`` when training diverged on the others."""
+        if not report.replies and not report.diverged:
             return "no-replies"
         if report.num_examples < self.settings.min_fresh_samples:
-            return "too-few-fresh-samples"
+            return DIVERGED if report.diverged else "too-few-fresh-samples"
         return ""
 
     def finish(self) -> None:
@@ -298,6 +315,7 @@ class RunSession:
             mode=self.settings.mode,
             updates=list(report.updates),
             drift=dict(report.drift),
+            diverged=len(report.diverged),
             **extra,
         )
 
@@ -313,13 +331,22 @@ class RunSession:
         -------
         RoundRecord
             ``record`` as appended.
+
+        Raises
+        ------
+        RunDivergedError
+            Once the record is appended, when training has diverged on some device in
+            ``max-diverged-rounds`` rounds in a row.
         """
         self.arrays = arrays
         s = self.settings
         if record.skipped:
             self.skipped[record.skipped] = self.skipped.get(record.skipped, 0) + 1
             log.warning("round %d skipped (%s): the model is kept", record.round, record.skipped)
-        record = replace(record, skipped_rounds=dict(self.skipped))
+        self.diverged_rounds = self.diverged_rounds + 1 if record.diverged else 0
+        record = replace(
+            record, skipped_rounds=dict(self.skipped), diverged_rounds=self.diverged_rounds
+        )
         t0 = time.monotonic()
         if s.checkpoint_dir:
             fleet = self.strategy.fleet
@@ -333,6 +360,7 @@ class RunSession:
                         **fleet.state_dict(),
                         RUN_CONFIG: s.to_run_config(),
                         SKIPPED: dict(self.skipped),
+                        DIVERGED_ROUNDS: self.diverged_rounds,
                         DRIFT: self.strategy.drift.state_dict(),
                         **state,
                     },
@@ -362,7 +390,30 @@ class RunSession:
             )
         write_all(self.sinks, record)
         self._last = record
+        self._check_divergence(record)
         return record
+
+    def _check_divergence(self, record: RoundRecord) -> None:
+        """Log a round in which training diverged on some device, in one line; end the run
+        once ``max-diverged-rounds`` such rounds came in a row.
+
+        Raises
+        ------
+        RunDivergedError
+            When the limit is reached (never with ``max-diverged-rounds = 0``).
+        """
+        if not record.diverged:
+            return
+        what = "version" if record.mode == "async" else "round"
+        hint = divergence_hint(self.settings.lr)
+        log.warning("%s %d: %s: %s", what, record.round, record.divergence(), hint)
+        limit = self.settings.max_diverged_rounds
+        if limit and self.diverged_rounds >= limit:
+            raise RunDivergedError(
+                f"training diverged in {self.diverged_rounds} {what}s in a row "
+                f"(max-diverged-rounds = {limit}); in {what} {record.round}, "
+                f"{record.divergence()}: {hint}"
+            )
 
 
 def _check_resumable(ckpt: Checkpoint, settings: RunSettings) -> None:

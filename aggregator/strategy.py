@@ -10,8 +10,9 @@ It follows Flower's ``Strategy`` (``configure_train`` builds the round's message
 * each update arrives as a codec frame (a delta against the round's global model) and is
   decoded, checked and fed to the run's accumulator (:mod:`aggregator.aggregation`) before
   the next is read: error replies, malformed replies, devices whose samples are not of the
-  run's ``sample-shape`` and refused frames are left out and counted per device and per
-  reason;
+  run's ``sample-shape``, devices whose training diverged (``diverged``: they say so, and
+  send no update) and refused frames (a NaN or Inf update is ``non-finite``, a divergence
+  too) are left out and counted per device and per reason;
 * each reply's prequential scores (the received model on the samples then trained on)
   are averaged, weighted by samples, into the round's accuracy;
 * ``aggregate_train`` returns the new model and a :class:`RoundReport` of the round.
@@ -44,7 +45,7 @@ from aggregator.drift import DriftReaction
 from aggregator.fleet import FleetRegistry
 from aggregator.injection import pick_injectors
 from aggregator.records import UpdateInfo
-from edge_client.wire.codec import CodecError, decode, raw_size_limit
+from edge_client.wire.codec import NON_FINITE, CodecError, decode, raw_size_limit
 from edge_client.wire.records import (
     ARRAYS,
     CONFIG,
@@ -57,9 +58,12 @@ from edge_client.wire.records import (
 )
 from edge_client.wire.run_config import RunSettings
 
-__all__ = ["RoundReport", "StreamStrategy", "Update"]
+__all__ = ["DIVERGED", "RoundReport", "StreamStrategy", "Update"]
 
 log = logging.getLogger(__name__)
+
+#: The refusal of a reply whose device says its training diverged (it sends no update).
+DIVERGED = "diverged"
 
 
 @dataclass
@@ -83,13 +87,17 @@ class RoundReport:
     broadcast_bytes : int
         One copy of the model as sent down.
     replies : dict of str to ReplyMetrics
-        Accepted replies by device, in arrival order (``bytes-up`` as received).
+        Accepted replies by device, in arrival order (``bytes-up`` as received); a device
+        whose training diverged too (``train-diverged``: its update is refused, its training
+        loss and samples left out of ``train_loss`` and ``num_examples``).
     aggregated : list of str
         Devices whose update went into the new model.
     failed : list of str
         Devices that sent an error or no reply in time.
     refused : dict of str to str
         Devices whose reply or update was refused, and why.
+    diverged : list of str
+        Devices whose training diverged (refused as ``diverged`` or ``non-finite``).
     num_examples : int
         Samples behind the new model.
     train_loss : float
@@ -114,6 +122,7 @@ class RoundReport:
     drift: dict[str, int] = field(default_factory=dict)
     failed: list[str] = field(default_factory=list)
     refused: dict[str, str] = field(default_factory=dict)
+    diverged: list[str] = field(default_factory=list)
     num_examples: int = 0
     train_loss: float = math.nan
     eval_count: int = 0
@@ -126,7 +135,8 @@ class RoundReport:
 
     def add_reply(self, device: str, metrics: ReplyMetrics, planned: int) -> None:
         """Count an accepted reply: its metrics, its plan, its scores and its samples (a
-        device that replies twice, as in asynchronous mode, is listed with its latest)."""
+        device that replies twice, as in asynchronous mode, is listed with its latest; the
+        samples and loss of a diverged training are not counted)."""
         self.replies[device] = metrics
         self.planned[device] = planned
         self.bytes_up += metrics.bytes_up
@@ -135,7 +145,7 @@ class RoundReport:
             self.eval_count += metrics.eval_count
             self._sums[0] += metrics.eval_metric * metrics.eval_count
             self._sums[1] += metrics.eval_loss * metrics.eval_count
-        if metrics.num_examples > 0:
+        if metrics.num_examples > 0 and not metrics.train_diverged:
             self.num_examples += metrics.num_examples
             self._sums[2] += metrics.train_loss * metrics.num_examples
 
@@ -471,6 +481,10 @@ class StreamStrategy:
 
         An error reply is a failure of its device; an unreadable reply, samples of another
         shape than the run's, or a frame the codec refuses is a refusal (counted by reason).
+        A reply that says its device's training diverged is recorded (its scores of the
+        model it received, its timings) but its update, which it does not send, is refused
+        as ``diverged``; it and a NaN or Inf update (``non-finite``) are listed in
+        ``report.diverged``.
         Otherwise the device is learned, its reply recorded in the fleet and in ``report``
         (with the batch it was ``planned``), its step time given to the controller, and its
         decoded update returned (its delta is against the model it was sent). ``sent_to``:
@@ -491,16 +505,21 @@ class StreamStrategy:
             self.refuse(report, device, "shape-mismatch")
             return None
         current = self._current()
-        try:
-            delta = decode(reply.frame, current.shapes, current.cap)
-        except CodecError as err:
-            self.refuse(report, device, err.reason)
-            return None
+        delta = None
+        if not reply.metrics.train_diverged:  # a diverged device sends no update
+            try:
+                delta = decode(reply.frame, current.shapes, current.cap)
+            except CodecError as err:
+                self.refuse(report, device, err.reason)
+                return None
         metrics = replace(reply.metrics, bytes_up=len(reply.frame))  # as received
         self.fleet.record_reply(device, metrics)
         report.add_reply(device, metrics, planned)
         if metrics.num_examples > 0:
             self.controller.observe(device, metrics.batch_size, metrics.step_s)
+        if delta is None:  # its scores of the model it received count, its training not
+            self.refuse(report, device, DIVERGED)
+            return None
         return Update(device, delta, metrics)
 
     def _current(self) -> _Round:
@@ -544,6 +563,9 @@ class StreamStrategy:
         report.failed.append(device)
 
     def refuse(self, report: RoundReport, device: str, reason: str) -> None:
-        """Count a refusal of ``device``'s reply or update, and why."""
+        """Count a refusal of ``device``'s reply or update, and why (a divergence is also
+        listed as one)."""
         self.fleet.record_refusal(device, reason)
         report.refused[device] = reason
+        if reason in (DIVERGED, NON_FINITE) and device not in report.diverged:
+            report.diverged.append(device)

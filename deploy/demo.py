@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import shlex
 import subprocess
 import time
 from collections.abc import Iterator
@@ -23,7 +24,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from aggregator.records import RoundRecord, read_metrics
+from aggregator.records import RoundRecord, divergence_hint, read_metrics
 from deploy.brokers import (
     BROKER_CONFIG_DIR,
     EmbeddedBroker,
@@ -31,10 +32,12 @@ from deploy.brokers import (
     mosquitto_available,
 )
 from deploy.constants import (
+    DEFAULT_MQTT_PORT,
     DEMO_BATCH,
     DEMO_CAPACITY,
     DEMO_DEVICES,
     DEMO_DURATION_S,
+    DEMO_MODELS,
     DEMO_OWNED,
     DEMO_SEED,
     DEMO_SETTINGS,
@@ -696,11 +699,7 @@ def run_demo(config: DemoConfig, console: Console) -> bool:
             f"127.0.0.1:{flower.port}" + (" (TLS, registered SuperNodes only)" if secrets else "")
         )
         flower.wait_nodes(config.devices)
-        settings = replace(
-            config.settings, out_dir=str(run_dir), checkpoint_dir=str(run_dir / "checkpoint")
-        )
-        if config.test_windows is not None:  # a series' test stretch, cut into windows
-            settings = replace(settings, eval_data=str(run_dir / "data" / "test.npz"))
+        settings = _run_settings(config, run_dir)
         flwr_run = flower.submit(APP_DIR, settings.to_run_config())
         console.print(f"flwr run {flwr_run} submitted; training {settings.num_rounds} rounds")
         status, resumed = _follow(flower, flwr_run, config, run_dir, console, node_configs, streams)
@@ -708,11 +707,16 @@ def run_demo(config: DemoConfig, console: Console) -> bool:
     wall = time.monotonic() - start
     records = read_metrics(run_dir / "metrics.jsonl")
     passes = _passes(records, shards)
+    diverged = _diverged(records, settings)
+    ok = status.get("status") == "finished:completed" and len(records) == settings.num_rounds
+    export = _final_export(settings) if ok else None
+    serve = _infer_command(config, settings) if export is not None else None
     summary = {
         **summarize(records, wall),
         "run_id": runs[-1],
         "runs": runs,  # more than one when the aggregator was killed and the run resumed
         "status": status.get("status"),
+        "diverged": diverged,  # the run ended because training diverged (max-diverged-rounds)
         "controller": settings.controller,
         "mode": settings.mode,
         "slowdowns": config.slowdowns,
@@ -728,19 +732,21 @@ def run_demo(config: DemoConfig, console: Console) -> bool:
         "test": str(config.test) if config.test else None,
         "run_config": settings.to_run_config(),
         "source_passes": passes,
+        "export": export,
+        "infer_command": serve,
         "note": "virtual_s: sum over rounds of the slowest device's compute + wait + transfer",
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     if records:
         write_report(records, run_dir / "report.png", f"fedstream demo: {settings.controller}")
         console.print(_progress_table(records, settings.num_rounds, "final"))
-    ok = status.get("status") == "finished:completed" and len(records) == settings.num_rounds
     if passes and max(passes.values()) > 1:
         console.print(
             f"the recording was replayed up to {max(passes.values()):.1f} times over: past the "
             "first pass, prequential scores include samples the model already trained on "
             "(the test set's score does not)"
         )
+    logs = f"Logs: {run_dir}/logs, {run_dir}/flwr/logs, {run_dir}/serverapp.log"
     if ok:
         last = records[-1]
         test = (
@@ -752,13 +758,83 @@ def run_demo(config: DemoConfig, console: Console) -> bool:
             f"{run_dir}/report.png, {run_dir}/summary.json, {run_dir}/metrics.jsonl"
         )
         console.print(_breakdown_line(summary["breakdown"]))
+        if export is not None:
+            console.print(
+                f"the final model is version {export['version']} in {export['dir']}; serve it "
+                f"on a device's stream with: {serve}",
+                soft_wrap=True,
+            )
+    elif diverged:
+        console.print(
+            f"[red]the run diverged[/red] ({len(records)} of {settings.num_rounds} rounds): "
+            f"{_divergence_line(records, settings)}. {logs}"
+        )
     else:
         why = status.get("status-details") or status.get("status") or "no status"
         console.print(
             f"[red]the run did not finish[/red] ({len(records)} of {settings.num_rounds} rounds): "
-            f"{why}. Logs: {run_dir}/logs, {run_dir}/flwr/logs, {run_dir}/serverapp.log"
+            f"{why}. {logs}"
         )
     return ok
+
+
+def _run_settings(config: DemoConfig, run_dir: Path) -> RunSettings:
+    """The settings the demo submits: the checked ones, writing into ``run_dir`` (metrics,
+    checkpoint, the final model in :data:`~deploy.constants.DEMO_MODELS` unless the run
+    config names an ``export-dir``; then exported only at the end unless it sets
+    ``export-every``), scored on a series' test stretch when one was given."""
+    settings = replace(
+        config.settings, out_dir=str(run_dir), checkpoint_dir=str(run_dir / "checkpoint")
+    )
+    if not settings.export_dir:
+        every = settings.export_every if kebab("export_every") in config.run_config else 0
+        settings = replace(settings, export_dir=str(run_dir / DEMO_MODELS), export_every=every)
+    if config.test_windows is not None:  # a series' test stretch, cut into windows
+        settings = replace(settings, eval_data=str(run_dir / "data" / "test.npz"))
+    return settings
+
+
+def _diverged(records: list[RoundRecord], settings: RunSettings) -> bool:
+    """Whether the run ended because training diverged: its last round made
+    ``max-diverged-rounds`` in a row."""
+    limit = settings.max_diverged_rounds
+    return bool(records) and limit > 0 and records[-1].diverged_rounds >= limit
+
+
+def _divergence_line(records: list[RoundRecord], settings: RunSettings) -> str:
+    """Why a diverged run ended, and what to change, in one line."""
+    last = records[-1]
+    return (
+        f"{last.divergence()} in round {last.round}, {last.diverged_rounds} rounds in a row "
+        f"(max-diverged-rounds = {settings.max_diverged_rounds}): "
+        f"{divergence_hint(settings.lr)} (--run-config lr=...)"
+    )
+
+
+def _final_export(settings: RunSettings) -> dict[str, Any] | None:
+    """The newest model version in ``export-dir`` (its folder and number), or None."""
+    from edge_client.wire.artifact import latest_version  # torch: only once a run ended
+
+    version = latest_version(settings.export_dir) if settings.export_dir else None
+    if version is None:
+        return None
+    return {"dir": settings.export_dir, "version": version.version, "path": str(version.path)}
+
+
+def _infer_command(config: DemoConfig, settings: RunSettings) -> str:
+    """The ``fedstream infer`` command that serves the exported model on ``dev-0``'s stream,
+    as the demo's devices publish it: sample frames, or a series' per-reading JSON cut into
+    the run's windows (the demo's own broker is gone by now: the command names the one the
+    demo was given, else ``fedstream broker``'s default address)."""
+    broker = config.broker or f"mqtt://127.0.0.1:{DEFAULT_MQTT_PORT}"
+    dev = _device_ids(config.devices)[0]
+    args = ["--broker", broker, "--device-id", dev, "--model", settings.export_dir]
+    if config.series is not None:
+        args += ["--fields", ",".join(config.channels), "--window", str(config.window)]
+        args += ["--stride", "1"]
+    if settings.preprocess == "standardize":  # the device's statistics are in its buffer
+        args += ["--buffer", str(Path(settings.out_dir) / "buffers" / f"{dev}.sqlite")]
+    return shlex.join(["fedstream", "infer", *args])
 
 
 def _breakdown_line(breakdown: dict[str, Any]) -> str:

@@ -19,14 +19,20 @@ __all__ = ["summarize", "write_report"]
 
 
 def summarize(records: Sequence[RoundRecord], wall_s: float) -> dict[str, Any]:
-    """Summary of a run: final accuracy, times, and per-device batch and compute series.
+    """Summary of a run: final scores, times, and per-device batch and compute series.
 
-    ``accuracy`` is prequential (the devices' scores of the model each received, on the
-    samples they then trained on); ``test_accuracy`` the aggregator's, on ``eval-data``
-    (None without). ``virtual_s`` sums each round's slowest device (compute + wait +
-    transfer): the synchronous round time on the virtual clock, whatever the wall clock did
-    (asynchronous mode: the time between aggregations). In asynchronous mode ``rounds``
-    counts model versions.
+    The scores are by the task's metric, which ``metric`` names (``accuracy``, or ``mae``
+    for forecasting: an error in the stream's units, lower is better); the keys keep their
+    names whatever it is. ``final_accuracy`` and ``accuracy`` (per round) are prequential
+    (the devices' scores of the model each received, on the samples they then trained on);
+    ``test_accuracy`` is the aggregator's held-out score of the last model, on ``eval-data``
+    (None without). ``diverged_per_round`` counts the devices whose training diverged in
+    each round, ``diverged_rounds`` how many rounds in a row up to the last did (a run ends
+    with an error once that reaches ``max-diverged-rounds``).
+    ``virtual_s`` sums each round's slowest device (compute + wait + transfer): the
+    synchronous round time on the virtual clock, whatever the wall clock did (asynchronous
+    mode: the time between aggregations). In asynchronous mode ``rounds`` counts model
+    versions.
     """
     devices = sorted({d for r in records for d in r.devices})
     last = records[-1] if records else None
@@ -52,6 +58,8 @@ def summarize(records: Sequence[RoundRecord], wall_s: float) -> dict[str, Any]:
         "breakdown": run_breakdown(records),
         "rejected": last.rejected if last else {},
         "rejected_reasons": last.rejected_reasons if last else {},
+        "diverged_per_round": [r.diverged for r in records],
+        "diverged_rounds": last.diverged_rounds if last else 0,
         "devices": {
             d: {
                 "batch_size": [_of(r, d, "batch_size") for r in records],
@@ -98,8 +106,9 @@ def write_report(records: Sequence[RoundRecord], path: Path, title: str = "") ->
             axes[1].plot(rounds, [_of(r, d, "batch_size") for r in records], marker=".", label=d)
             axes[2].plot(rounds, [_of(r, d, "compute_s") for r in records], marker=".", label=d)
 
-    panels = [
-        Panel("wall time (s)", "accuracy", ylim=(0, 1)),
+    metric = records[-1].metric if records else "accuracy"
+    panels = [  # an accuracy is in [0, 1]; another metric (a forecast's MAE) in its units
+        Panel("wall time (s)", metric, ylim=(0, 1) if metric == "accuracy" else None),
         Panel("round", "batch size"),
         Panel("round", "compute time per round (s)"),
     ]

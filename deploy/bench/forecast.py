@@ -9,8 +9,8 @@ each streaming its era in order (always ahead of training); the last 20 % is the
 
 - naive: repeat the last reading;
 - ridge autoregression: least squares with an L2 penalty on the same inputs (the 52 past
-  weeks relative to the last), fitted centrally on all training windows, its penalty tuned
-  on the last fifth of them.
+  weeks relative to the last, in ppmv), fitted centrally on all training windows, its
+  penalty tuned on the last fifth of them.
 
 The federated model is scored after the last round; seeds change its initialisation (the
 data and the stream order are the same in every seed).
@@ -55,12 +55,11 @@ GOAL_VS_RIDGE = 1.0  # no worse than the ridge autoregression
 
 
 def relative_windows(windows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The baselines' inputs and targets: what the forecast task feeds its model
-    (:meth:`~edge_client.task.forecasting.Forecast.targets`: past readings and the horizon,
-    relative to the last past reading), flattened, as float64."""
-    labels = torch.zeros(len(windows), dtype=torch.long)  # never read
-    inputs, targets = Forecast(HORIZON).targets(torch.from_numpy(windows), labels)
-    return inputs.flatten(1).double().numpy(), targets.double().numpy()
+    """The baselines' inputs and targets: the forecast task's
+    (:meth:`~edge_client.task.forecasting.Forecast.relative`: past readings and the horizon,
+    relative to the last past reading, in ppmv), flattened, as float64."""
+    inputs, targets = Forecast(HORIZON).relative(torch.from_numpy(windows))
+    return inputs.flatten(1).double().numpy(), targets.flatten(1).double().numpy()
 
 
 def ridge_mae(train: np.ndarray, test: np.ndarray) -> tuple[float, float]:
@@ -165,7 +164,8 @@ def run(quick: bool = False) -> Result:
         f"{DEVICES} devices (each streams its era, always ahead), {len(test):,} test windows "
         f"from the last {1 - TRAIN_FRACTION:.0%} of the series (never streamed). The built-in "
         f"forecast task (task = forecast): a linear autoregression plus an MLP correction on "
-        f"changes relative to the last reading, L1 loss, lr {FORECAST_LR}, 20 local steps, "
+        f"changes relative to the last reading, in units of each window's spread (scale-free), "
+        f"L1 loss in those units, lr {FORECAST_LR}, 20 local steps, "
         f"B = 128, fednova averaging, scored after the last round; seeds "
         f"{', '.join(map(str, seeds))} (they change the initialisation only), mean (min-max)",
         f"at least {GOAL_VS_NAIVE:.0%} lower MAE than naive in every seed: "

@@ -2,6 +2,8 @@
 
 - :mod:`~edge_client.emulation.publisher`: ``fedstream publish`` (samples at a rate, over MQTT);
 - :mod:`~edge_client.emulation.readings`: a recorded series as per-reading JSON;
+- :mod:`~edge_client.emulation.accelerometer`: a synthetic accelerometer series in raw
+  counts (a forecasting task's test recording);
 - :mod:`~edge_client.emulation.sources`: where samples come from (a task, a file, a
   dataset) and their label skew;
 - :mod:`~edge_client.emulation.schedule`: stream rates (ScaDLES' sets) and arrival processes;

@@ -9,6 +9,9 @@ from typing import Final
 PUBLISH_MAX_INFLIGHT: Final = 1000
 PUBLISH_MAX_OUTSTANDING: Final = 60_000  # paho message ids are 16 bit
 PUBLISH_PROGRESS_S: Final = 10.0  # fedstream publish prints a progress line this often
+# After a stop signal, a publisher waits at most this long for the broker's acknowledgements
+# of what it sent (none while the broker is away): it exits within seconds either way.
+PUBLISH_STOP_DRAIN_S: Final = 3.0
 DISTRIBUTIONS: Final = ("constant", "poisson", "bursty")
 BURST_FACTOR: Final = 4.0  # bursty: on-phases send at 4x the mean rate, a quarter of the time
 
@@ -18,3 +21,8 @@ MIN_STREAM_RATE: Final = 1.0
 # Each pass puts the stamps this much further ahead of the clock (ingest refuses readings
 # stamped more than a day ahead: about 17,000 passes).
 REPLAY_GAP_S: Final = 5.0
+
+# --- A synthetic accelerometer (edge_client.emulation.accelerometer) -------------------------
+ACCEL_HZ: Final = 64.0  # readings per second
+ACCEL_CHANNELS: Final = ("ax", "ay", "az")
+ACCEL_GRAVITY: Final = 1000.0  # milli-g counts, mostly on az

@@ -37,7 +37,13 @@ from edge_client.runtime.inject import inject_pool_path, share
 from edge_client.runtime.model_store import store_model
 from edge_client.runtime.node_config import NodeConfig
 from edge_client.runtime.seeding import device_rng
-from edge_client.runtime.trainer import pick_device, probe_step_times, train_local
+from edge_client.runtime.trainer import (
+    TrainResult,
+    diverged,
+    pick_device,
+    probe_step_times,
+    train_local,
+)
 from edge_client.runtime.usage import cpu_s, disk_write_bytes, peak_rss_bytes, process_age_s
 from edge_client.task.interface import Scores, Task
 from edge_client.task.loading import load_task
@@ -194,7 +200,12 @@ def train_round(msg: Message, context: Context, task: Task | None = None) -> Mes
                 node.device_id,
                 result.evaluated,
             )
-        frame, gap = _encode(state, context.run_id, delta, plan, result.num_examples > 0)
+        broke = _diverged(state, context.run_id, result, delta, node.device_id)
+        frame, gap = (
+            (b"", None)  # no update: the aggregator refuses the reply, counted as diverged
+            if broke
+            else _encode(state, context.run_id, delta, plan, result.num_examples > 0)
+        )
         if preprocessor is not None and result.num_examples > 0:
             state.save_preprocessor(preprocessor)
         if node.drift == "adwin" and result.evaluated is not None:
@@ -238,6 +249,7 @@ def train_round(msg: Message, context: Context, task: Task | None = None) -> Mes
         peak_rss=peak_rss_bytes(),
         write_bytes=disk_write_bytes(),
         drift_changes=int((buffer.get("drift") or {}).get("changes", 0)),
+        train_diverged=int(broke),
     )
     return Message(DeviceReply(node.device_id, metrics, frame).to_content(), reply_to=msg)
 
@@ -335,6 +347,35 @@ def _watch_drift(state: DeviceState, delta: float, task: Task, scores: Scores) -
     if watch.update(errors_of(scores.values, task.higher_is_better)):
         log.warning("drift: the prequential error rose (%d changes so far)", watch.status.changes)
     state.save_drift_watch(watch)
+
+
+def _diverged(
+    state: DeviceState,
+    run_id: int,
+    result: TrainResult,
+    delta: dict[str, np.ndarray],
+    device_id: str,
+) -> bool:
+    """Whether this round's training diverged (:func:`~edge_client.runtime.trainer.diverged`,
+    or an update that is not finite), against the first loss the device measured in the run
+    (kept in its state: the first round it trains in sets it)."""
+    if result.num_examples <= 0:
+        return False
+    first = state.first_loss(run_id)
+    if first is None and math.isfinite(result.first_loss) and result.first_loss > 0:
+        first = result.first_loss
+        state.save_first_loss(run_id, first)
+    finite = all(np.isfinite(v).all() for v in delta.values())
+    if finite and not diverged(result.train_loss, first):
+        return False
+    log.warning(
+        "device %s: training diverged (loss %.4g, the first %s): no update sent; lower lr "
+        "or standardise the inputs",
+        device_id,
+        result.train_loss,
+        "unknown" if first is None else f"{first:.4g}",
+    )
+    return True
 
 
 def _numpy_state(model: torch.nn.Module) -> dict[str, np.ndarray]:

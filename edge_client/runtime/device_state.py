@@ -1,5 +1,5 @@
 """What a device keeps between rounds besides samples: its error feedback, its
-preprocessing statistics and counters.
+preprocessing statistics, the first loss it measured in the run, and counters.
 
 A ClientApp process lives one round (Flower starts one per message), so the codec's
 error-feedback residual, the device's top-k gap estimate, the state of the task's
@@ -34,6 +34,7 @@ _FEEDBACK_RESIDUAL = "codec-residual"
 _FEEDBACK_GAP = "codec-gap"
 _INJECT_SEQ = "inject-seq"
 _PREPROCESS = "preprocess-state"  # JSON: {"kind": ..., "state": ...}
+_FIRST_LOSS = "first-loss"  # JSON: {"run": ..., "loss": ...}
 
 
 class DeviceState:
@@ -97,6 +98,21 @@ class DeviceState:
                 DRIFT_STATUS_KEY: json.dumps(watch.status.to_dict()).encode(),
             }
         )
+
+    def first_loss(self, run_id: int) -> float | None:
+        """The first loss the device measured in run ``run_id`` (what a diverged loss is
+        measured against), or None when it has none for that run."""
+        raw = self._get(_FIRST_LOSS)
+        try:
+            saved = json.loads(raw) if raw is not None else {}
+            return float(saved["loss"]) if saved.get("run") == run_id else None
+        except (ValueError, TypeError, KeyError, AttributeError) as err:
+            log.warning("dropping an unreadable first loss: %s", err)
+            return None
+
+    def save_first_loss(self, run_id: int, loss: float) -> None:
+        """Keep ``loss`` as the first loss of run ``run_id``."""
+        self._set({_FIRST_LOSS: json.dumps({"run": run_id, "loss": loss}).encode()})
 
     def inject_seq(self) -> int:
         """The sequence number of the last frame this device shared (0: none yet)."""

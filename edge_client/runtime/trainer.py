@@ -18,10 +18,18 @@ from torch.optim.sgd import sgd
 from edge_client.runtime.buffer import BufferStore, SampleBuffer
 from edge_client.task.interface import Classification, Scores, Task, evaluate
 from edge_client.task.preprocess import Preprocessor
+from edge_client.wire.constants import DIVERGED_LOSS_RATIO
 from edge_client.wire.frames import SampleBatch
 from edge_client.wire.records import RoundPlan
 
-__all__ = ["LocalSGD", "TrainResult", "pick_device", "probe_step_times", "train_local"]
+__all__ = [
+    "LocalSGD",
+    "TrainResult",
+    "diverged",
+    "pick_device",
+    "probe_step_times",
+    "train_local",
+]
 
 POLL_S = 0.05
 
@@ -44,6 +52,18 @@ class TrainResult:
     eval_s: float = 0.0  # seconds that scoring took
     take_s: float = 0.0  # seconds taking and preparing the samples (after waiting)
     train_s: float = 0.0  # wall seconds of the K steps (warm-up, slowdown included)
+    first_loss: float = math.nan  # the first step's: the model as received, before any step
+
+
+def diverged(train_loss: float, first_loss: float | None) -> bool:
+    """Whether a round's training diverged: its loss is not finite, or above
+    :data:`~edge_client.wire.constants.DIVERGED_LOSS_RATIO` times ``first_loss``, the first
+    loss the device measured in the run (None, or not above 0: no bound but finiteness)."""
+    if not math.isfinite(train_loss):
+        return True
+    if first_loss is None or not math.isfinite(first_loss) or first_loss <= 0:
+        return False
+    return train_loss > DIVERGED_LOSS_RATIO * first_loss
 
 
 def pick_device() -> torch.device:
@@ -296,4 +316,5 @@ def train_local(
         eval_s=eval_s,
         take_s=take_s,
         train_s=train_s,
+        first_loss=losses[0],
     )

@@ -12,6 +12,12 @@ IMPORT_PATH: Final = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
 PREPROCESSING: Final = ("none", "standardize")  # the built-in task's preprocessing
 DATASETS: Final = ("synthetic", "digits")  # what a stream can carry
 
+# --- Forecasting (edge_client.task.forecasting) -------------------------------------------
+# Floor of a window's per-channel standard deviation, the unit the forecast model works in:
+# only a constant window (a stuck sensor) reaches it, and its forecast is then the last
+# reading. Far below any real sensor's spread, so that the model stays scale-free.
+FORECAST_SCALE_FLOOR: Final = 1e-8
+
 # --- The synthetic sensor task (edge_client.task.synthetic) -------------------------------
 DEFAULT_SHAPE: Final = (6, 32)  # channels x time steps (accelerometer + gyroscope, 32 ticks)
 DEFAULT_NUM_CLASSES: Final = 6

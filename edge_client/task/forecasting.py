@@ -2,10 +2,24 @@
 
 A sample is a window of ``C`` channels x ``W + H`` readings; the model sees the first ``W``
 and predicts the last ``H`` of every channel, so the targets are cut from the stream itself
-and labels are never read. Inputs and targets are taken relative to the window's last seen
-reading (per channel): the model learns the change ahead, which keeps it independent of a
-sensor's level, and a model that outputs zeros is the naive forecast (repeat the last
-reading). The metric is the mean absolute error over the forecast (lower is better).
+and labels are never read. The metric is the mean absolute error over the forecast, in the
+stream's own units (lower is better).
+
+The task is scale-free, as RevIN (Kim et al., ICLR 2022) makes a forecaster: a CO2 series in
+ppm and an accelerometer in milli-g train at one learning rate.
+
+- Inputs and targets are taken relative to the window's last seen reading (per channel), so
+  a sensor's level (a gravity offset, 400 ppm of CO2) never reaches the model.
+- Inside the model, each window is divided by its own standard deviation per channel (floored
+  at :data:`~edge_client.task.constants.FORECAST_SCALE_FLOOR`), and the forecast is
+  multiplied back: the model's outputs are in the stream's units, and a model, exported or
+  not, carries no statistics of any device. Forecasting ``a * x + b`` (``a > 0``) gives
+  ``a`` times the forecast of ``x``, plus ``b``.
+- The loss is the absolute error in units of each training window's standard deviation
+  (past and horizon together, per channel: bounded for the naive forecast whatever the
+  window), so gradients do not grow with the sensor's scale.
+- A model that outputs zeros is the naive forecast (repeat the last reading), and the model
+  starts as exactly that.
 """
 
 from __future__ import annotations
@@ -16,21 +30,43 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from edge_client.task.constants import FORECAST_SCALE_FLOOR
 from edge_client.task.interface import Task
 
-__all__ = ["Forecast", "ForecastNet", "Forecaster"]
+__all__ = ["Forecast", "ForecastNet", "Forecaster", "window_scale"]
+
+
+def window_scale(windows: torch.Tensor) -> torch.Tensor:
+    """Each channel's standard deviation over a window's readings, ``(n, C, 1)`` from
+    ``(n, C, T)``, floored at :data:`~edge_client.task.constants.FORECAST_SCALE_FLOOR`
+    (smoothly: a constant window stays finite)."""
+    variance = windows.var(dim=-1, keepdim=True, correction=0)
+    return torch.sqrt(variance + FORECAST_SCALE_FLOOR**2)
 
 
 class ForecastNet(nn.Module):
     """A linear autoregression plus a small MLP correction, over all channels' past
-    readings; ``channels * horizon`` outputs.
+    readings, in units of each window's own spread; ``channels * horizon`` outputs in the
+    inputs' units.
 
-    Starts as the naive forecast: the linear part is initialised to zero and the MLP's last
-    layer too, so training moves away from "repeat the last reading" only as it helps.
+    Takes past readings relative to the last one, ``(n, channels, past)``; divides each
+    channel by its standard deviation over the window (:func:`window_scale`), forecasts the
+    change ahead in those units, and multiplies it back. Starts as the naive forecast: the
+    linear part is initialised to zero and the MLP's last layer too, so training moves away
+    from "repeat the last reading" only as it helps.
+
+    Parameters
+    ----------
+    channels, past, horizon : int
+        The window's channels, its past readings (``W``) and the readings forecast (``H``).
+    hidden : int
+        Hidden units of the MLP correction.
     """
 
-    def __init__(self, inputs: int, outputs: int, hidden: int = 64) -> None:
+    def __init__(self, channels: int, past: int, horizon: int, hidden: int = 64) -> None:
         super().__init__()
+        self.channels, self.past, self.horizon = channels, past, horizon
+        inputs, outputs = channels * past, channels * horizon
         self.flatten = nn.Flatten()
         self.linear = nn.Linear(inputs, outputs)
         head = nn.Linear(hidden, outputs)
@@ -40,9 +76,13 @@ class ForecastNet(nn.Module):
             nn.init.zeros_(layer.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The forecast change of every channel, flattened ``(n, channels * horizon)``."""
-        z = self.flatten(x)
-        return self.linear(z) + self.mlp(z)  # type: ignore[no-any-return]
+        """The forecast change of every channel, flattened ``(n, channels * horizon)``, in
+        the units of ``x`` (past readings relative to the last, ``(n, channels, past)``)."""
+        windows = x.reshape(x.shape[0], self.channels, self.past)
+        scale = window_scale(windows)
+        z = self.flatten(windows / scale)
+        change = (self.linear(z) + self.mlp(z)).reshape(x.shape[0], self.channels, self.horizon)
+        return (change * scale).flatten(1)  # type: ignore[no-any-return]
 
 
 class Forecaster(nn.Module):
@@ -97,15 +137,28 @@ class Forecast(Task):
                 f"forecasting needs (channels, steps) or (steps,) windows longer than the "
                 f"horizon ({self.horizon}), got sample-shape {shape}"
             )
-        return ForecastNet(channels * (steps - self.horizon), channels * self.horizon, self.width)
+        return ForecastNet(channels, steps - self.horizon, self.horizon, self.width)
+
+    def relative(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The window's past readings ``(n, C, W)`` and its next ``horizon`` ``(n, C, H)``,
+        both relative to the last past reading of their channel, in the stream's units."""
+        windows = x.reshape(len(x), 1, -1) if x.dim() == 2 else x
+        relative = windows - windows[..., -self.horizon - 1 : -self.horizon]
+        return relative[..., : -self.horizon], relative[..., -self.horizon :]
 
     def targets(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Past readings and the next ``horizon``, both relative to the last past reading
-        (labels are ignored)."""
-        windows = x.reshape(len(x), 1, -1) if x.dim() == 2 else x
-        past, future = windows[..., : -self.horizon], windows[..., -self.horizon :]
-        last = past[..., -1:]
-        return past - last, (future - last).flatten(1)
+        """The model's inputs and targets (labels are ignored).
+
+        Returns
+        -------
+        tuple of Tensor
+            The past readings relative to the last one ``(n, C, W)`` (:meth:`relative`), and
+            per channel the next ``horizon`` relative to it followed by the whole window's
+            standard deviation (:func:`window_scale`, the unit of the loss), ``(n, C, H + 1)``.
+        """
+        past, ahead = self.relative(x)
+        scale = window_scale(torch.cat([past, ahead], -1))
+        return past, torch.cat([ahead, scale], -1)
 
     def predictor(self, model: nn.Module) -> nn.Module:
         """A :class:`Forecaster`: takes the ``W`` past readings of each channel (not the
@@ -121,9 +174,20 @@ class Forecast(Task):
         return {"forecast-horizon": self.horizon}
 
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Mean absolute error (what the metric measures)."""
-        return nn.functional.l1_loss(outputs, targets)
+        """Mean absolute error in units of each window's standard deviation per channel:
+        scale-free, so that one learning rate fits any sensor."""
+        errors, scale = self._errors(outputs, targets)
+        return (errors / scale).mean()
 
     def score(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """Each window's mean absolute error over its forecast."""
-        return (outputs - targets).abs().mean(1)
+        """Each window's mean absolute error over its forecast, in the stream's units."""
+        errors, _ = self._errors(outputs, targets)
+        return errors.flatten(1).mean(1)
+
+    def _errors(
+        self, outputs: torch.Tensor, targets: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Absolute errors ``(n, C, H)`` of the forecast changes ``outputs`` against
+        :meth:`targets`' ``targets``, and each window's scale ``(n, C, 1)``."""
+        ahead, scale = targets[..., : self.horizon], targets[..., self.horizon :]
+        return (outputs.reshape(ahead.shape) - ahead).abs(), scale

@@ -44,6 +44,7 @@ from edge_client.wire.constants import (
 )
 
 __all__ = [
+    "NON_FINITE",
     "REASONS",
     "CodecError",
     "Compressed",
@@ -57,6 +58,8 @@ __all__ = [
     "topk_gap",
 ]
 
+#: The reason an update holding NaN or Inf is refused (a diverged device must not send it).
+NON_FINITE = "non-finite"
 REASONS = (
     "truncated",
     "bad-magic",
@@ -66,7 +69,7 @@ REASONS = (
     "too-large",
     "corrupt",
     "shape-mismatch",
-    "non-finite",
+    NON_FINITE,
 )
 
 _PREFIX = struct.Struct("<4sBBHQI")  # magic, version, mode, tensors, raw length, crc32
@@ -127,7 +130,7 @@ def encode(
         raise ValueError(f"top-k ratio must be in (0, 1], got {ratio}")
     arrays = {name: np.asarray(t, dtype=np.float32) for name, t in tensors.items()}
     if not all(np.isfinite(a).all() for a in arrays.values()):
-        raise CodecError("non-finite", "the update holds NaN or Inf")
+        raise CodecError(NON_FINITE, "the update holds NaN or Inf")
     if mode == "topk":
         table, values = _code_topk(arrays, ratio)
     else:
@@ -311,7 +314,7 @@ def _parse(raw: bytes, mode: str, count: int) -> dict[str, np.ndarray]:
     if pos != len(raw):
         raise CodecError("corrupt", f"{len(raw) - pos} stray bytes after the values")
     if not all(np.isfinite(t).all() for t in out.values()):
-        raise CodecError("non-finite", "the update holds NaN or Inf")
+        raise CodecError(NON_FINITE, "the update holds NaN or Inf")
     return out
 
 

@@ -41,6 +41,10 @@ GAP_EWMA_WEIGHT: Final = 0.5  # weight of the newest top-k gap in a device's EWM
 # The layout version of the plan and reply records. It goes up only when a reader of the
 # old layout would misread the new one; adding an optional key keeps it.
 RECORD_VERSION: Final = 1
+# A device reports its training diverged (the reply's train-diverged) when its training loss
+# is not finite or above this many times the first loss it measured in the run; it then
+# sends no update, and the aggregator counts the round as diverged (max-diverged-rounds).
+DIVERGED_LOSS_RATIO: Final = 1000.0
 
 # --- Run-config vocabularies (edge_client.wire.run_config) --------------------------------
 WAIT_POLICIES: Final = ("wait", "adapt")  # how a device waits for its plan's samples

@@ -195,6 +195,12 @@ class ReplyMetrics(_Record):
         Median steady-state seconds per step (no imports, warm-up or waiting).
     train_loss : float
         Mean training loss (NaN when nothing was trained).
+    train_diverged : int
+        1 when training diverged this round: its loss was not finite, or above
+        :data:`~edge_client.wire.constants.DIVERGED_LOSS_RATIO` times the first loss the
+        device measured in the run (its model as received, before its first step). The
+        reply then carries no update (an empty frame): the aggregator keeps its scores and
+        refuses its update (``diverged``).
     lr : float
         The learning rate it trained with: the plan's, scaled by the batch it trained over
         the planned batch when that was smaller (0 when nothing was trained).
@@ -284,6 +290,7 @@ class ReplyMetrics(_Record):
     peak_rss: int = 0
     write_bytes: int = 0
     drift_changes: int = 0
+    train_diverged: int = 0
 
     def to_record(self) -> MetricRecord:
         """The ``metrics`` record (an unknown gap is left out)."""

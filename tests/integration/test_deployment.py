@@ -18,6 +18,7 @@ from deploy.demo import APP_DIR
 from deploy.flower import FlowerDeployment
 from deploy.local import ProcessGroup
 from deploy.probes import buffer_stats
+from edge_client.wire.artifact import list_versions
 from tests.helpers import demo
 
 
@@ -125,11 +126,18 @@ def test_demo_forecasts_a_series_its_devices_publish_reading_by_reading(tmp_path
     assert summary["status"] == "finished:completed" and summary["rounds"] == 2
     config = summary["run_config"]
     assert (config["task"], config["sample-shape"]) == ("forecast", "1,56")
-    assert summary["test_accuracy"] < 0.9 * 0.754
+    assert summary["test_accuracy"] < 0.9 * 0.754 and summary["metric"] == "mae"
     run_dir = next(tmp_path.glob("run-*"))
     for dev in ("dev-0", "dev-1"):
         stats = buffer_stats(run_dir / "buffers" / f"{dev}.sqlite")
         assert stats["readings"] > 0 and stats["rejected"] == 0 and stats["shape"] == [1, 56]
+    # ... and it ends with something to use: the final model exported into its run folder,
+    # and the `fedstream infer` command that serves it on a device's readings
+    models = run_dir / "models"
+    assert [v.version for v in list_versions(models)] == [2] and not summary["diverged"]
+    command = summary["infer_command"]
+    assert f"--model {models}" in command and "--fields co2 --window 56" in command
+    assert command in out
 
 
 def test_async_demo_does_not_wait_for_a_slow_supernode_and_resumes_its_version(

@@ -7,8 +7,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from typer.main import get_command
 
-from deploy.demo import DemoConfig, _ingest_args, _source_args, _write_shards
+from deploy.cli import app
+from deploy.demo import (
+    DemoConfig,
+    _infer_command,
+    _ingest_args,
+    _run_settings,
+    _source_args,
+    _write_shards,
+)
 from edge_client.task.recordings import load_series
 from edge_client.wire.run_config import RunSettings
 
@@ -102,3 +111,47 @@ def test_a_series_for_forecasting_is_split_in_time_and_published_reading_by_read
         DemoConfig(task="forecast")
     with pytest.raises(ValueError, match="classification or forecast"):
         DemoConfig(source=tmp_path / "series.csv", task="ranking")
+
+
+def test_the_demo_exports_its_final_model_into_its_run_folder_unless_told_where(
+    tmp_path: Path,
+) -> None:
+    # Prepare: the default, an export-dir of the user's, an export-every of the user's
+    run = tmp_path / "run-1"
+    chosen = DemoConfig(run_config={"export-dir": str(tmp_path / "mine")})
+    # Execute
+    default = _run_settings(DemoConfig(), run)
+    theirs = _run_settings(chosen, run)
+    every = _run_settings(DemoConfig(run_config={"export-every": 2}), run)
+    # Assert: <run>/models, the final model only (an export costs a round seconds) unless
+    # asked; what the user chose stays as chosen
+    assert (default.export_dir, default.export_every) == (str(run / "models"), 0)
+    assert (theirs.export_dir, theirs.export_every) == (str(tmp_path / "mine"), 5)
+    assert (every.export_dir, every.export_every) == (str(run / "models"), 2)
+    assert (default.out_dir, default.checkpoint_dir) == (str(run), str(run / "checkpoint"))
+
+
+def test_the_printed_infer_command_serves_the_export_on_a_devices_stream(tmp_path: Path) -> None:
+    # Prepare: the built-in task, and a two-channel series forecast from windows of 12
+    lines = ["date,temp,humidity"] + [f"{d},{20 + d % 7},{50 + d % 5}" for d in range(100)]
+    (tmp_path / "series.csv").write_text("\n".join(lines) + "\n")
+    run = tmp_path / "run-1"
+    samples = DemoConfig()
+    series = DemoConfig(
+        source=tmp_path / "series.csv", task="forecast", window=12, broker="mqtt://pi:1884"
+    )
+    # Execute
+    commands = [_infer_command(c, _run_settings(c, run)) for c in (samples, series)]
+    # Assert: dev-0's stream, the run's models folder, the series' windows as ingest cut
+    # them, the broker the demo was given (else fedstream broker's default); and
+    # `fedstream infer` takes every option
+    assert commands[0] == (
+        f"fedstream infer --broker mqtt://127.0.0.1:1883 --device-id dev-0 --model {run}/models"
+    )
+    assert commands[1] == (
+        f"fedstream infer --broker mqtt://pi:1884 --device-id dev-0 --model {run}/models "
+        "--fields temp,humidity --window 12 --stride 1"
+    )
+    infer = get_command(app).commands["infer"]  # type: ignore[attr-defined]
+    for command in commands:
+        infer.make_context("infer", command.split()[2:])  # raises on an unknown option

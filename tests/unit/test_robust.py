@@ -105,19 +105,23 @@ def test_a_robust_rule_keeps_training_with_a_hostile_device(
     # Prepare: 5 devices, dev-3 hostile from round 1.
     fleet = [VirtualDevice(f"dev-{i}", rate=20_000) for i in range(5)]
     grid = InProcessGrid(fleet, tmp_path / "buffers", client_app=Attacker().app)
+    # (max-diverged-rounds 0: a run that diverges goes on, so that FedAvg's wreck is measured)
     settings = fast(
-        controller="fixed", local_steps=20, num_rounds=5, aggregation=rule, krum_malicious=1
-    )
+        controller="fixed", local_steps=20, num_rounds=5, aggregation=rule, krum_malicious=1,
+        max_diverged_rounds=0,
+    )  # fmt: skip
     # Execute
     records = run_rounds(grid, settings)
     grid.close()
-    # Assert: FedAvg is wrecked (chance is 1/6); the robust rules learn (without the
-    # attacker FedAvg reached 0.64 here), and Krum never picks dev-3.
+    # Assert: FedAvg is wrecked (chance is 1/6), so that training diverges on the devices;
+    # the robust rules learn (without the attacker FedAvg reached 0.64 here), and Krum
+    # never picks dev-3.
     final = records[-1].accuracy
     assert records[-1].aggregation == rule
     if survives:
         assert final > 0.4, [r.accuracy for r in records]
     else:
         assert final < 0.3, [r.accuracy for r in records]
+        assert records[-1].diverged > 0
     if rule == "krum":
         assert all(len(r.aggregated) == 1 and "dev-3" not in r.aggregated for r in records)

@@ -56,6 +56,31 @@ def test_aggregate_is_the_sample_weighted_average_of_valid_updates(fast: Fast) -
     assert strategy.fleet.rejected_reasons == {"non-finite": 1}
 
 
+def test_a_diverged_device_and_a_non_finite_update_are_refused_and_counted_as_diverged(
+    fast: Fast,
+) -> None:
+    # Prepare: x trained well; y says its training diverged (and sends no update); z sends
+    # an update holding a NaN (an older device that does not say so).
+    strategy = StreamStrategy(fast(aggregation="fedavg"))
+    asks = plan_round(strategy, StaticGrid([1, 2, 3]))
+    replies = [
+        mock_reply(asks[1], "x", {"w": [1.0, 2.0], "b": [1.0]}, 10),
+        mock_reply(asks[2], "y", num_examples=10, frame=b"", train_diverged=1, train_loss=1e9),
+        mock_reply(asks[3], "z", num_examples=10, frame=nan_frame(MODEL)),
+    ]
+    # Execute
+    new, report = strategy.aggregate_train(1, replies)
+    # Assert: only x's update moves the model; y and z are refused by reason and both are
+    # the round's diverged devices; y's reply is kept (its scores, its timings), but not
+    # its loss or samples
+    assert new is not None and report.aggregated == ["x"]
+    np.testing.assert_allclose(new.to_numpy_ndarrays()[0], [1.0, 2.0])
+    assert report.refused == {"y": "diverged", "z": "non-finite"}
+    assert report.diverged == ["y", "z"] and set(report.replies) == {"x", "y"}
+    assert (report.num_examples, report.train_loss) == (10, 1.0)
+    assert strategy.fleet.rejected_reasons == {"diverged": 1, "non-finite": 1}
+
+
 def test_error_malformed_newer_and_missing_replies_are_counted_not_averaged(fast: Fast) -> None:
     # Prepare: four devices known from round 1; in round 2 one sends an error, one a reply
     # without its device record, one a reply of a newer format, one nothing.

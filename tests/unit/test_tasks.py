@@ -18,7 +18,10 @@ import torch
 from aggregator.checkpoint import load_checkpoint
 from aggregator.records import FORMAT_VERSION, RoundRecord
 from aggregator.server_app import run_rounds
+from deploy.constants import FORECAST_LR
 from deploy.inprocess import InProcessGrid, VirtualDevice
+from deploy.report import summarize
+from edge_client.emulation.accelerometer import accelerometer_series
 from edge_client.emulation.sources import ArraySource, SyntheticSource
 from edge_client.runtime.buffer import BufferStore
 from edge_client.runtime.client_app import make_client_app
@@ -166,9 +169,11 @@ def test_prequential_evaluation_never_scores_a_sample_the_model_has_trained_on(
         return ArraySource(x, rng.integers(0, 6, 20_000), rng)
 
     devices = [VirtualDevice(f"dev-{k}", source=stream(k), inject=True) for k in range(2)]
+    # (a learning rate small enough for inputs of 10^5: a diverged device's reply is refused)
     settings = fast(
-        num_rounds=4, controller="fixed", inject_alpha=1.0, inject_mix=0.25, eval_data=""
-    )
+        num_rounds=4, controller="fixed", inject_alpha=1.0, inject_mix=0.25, eval_data="",
+        lr=1e-6,
+    )  # fmt: skip
     task = SampleLog()
     grid = InProcessGrid(devices, tmp_path, settings, make_client_app(task))
     # Execute
@@ -403,12 +408,69 @@ def test_forecast_targets_are_cut_from_the_window_relative_to_its_last_reading()
     inputs, targets = task.targets(x, torch.tensor([-1]))  # the label is never read
     model = task.build_model((1, 5), num_outputs=99)
     naive = task.score(model(inputs), targets)
-    # Assert: past - 3 and future - 3; the untrained model is the naive forecast (MAE 1.5).
-    assert inputs.tolist() == [[[-2.0, -1.0, 0.0]]] and targets.tolist() == [[1.0, 2.0]]
+    # Assert: past - 3 and future - 3, then the window's standard deviation (sqrt 2: the
+    # loss's unit); the untrained model is the naive forecast (MAE 1.5, loss 1.5 / sqrt 2).
+    assert inputs.tolist() == [[[-2.0, -1.0, 0.0]]]
+    assert targets[..., :2].tolist() == [[[1.0, 2.0]]]
+    assert targets[..., 2].item() == pytest.approx(math.sqrt(2))
     assert naive.tolist() == [1.5]
+    assert task.loss(model(inputs), targets).item() == pytest.approx(1.5 / math.sqrt(2))
     assert load_task(RunSettings(task="forecast", forecast_horizon=2)).metric == "mae"
     with pytest.raises(ValueError, match="longer than the horizon"):
         task.build_model((1, 2), 1)
+
+
+def _trained_like(model: torch.nn.Module, seed: int) -> torch.nn.Module:
+    """``model`` with every weight drawn at random (a forecaster far from the naive one)."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+    return model
+
+
+def test_a_forecast_is_scale_free_forecasting_ax_plus_b_gives_a_times_the_forecast_plus_b() -> None:
+    # Prepare: a forecaster with random weights, and windows of 3 channels at unit scale
+    task = Forecast(horizon=4)
+    predictor = task.predictor(_trained_like(task.build_model((3, 24), 3), seed=1))
+    windows = torch.randn(16, 3, 20, generator=torch.Generator().manual_seed(2))
+    # Execute: the same windows in another sensor's units (x 1000, offset 5)
+    with torch.no_grad():
+        unit = predictor(windows)
+        scaled = predictor(windows * 1000 + 5)
+    # Assert: the forecast moves with the units; it is not the naive forecast
+    torch.testing.assert_close(scaled, unit * 1000 + 5, rtol=1e-4, atol=1e-2)
+    assert not torch.allclose(unit, windows[..., -1:].expand_as(unit), atol=1e-3)
+
+
+def test_the_forecast_loss_is_scale_free_and_its_score_is_in_the_sensors_units() -> None:
+    # Prepare: whole windows, and the same windows x 1000 + 5
+    task = Forecast(horizon=4)
+    model = _trained_like(task.build_model((2, 24), 2), seed=3)
+    x = torch.randn(32, 2, 24, generator=torch.Generator().manual_seed(4))
+    labels = torch.zeros(32, dtype=torch.long)
+    # Execute
+    with torch.no_grad():
+        inputs, targets = task.targets(x, labels)
+        big_inputs, big_targets = task.targets(x * 1000 + 5, labels)
+        loss = task.loss(model(inputs), targets)
+        big_loss = task.loss(model(big_inputs), big_targets)
+        score = task.score(model(inputs), targets)
+        big_score = task.score(model(big_inputs), big_targets)
+    # Assert: the loss (what SGD steps follow) is the same; the MAE is 1000 times larger
+    assert big_loss.item() == pytest.approx(loss.item(), rel=1e-4)
+    torch.testing.assert_close(big_score, score * 1000, rtol=1e-4, atol=1e-3)
+
+
+def test_a_constant_window_is_forecast_as_its_last_reading() -> None:
+    # Prepare: a stuck sensor (every reading 1013), and a forecaster with random weights
+    task = Forecast(horizon=2)
+    predictor = task.predictor(_trained_like(task.build_model((1, 10), 1), seed=5))
+    # Execute
+    with torch.no_grad():
+        forecast = predictor(torch.full((1, 1, 8), 1013.0))
+    # Assert: finite, the reading itself (its spread is the floor: no change is forecast)
+    assert torch.allclose(forecast, torch.full((1, 1, 2), 1013.0))
 
 
 def test_series_windows_cut_every_stride() -> None:
@@ -450,6 +512,47 @@ def test_forecasting_learns_an_unlabelled_stream_better_than_repeating_the_last_
     assert records[-1].accuracy < 0.8 * naive  # prequential: the model each round started from
 
 
+def test_forecasting_an_accelerometer_in_raw_counts_beats_the_naive_forecast_at_the_demos_lr(
+    tmp_path: Path, fast: Fast
+) -> None:
+    # Prepare: a 3-axis accelerometer in milli-g counts (gravity about 1000 on one axis,
+    # gait at about 1.9 Hz of a few hundred, noise; 64 Hz), its first 4 minutes split in
+    # time across two devices, the next minute the test set; windows of 64 readings in and
+    # 8 out, the learning rate the demo forecasts at.
+    series = accelerometer_series(300, seed=1)
+    cut = 240 * 64
+    train, test = series_windows(series[:cut], 72), series_windows(series[cut:], 72)
+    np.savez(tmp_path / "test.npz", x=test, y=np.zeros(len(test), np.int64))
+    halves = np.array_split(np.arange(len(train)), 2)
+    devices = [
+        VirtualDevice(
+            f"dev-{k}",
+            source=ArraySource(train[h], np.zeros(len(h), np.int64), np.random.default_rng(k)),
+            rate=math.inf,
+        )
+        for k, h in enumerate(halves)
+    ]
+    settings = fast(
+        task="forecast", forecast_horizon=8, sample_shape="3,72", num_rounds=10,
+        local_steps=20, global_batch=128, b_min=8, b_max=256, lr=FORECAST_LR,
+        controller="fixed", availability_cap=False, eval_data=str(tmp_path / "test.npz"),
+        eval_samples=len(test),
+    )  # fmt: skip
+    grid = InProcessGrid(devices, tmp_path / "b", settings)
+    # Execute
+    records = run_rounds(grid, settings)
+    grid.close()
+    # Assert: the test MAE, in milli-g, at most 0.9 x repeating the last reading's; every
+    # round's score is finite (nothing diverged)
+    naive = float(np.abs(test[:, :, 64:] - test[:, :, 63:64]).mean())
+    assert naive > 50  # raw units: the scale the task must not depend on
+    assert all(math.isfinite(r.test_accuracy) and r.diverged == 0 for r in records)
+    assert records[-1].test_accuracy <= 0.9 * naive
+    # summary.json keeps the held-out score's key, and names its metric
+    summary = summarize(records, 0.0)
+    assert (summary["metric"], summary["test_accuracy"]) == ("mae", records[-1].test_accuracy)
+
+
 def test_classification_refuses_samples_of_a_label_free_stream_and_says_what_to_do() -> None:
     # Prepare: windows cut from a stream ingested without --label-field
     x = torch.zeros(4, 3, 8)
@@ -458,4 +561,4 @@ def test_classification_refuses_samples_of_a_label_free_stream_and_says_what_to_
     with pytest.raises(ValueError, match="--label-field"):
         Classification().targets(x, y)
     past, future = Forecast(2).targets(x, y)  # forecasting never reads them
-    assert past.shape == (4, 3, 6) and future.shape == (4, 6)
+    assert past.shape == (4, 3, 6) and future.shape == (4, 3, 3)  # 2 ahead and the scale
