@@ -16,6 +16,7 @@ from types import FrameType
 from typing import IO
 
 __all__ = [
+    "SIGNAL_ECHO_S",
     "STOP_SIGNALS",
     "ProcessGroup",
     "Stopped",

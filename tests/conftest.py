@@ -56,6 +56,8 @@ FAST: dict[str, Any] = {
 #: Seconds a test's leftover processes get to end by themselves before they are stopped.
 LEFTOVER_GRACE_S = 3.0
 PR_SET_CHILD_SUBREAPER = 36  # prctl(2)
+#: Processes pytest's own interpreter keeps for its lifetime, whichever test started them.
+INTERPRETER_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
 
 
 class LeftoverProcessWarning(UserWarning):
@@ -92,7 +94,8 @@ def _nothing_left_running(request: pytest.FixtureRequest) -> Iterator[None]:
 
     def leftover() -> set[int]:
         _reap(me, before)
-        return {pid for pid, _ in descendants(me) if pid not in before}
+        new = {pid for pid, _ in descendants(me) if pid not in before}
+        return {pid for pid in new if not any(h in _cmdline(pid) for h in INTERPRETER_HELPERS)}
 
     if wait_until(lambda: not leftover(), LEFTOVER_GRACE_S, interval=0.2):
         return

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from deploy.bench.simulation import simulate as simulate_fleet
-from deploy.local import free_port
+from deploy.local import descendants, free_port
 
 
 @pytest.mark.timeout(600)
@@ -41,6 +41,7 @@ def test_a_simulation_joins_a_ray_cluster_started_beforehand(tmp_path: Path) -> 
     assert ray is not None, "flwr[simulation] brings Ray's command line"
     temp = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
     address = f"127.0.0.1:{free_port()}"
+    before = {pid for pid, _ in descendants(os.getpid())}
     subprocess.run(
         [ray, "start", "--head", f"--port={address.split(':')[1]}", "--num-cpus=2",
          "--include-dashboard=false", f"--temp-dir={temp}", "--disable-usage-stats"],
@@ -55,7 +56,7 @@ def test_a_simulation_joins_a_ray_cluster_started_beforehand(tmp_path: Path) -> 
             if p.is_file()
         }
     finally:
-        _stop_ray(temp)
+        _stop_ray(temp, before)
     # Assert: the run finished, and its driver and ClientApp actors ran in that cluster
     assert run["status"] == "finished:completed", run
     assert any(name.startswith("python-core-driver-") for name in logs), sorted(logs)
@@ -64,8 +65,15 @@ def test_a_simulation_joins_a_ray_cluster_started_beforehand(tmp_path: Path) -> 
     ), sorted(logs)
 
 
-def _stop_ray(temp: Path) -> None:
-    """Kill this test's Ray cluster only (``ray stop`` would stop every one on the host)."""
+def _stop_ray(temp: Path, before: set[int]) -> None:
+    """Kill this test's Ray cluster only (``ray stop`` would stop every one on the host): the
+    processes that name its folder, and those it started that do not (its client server and
+    dashboard agent; the suite adopts them, so they are this process's descendants that
+    were not there ``before``)."""
+    for pid, _ in descendants(os.getpid()):
+        if pid not in before:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
     for entry in Path("/proc").glob("[0-9]*"):
         try:
             cmd = (entry / "cmdline").read_bytes()
