@@ -13,16 +13,19 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import IO
+from typing import IO, NamedTuple
 
 __all__ = [
     "SIGNAL_ECHO_S",
     "STOP_SIGNALS",
+    "ProcStat",
     "ProcessGroup",
     "Stopped",
     "descendants",
     "fedstream_command",
     "free_port",
+    "pids",
+    "proc_stat",
     "stop_on_signals",
     "stop_tree",
     "wait_for_port",
@@ -71,21 +74,40 @@ def fedstream_command(*args: str) -> list[str]:
 ProcessId = tuple[int, int]
 
 
+class ProcStat(NamedTuple):
+    """What /proc says of one process: its state (``Z``: a zombie), parent and start time."""
+
+    state: str
+    ppid: int
+    start: int
+
+
+def proc_stat(pid: int | str) -> ProcStat | None:
+    """``/proc/PID/stat``'s state, parent pid and start time; None if there is no such
+    process (or no /proc: not Linux)."""
+    try:
+        # "pid (comm) state ppid ... starttime": comm may hold spaces and parentheses
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    except OSError:  # gone meanwhile
+        return None
+    return ProcStat(fields[0], int(fields[1]), int(fields[19]))
+
+
+def pids() -> list[int]:
+    """Every pid /proc shows (none off Linux)."""
+    root = Path("/proc")
+    return [int(e.name) for e in root.iterdir() if e.name.isdigit()] if root.is_dir() else []
+
+
 def _proc_table() -> dict[int, tuple[int, int]]:
     """pid -> (parent pid, start time) of every running process /proc shows (empty off
     Linux). Zombies are left out: they have ended, only their exit status waits to be read
     (by a parent, or by a PID 1 that may never read it in a container)."""
     table: dict[int, tuple[int, int]] = {}
-    for entry in Path("/proc").iterdir() if Path("/proc/self/stat").exists() else ():
-        if not entry.name.isdigit():
-            continue
-        try:
-            # "pid (comm) state ppid ... starttime": comm may hold spaces and parentheses
-            fields = (entry / "stat").read_text().rpartition(")")[2].split()
-        except OSError:  # gone meanwhile
-            continue
-        if fields[0] != "Z":
-            table[int(entry.name)] = (int(fields[1]), int(fields[19]))
+    for pid in pids():
+        stat = proc_stat(pid)
+        if stat is not None and stat.state != "Z":
+            table[pid] = (stat.ppid, stat.start)
     return table
 
 

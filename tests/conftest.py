@@ -33,7 +33,7 @@ import torch
 
 from deploy.brokers import EmbeddedBroker, MosquittoBroker, mosquitto_available
 from deploy.inprocess import VirtualDevice
-from deploy.local import ProcessGroup, descendants, wait_until
+from deploy.local import ProcessGroup, descendants, pids, proc_stat, wait_until
 from edge_client.task.synthetic import SensorTask
 from edge_client.wire.frames import encode_frame
 from edge_client.wire.run_config import RunSettings
@@ -74,13 +74,9 @@ def pytest_configure(config: pytest.Config) -> None:
 def _reap(me: int, keep: set[int]) -> None:
     """Collect the exit status of this process's ended children but those in ``keep``
     (adopted orphans: no Popen waits for them)."""
-    for entry in Path("/proc").iterdir():
-        try:
-            fields = (entry / "stat").read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
-        pid = int(entry.name) if entry.name.isdigit() else 0
-        if fields[0] == "Z" and int(fields[1]) == me and pid not in keep:
+    for pid in pids():
+        stat = proc_stat(pid)
+        if stat is not None and stat.state == "Z" and stat.ppid == me and pid not in keep:
             with contextlib.suppress(ChildProcessError):  # collected meanwhile
                 os.waitpid(pid, os.WNOHANG)
 

@@ -28,6 +28,8 @@ from deploy.local import (
     descendants,
     fedstream_command,
     free_port,
+    pids,
+    proc_stat,
     wait_until,
 )
 from deploy.probes import start_ingest
@@ -46,17 +48,14 @@ MARK = "FEDSTREAM_TEST_MARK"
 def _marked(mark: str) -> list[int]:
     """Processes whose environment carries ``MARK=mark``, the zombies aside."""
     found = []
-    for entry in Path("/proc").iterdir():
+    for pid in pids():
         try:
-            if not entry.name.isdigit() or f"{MARK}={mark}".encode() not in (
-                (entry / "environ").read_bytes().split(b"\0")
-            ):
-                continue
-            state = (entry / "stat").read_text().rpartition(")")[2].split()[0]
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         except OSError:  # gone meanwhile, or not ours
             continue
-        if state != "Z":
-            found.append(int(entry.name))
+        stat = proc_stat(pid)
+        if f"{MARK}={mark}".encode() in environ and stat is not None and stat.state != "Z":
+            found.append(pid)
     return found
 
 
@@ -174,14 +173,7 @@ def test_process_group_close_stops_grandchildren_in_their_own_session() -> None:
     group.close()
     # Assert
     assert child.returncode is not None
-    assert wait_until(lambda: not Path(f"/proc/{grandchild}").exists() or _zombie(grandchild), 5)
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
-    except OSError:
-        return True
+    assert wait_until(lambda: getattr(proc_stat(grandchild), "state", "Z") == "Z", 5)
 
 
 def _model_dir(path: Path) -> Path:
