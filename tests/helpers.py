@@ -91,6 +91,11 @@ def stop_command(proc: subprocess.Popen[Any]) -> None:
         proc.communicate()
 
 
+#: pytest's bound on a test that runs a whole demo: above :func:`demo`'s own (400 s), so that
+#: on a slow machine the demo is stopped as a user would stop it, not the test cut first.
+DEMO_TEST_TIMEOUT_S = 420
+
+
 def demo(tmp_path: Path, *args: str, timeout: float = 400) -> tuple[int, str, dict[str, Any]]:
     """Run ``fedstream demo --no-live --out TMP ARGS`` as a user would: (exit code, output with
     whitespace collapsed, summary.json or {})."""

@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from aggregator.records import read_metrics
-from tests.helpers import demo
+from tests.helpers import DEMO_TEST_TIMEOUT_S, demo
 
 
+@pytest.mark.timeout(DEMO_TEST_TIMEOUT_S)
 def test_a_killed_supernode_rejoins_and_keeps_its_state_by_device_id(tmp_path: Path) -> None:
     # Prepare / Execute: dev-2 (slowdown 2) dies after round 1 and restarts at once, on a new
     # Flower node id; its old node's message of round 2 is lost.

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from aggregator.records import RoundRecord, read_metrics
 from deploy.bench.forecast import DATA as CO2
@@ -19,7 +20,7 @@ from deploy.flower import FlowerDeployment
 from deploy.local import ProcessGroup
 from deploy.probes import buffer_stats
 from edge_client.wire.artifact import list_versions
-from tests.helpers import demo
+from tests.helpers import DEMO_TEST_TIMEOUT_S, demo
 
 
 def write_recording(path: Path, n: int, seed: int) -> None:
@@ -34,6 +35,7 @@ def write_recording(path: Path, n: int, seed: int) -> None:
     np.savez(path, x=x.astype(np.float32), y=y)
 
 
+@pytest.mark.timeout(DEMO_TEST_TIMEOUT_S)
 def test_demo_on_a_users_recording_learns_and_the_slower_device_gets_the_smaller_batch(
     tmp_path: Path,
 ) -> None:
@@ -105,6 +107,7 @@ def test_flwr_run_in_the_simulation_engine_trains_on_replayed_streams(tmp_path: 
     assert len(files) == 3 and all(buffer_stats(f)["accepted"] > 0 for f in files)
 
 
+@pytest.mark.timeout(DEMO_TEST_TIMEOUT_S)
 def test_demo_forecasts_a_series_its_devices_publish_reading_by_reading(tmp_path: Path) -> None:
     # Prepare: weekly Mauna Loa CO2 (a real recording), the first 80 % to stream, the rest
     # for the aggregator's test set
@@ -140,6 +143,7 @@ def test_demo_forecasts_a_series_its_devices_publish_reading_by_reading(tmp_path
     assert command in out
 
 
+@pytest.mark.timeout(DEMO_TEST_TIMEOUT_S)
 def test_async_demo_does_not_wait_for_a_slow_supernode_and_resumes_its_version(
     tmp_path: Path,
 ) -> None:
