@@ -6,16 +6,16 @@
 - :mod:`~aggregator.session`: what both loops share (start or resume, probe, evaluation,
   checkpoint and record);
 - :mod:`~aggregator.exchange`: pushing messages and pulling their replies;
-- :mod:`~aggregator.evaluation`: server-side evaluation on ``eval-data``;
+- :mod:`~aggregator.server_eval`: server-side evaluation on ``eval-data``;
 - :mod:`~aggregator.strategy`: per-device plans out, validated and weighted updates in;
-- :mod:`~aggregator.fleet`: the fleet registry (nodes, devices, failures, refusals);
+- :mod:`~aggregator.device_registry`: the fleet registry (nodes, devices, failures, refusals);
 - :mod:`~aggregator.aggregation`, :mod:`~aggregator.robust`: how updates are combined;
 - :mod:`~aggregator.fedbuff`: buffered asynchronous aggregation (FedBuff's rule and its
   bookkeeping);
 - :mod:`~aggregator.controller`: the batch controller (OmniLearn, with ScaDLES' cap);
 - :mod:`~aggregator.compression`, :mod:`~aggregator.injection`: the round's codec mode,
   and who shares samples (ScaDLES);
-- :mod:`~aggregator.records`, :mod:`~aggregator.checkpoint`: ``metrics.jsonl`` and the
+- :mod:`~aggregator.round_log`, :mod:`~aggregator.checkpoint`: ``metrics.jsonl`` and the
   checkpoints a run resumes from.
 
 It imports only the wire and task layers of :mod:`edge_client`.
@@ -39,22 +39,22 @@ if TYPE_CHECKING:
     from aggregator.checkpoint import Checkpoint, load_checkpoint, save_checkpoint
     from aggregator.compression import choose_mode, round_mode
     from aggregator.controller import BatchController, Plan
-    from aggregator.evaluation import ServerEvaluation
+    from aggregator.device_registry import FleetRegistry
     from aggregator.exchange import Exchange, exchange, wait_for_nodes
     from aggregator.fedbuff import UpdateBuffer, staleness_weight
-    from aggregator.fleet import FleetRegistry
     from aggregator.injection import pick_injectors
-    from aggregator.records import RoundRecord, append_record, read_metrics, virtual_round_s
     from aggregator.robust import robust_aggregate
+    from aggregator.round_log import RoundRecord, append_record, read_metrics, virtual_round_s
     from aggregator.server_app import make_server_app, run_rounds
+    from aggregator.server_eval import ServerEvaluation
     from aggregator.session import RunSession
     from aggregator.strategy import RoundReport, StreamStrategy
 
 _EXPORTS = {
     "Accumulator": "aggregation",
     "Exchange": "exchange",
-    "append_record": "records",
-    "virtual_round_s": "records",
+    "append_record": "round_log",
+    "virtual_round_s": "round_log",
     "wait_for_nodes": "exchange",
     "run_async": "asynchronous",
     "RunSession": "session",
@@ -62,11 +62,11 @@ _EXPORTS = {
     "staleness_weight": "fedbuff",
     "BatchController": "controller",
     "Checkpoint": "checkpoint",
-    "FleetRegistry": "fleet",
+    "FleetRegistry": "device_registry",
     "Plan": "controller",
     "NormalisedMean": "aggregation",
     "RobustRule": "aggregation",
-    "RoundRecord": "records",
+    "RoundRecord": "round_log",
     "RoundReport": "strategy",
     "StreamStrategy": "strategy",
     "WeightedMean": "aggregation",
@@ -75,12 +75,12 @@ _EXPORTS = {
     "load_checkpoint": "checkpoint",
     "make_accumulator": "aggregation",
     "pick_injectors": "injection",
-    "read_metrics": "records",
+    "read_metrics": "round_log",
     "robust_aggregate": "robust",
     "round_mode": "compression",
     "run_rounds": "server_app",
     "make_server_app": "server_app",
-    "ServerEvaluation": "evaluation",
+    "ServerEvaluation": "server_eval",
     "save_checkpoint": "checkpoint",
 }
 __all__ = [

@@ -45,7 +45,7 @@ class Accumulator(Protocol):
     ) -> None:
         """Add one device's update, trained on ``weight`` samples (> 0) in ``steps`` steps;
         ``boost`` multiplies the weight the rule gives it (a drifting device's,
-        :mod:`aggregator.drift`; the robust rules ignore it: a device's own claim must not
+        :mod:`aggregator.drift_reaction`; the robust rules ignore it: a device's own claim must not
         buy it influence there)."""
         ...
 

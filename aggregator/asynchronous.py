@@ -8,7 +8,7 @@ controller fed the step time), its update goes into FedBuff's buffer
 ``duplicate`` and ``bad-version`` refused), and the node is sent new work from the newest
 model version. When ``async-buffer`` updates are buffered they are applied as one step: a new
 model version, evaluated on ``eval-data`` when the run has it, checkpointed with the
-buffer's state, and recorded (one :class:`~aggregator.records.RoundRecord` per version, with
+buffer's state, and recorded (one :class:`~aggregator.round_log.RoundRecord` per version, with
 each update's staleness). ``num-rounds`` counts versions (0: until stopped; a stop request
 is honoured after the next aggregation).
 
@@ -45,7 +45,7 @@ from flwr.serverapp import Grid
 
 from aggregator.exchange import PULL_BATCH, PULL_INTERVAL_S, wait_for_nodes
 from aggregator.fedbuff import UpdateBuffer
-from aggregator.records import RoundRecord, UpdateInfo, divergence_hint, virtual_round_s
+from aggregator.round_log import RoundRecord, UpdateInfo, divergence_hint, virtual_round_s
 from aggregator.session import (
     RECORDS_KEPT,
     RunDivergedError,

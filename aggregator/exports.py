@@ -15,7 +15,7 @@ import torch
 from flwr.app import ArrayRecord
 from torch import nn
 
-from aggregator.records import RoundRecord
+from aggregator.round_log import RoundRecord
 from edge_client.task.interface import Task
 from edge_client.task.manifest import scores_entry, task_manifest
 from edge_client.wire.artifact import PROGRAMS, ModelVersion, write_version

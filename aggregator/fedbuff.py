@@ -211,7 +211,7 @@ class UpdateBuffer:
         boost: float = 1.0,
     ) -> str | None:
         """Buffer one update; return why it was refused, or None (``boost`` multiplies its
-        weight: a drifting device's, :mod:`aggregator.drift`).
+        weight: a drifting device's, :mod:`aggregator.drift_reaction`).
 
         Returns
         -------

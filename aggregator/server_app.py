@@ -12,7 +12,7 @@ speed.
 :func:`~aggregator.exchange.exchange` the messages,
 :meth:`~aggregator.strategy.StreamStrategy.aggregate_train` (with the devices' prequential
 scores), evaluate on ``eval-data`` when the run has it, checkpoint, then append a
-:class:`~aggregator.records.RoundRecord` to ``metrics.jsonl``.
+:class:`~aggregator.round_log.RoundRecord` to ``metrics.jsonl``.
 
 ``mode = "async"``: no rounds; each device gets new work as soon as it replies, and the
 model moves every ``async-buffer`` updates (:mod:`aggregator.asynchronous`, FedBuff).
@@ -32,7 +32,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from aggregator.asynchronous import run_async
 from aggregator.exchange import exchange, superlink_outage_bound, wait_for_nodes
-from aggregator.records import METRICS_FILE, RoundRecord, RoundTiming, virtual_round_s
+from aggregator.round_log import METRICS_FILE, RoundRecord, RoundTiming, virtual_round_s
 from aggregator.session import (
     RECORDS_KEPT,
     RunSession,

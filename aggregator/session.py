@@ -23,19 +23,19 @@ from torch import nn
 
 from aggregator.checkpoint import RUN_CONFIG, Checkpoint, load_checkpoint, save_checkpoint
 from aggregator.controller import BatchController
-from aggregator.evaluation import ServerEvaluation
+from aggregator.device_registry import FleetRegistry
 from aggregator.exchange import exchange, wait_for_nodes
 from aggregator.exports import export_model
-from aggregator.fleet import FleetRegistry
-from aggregator.records import (
+from aggregator.round_log import (
     METRICS_FILE,
     RoundRecord,
     append_record,
     divergence_hint,
     runs_home,
 )
-from aggregator.service import StopRequest
+from aggregator.server_eval import ServerEvaluation
 from aggregator.sinks import RoundSink, open_sinks, write_all
+from aggregator.stopping import StopRequest
 from aggregator.strategy import DIVERGED, RoundReport, StreamStrategy
 from edge_client.task.interface import Scores, Task, init_model
 from edge_client.task.loading import load_task
@@ -75,7 +75,7 @@ class RunDivergedError(RuntimeError):
 
 def with_run_dir(settings: RunSettings, run_id: int) -> RunSettings:
     """``settings`` of a run Flower started: an empty ``out-dir`` becomes the run's default
-    folder (:func:`~aggregator.records.runs_home` / ``run_id``), and ``none`` no folder."""
+    folder (:func:`~aggregator.round_log.runs_home` / ``run_id``), and ``none`` no folder."""
     if settings.out_dir == NO_OUT_DIR:
         return replace(settings, out_dir="")
     if settings.out_dir:

@@ -13,7 +13,7 @@ import logging
 import math
 from typing import Any, Protocol
 
-from aggregator.records import RoundRecord
+from aggregator.round_log import RoundRecord
 from edge_client.wire.mapping import kebab
 from edge_client.wire.run_config import RunSettings
 
@@ -160,7 +160,7 @@ def open_sinks(settings: RunSettings) -> list[RoundSink]:
     sinks: list[RoundSink] = []
     try:
         if settings.prometheus_port:
-            from aggregator.prometheus import RoundExporter
+            from aggregator.prometheus_sink import RoundExporter
 
             sinks.append(RoundExporter(settings.prometheus_port, settings.prometheus_listen))
         if settings.tensorboard_dir:

@@ -6,7 +6,7 @@ It follows Flower's ``Strategy`` (``configure_train`` builds the round's message
 * each device gets its own plan (:class:`~edge_client.wire.records.RoundPlan`, a fresh
   record per message): its batch from the controller (OmniLearn, capped by what its stream
   can deliver: ScaDLES), the round's codec mode, whether it shares samples for injection;
-* everything is keyed by ``device-id`` (:class:`~aggregator.fleet.FleetRegistry`);
+* everything is keyed by ``device-id`` (:class:`~aggregator.device_registry.FleetRegistry`);
 * each update arrives as a codec frame (a delta against the round's global model) and is
   decoded, checked and fed to the run's accumulator (:mod:`aggregator.aggregation`) before
   the next is read: error replies, malformed replies, devices whose samples are not of the
@@ -41,10 +41,10 @@ from flwr.serverapp import Grid
 from aggregator.aggregation import make_accumulator
 from aggregator.compression import round_mode
 from aggregator.controller import BatchController, Plan
-from aggregator.drift import DriftReaction
-from aggregator.fleet import FleetRegistry
+from aggregator.device_registry import FleetRegistry
+from aggregator.drift_reaction import DriftReaction
 from aggregator.injection import pick_injectors
-from aggregator.records import UpdateInfo
+from aggregator.round_log import UpdateInfo
 from edge_client.wire.codec import NON_FINITE, CodecError, decode, raw_size_limit
 from edge_client.wire.records import (
     ARRAYS,
@@ -181,7 +181,7 @@ class _Round:
     broadcast: ArrayRecord  # the model as sent down
     broadcast_bytes: int
     planned: dict[int, int]  # node -> planned batch
-    lr_factor: float = 1.0  # the drift reaction's (aggregator.drift)
+    lr_factor: float = 1.0  # the drift reaction's (aggregator.drift_reaction)
 
 
 class StreamStrategy:
@@ -456,7 +456,7 @@ class StreamStrategy:
 
     def boost_of(self, update: Update, report: RoundReport) -> float:
         """How much more than the rule's weight an update weighs: more while its device
-        reports drift (:class:`~aggregator.drift.DriftReaction`), else 1."""
+        reports drift (:class:`~aggregator.drift_reaction.DriftReaction`), else 1."""
         m = update.metrics
         boost, rose = self.drift.boost_of(update.device, m.drift_changes)
         if rose:

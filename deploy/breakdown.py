@@ -11,7 +11,7 @@ device's path (the *critical* device: the longest push-to-reply latency):
   the handler's parts (:class:`~edge_client.wire.records.ReplyMetrics`);
 - ``handler-other``: the handler's time none of its parts measured;
 - ``aggregator``: planning, what is left of the aggregation once the last reply is in,
-  evaluation and checkpoint (:class:`~aggregator.records.RoundTiming`);
+  evaluation and checkpoint (:class:`~aggregator.round_log.RoundTiming`);
 - ``other``: the round's wall time none of the above measured.
 
 ``flower`` also holds the wait for the aggregator's next pull (at most its 0.2 s
@@ -26,7 +26,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from aggregator.records import RoundRecord
+from aggregator.round_log import RoundRecord
 
 __all__ = ["PARTS", "round_breakdown", "run_breakdown"]
 

@@ -40,7 +40,7 @@ from edge_client.runtime.constants import (
     RATE_LOG_S,
     STATUS_INTERVAL_S,
 )
-from edge_client.runtime.drift import DEFAULT_DELTA
+from edge_client.runtime.drift_watch import DEFAULT_DELTA
 from edge_client.task.constants import DEFAULT_NUM_CLASSES, DEFAULT_SHAPE, DIGITS_SHAPE
 from edge_client.wire.constants import RATE_SETS
 from edge_client.wire.mapping import kebab
@@ -731,10 +731,10 @@ def fleet(
 
     from rich.live import Live
 
-    from deploy.fleet import FleetView, fleet_rows
+    from deploy.fleet_status import FleetView, fleet_rows
     from edge_client.runtime.mqtt import BrokerURL
-    from edge_client.runtime.prometheus import serve_statuses
     from edge_client.runtime.signals import connected_or_raise
+    from edge_client.runtime.status_metrics import serve_statuses
 
     _setup_logging(verbose)
     try:
@@ -790,7 +790,7 @@ def _print_fleet(rows: list[dict[str, Any]], json_out: bool, broker: str) -> Non
 
 
 def _fleet_table(rows: list[dict[str, Any]], broker: str) -> Table:
-    """``fedstream fleet``'s table of :func:`deploy.fleet.fleet_rows` (fill as a share of the
+    """``fedstream fleet``'s table of :func:`deploy.fleet_status.fleet_rows` (fill as a share of the
     buffer's capacity)."""
     from rich import box
     from rich.table import Table
@@ -950,7 +950,7 @@ def stop(
 ) -> None:
     """Ask a run to stop after its current round (a continuous run, num-rounds = 0): it
     checkpoints, exports, and exits; resume = true continues it."""
-    from aggregator.service import request_stop
+    from aggregator.stopping import request_stop
 
     path = request_stop(directory)
     console.print(f"wrote {path}: the run stops after its current round")
@@ -971,7 +971,7 @@ def report(
 ) -> None:
     """Draw the plots and write the summary of any run from its metrics.jsonl (rotated files
     included): a deployed run's, a simulation's, the demo's."""
-    from aggregator.records import read_rotated
+    from aggregator.round_log import read_rotated
     from deploy.report import summarize, write_report
 
     _require("fedstream report", ("matplotlib",))
@@ -1360,8 +1360,8 @@ def serve(
 ) -> None:
     """Keep a continuous run (num-rounds = 0) going on a SuperLink until SIGTERM; then stop it
     after its current round and exit 0 (the aggregator's systemd unit runs this)."""
+    from deploy.aggregator_service import serve as serve_run
     from deploy.flower import FlowerError, find_app
-    from deploy.service import serve as serve_run
 
     _setup_logging(verbose)
     try:

@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from aggregator.records import RoundRecord, divergence_hint, read_metrics
+from aggregator.round_log import RoundRecord, divergence_hint, read_metrics
 from deploy.brokers import (
     BROKER_CONFIG_DIR,
     EmbeddedBroker,
@@ -48,7 +48,7 @@ from deploy.flower import FlowerDeployment, FlowerError
 from deploy.local import ProcessGroup, fedstream_command
 from deploy.report import summarize, write_report
 from deploy.secure import RunSecrets, make_run_secrets
-from edge_client.emulation.readings import series_channels
+from edge_client.emulation.reading_replay import series_channels
 from edge_client.emulation.sources import pick_classes
 from edge_client.runtime.buffer import BufferStore, BufferStoreError
 from edge_client.runtime.constants import COMMIT_INTERVAL_S, DEFAULT_POLICY, POLICIES

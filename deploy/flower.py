@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from aggregator.checkpoint import RUN_CONFIG, SERVER_ROUND, read_state
-from aggregator.records import HOME_ENV
+from aggregator.round_log import HOME_ENV
 from deploy.local import ProcessGroup, free_port, wait_for_port
 from deploy.secure import RunSecrets
 from edge_client.wire.mapping import kebab

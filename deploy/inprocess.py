@@ -6,7 +6,7 @@ replayed synthetic stream whose deliveries are a function of its rate and the vi
 (:class:`~edge_client.emulation.virtual_stream.VirtualStream`), and a slowdown charged on that
 clock instead of slept. It also plays the broker for data injection: after each round it
 delivers every opted-in device's outbox to the other opted-in devices' pools
-(:func:`edge_client.runtime.inject.receive`, as their ingest daemons would).
+(:func:`edge_client.runtime.injection.receive`, as their ingest daemons would).
 
 Synchronous rounds (``mode = "sync"``): a push is a round, which costs the slowest device's
 ``compute * slowdown + wait + bytes / bandwidth``; with ``deadline_s`` a reply that would
@@ -43,7 +43,7 @@ from flwr.serverapp import Grid
 from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
-from aggregator.records import virtual_round_s
+from aggregator.round_log import virtual_round_s
 from edge_client.emulation.sources import (
     ChangingSource,
     SampleSource,
@@ -55,7 +55,7 @@ from edge_client.emulation.virtual_stream import VirtualStream
 from edge_client.runtime.buffer import BufferStore
 from edge_client.runtime.client_app import app as default_client_app
 from edge_client.runtime.constants import POLICY_TRUNCATION
-from edge_client.runtime.inject import open_pool, receive
+from edge_client.runtime.injection import open_pool, receive
 from edge_client.runtime.node_config import NodeConfig
 from edge_client.runtime.outbox import Outbox
 from edge_client.runtime.seeding import device_rng

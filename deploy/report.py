@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from aggregator.records import RoundRecord
+from aggregator.round_log import RoundRecord
 from deploy.breakdown import run_breakdown
 from deploy.extras import require_extra
 

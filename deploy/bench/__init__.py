@@ -28,9 +28,9 @@ SCENARIOS = {
     "reliability": "deploy.bench.reliability",
     "async": "deploy.bench.asynchronous",
     "deployment": "deploy.bench.deployment",
-    "drift": "deploy.bench.drift",
+    "drift": "deploy.bench.drift_recovery",
     "inference": "deploy.bench.inference",
-    "service": "deploy.bench.service",
+    "service": "deploy.bench.continuous_run",
     "simulation": "deploy.bench.simulation",
 }
 

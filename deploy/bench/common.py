@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from aggregator.records import RoundRecord
+from aggregator.round_log import RoundRecord
 from aggregator.server_app import run_rounds
 from deploy.inprocess import InProcessGrid, VirtualDevice
 from deploy.plots import Panel, save_figure

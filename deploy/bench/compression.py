@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 from matplotlib.axes import Axes
 
-from aggregator.records import RoundRecord
+from aggregator.round_log import RoundRecord
 from deploy.bench.common import (
     SEEDS,
     Panel,

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 
-from aggregator.records import RoundRecord, read_metrics
+from aggregator.round_log import RoundRecord, read_metrics
 from deploy.bench.common import Result, markdown_table, spread
 from deploy.breakdown import PARTS, run_breakdown
 from deploy.demo import APP_DIR, STATUS_CHECK_S, DemoConfig, run_demo

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from aggregator.checkpoint import load_checkpoint
-from aggregator.records import read_metrics
+from aggregator.round_log import read_metrics
 from aggregator.server_app import run_rounds
 from deploy.brokers import BROKER_CONFIG_DIR, EmbeddedBroker, MosquittoBroker, mosquitto_available
 from deploy.inprocess import InProcessGrid, VirtualDevice

@@ -40,7 +40,7 @@ import numpy as np
 from matplotlib.axes import Axes
 
 from aggregator.checkpoint import load_checkpoint
-from aggregator.records import RoundRecord
+from aggregator.round_log import RoundRecord
 from deploy.bench.common import (
     SEEDS,
     Panel,
@@ -61,7 +61,7 @@ from deploy.inprocess import InProcessGrid, VirtualDevice
 from edge_client.emulation.sources import pick_classes
 from edge_client.task.constants import DEFAULT_NUM_CLASSES, DEFAULT_SHAPE
 from edge_client.task.datasets import load_dataset
-from edge_client.task.evaluation import per_class_accuracy
+from edge_client.task.diagnostics import per_class_accuracy
 from edge_client.task.models import build_model
 from edge_client.wire.constants import CONTROLLER_MODES, OMNILEARN_LEVELS
 from edge_client.wire.run_config import RunSettings

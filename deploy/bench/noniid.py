@@ -26,7 +26,7 @@ from typing import Any
 
 from matplotlib.axes import Axes
 
-from aggregator.records import RoundRecord
+from aggregator.round_log import RoundRecord
 from deploy.bench.common import (
     SEEDS,
     Panel,

@@ -27,8 +27,8 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message
 from matplotlib.axes import Axes
 
+from aggregator.device_registry import FleetRegistry
 from aggregator.exchange import PULL_BATCH, exchange
-from aggregator.fleet import FleetRegistry
 from aggregator.strategy import StreamStrategy
 from deploy.bench.common import Panel, Result, footnote, markdown_table, save_figure, verdict
 from deploy.inprocess import StaticGrid

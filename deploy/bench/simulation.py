@@ -28,7 +28,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from aggregator.records import read_metrics
+from aggregator.round_log import read_metrics
 from deploy.bench.common import Result
 from deploy.demo import APP_DIR
 from deploy.flower import FlowerDeployment

@@ -1,7 +1,7 @@
 """Stream emulation: what stands in for sensors, kept apart from the device runtime.
 
 - :mod:`~edge_client.emulation.publisher`: ``fedstream publish`` (samples at a rate, over MQTT);
-- :mod:`~edge_client.emulation.readings`: a recorded series as per-reading JSON;
+- :mod:`~edge_client.emulation.reading_replay`: a recorded series as per-reading JSON;
 - :mod:`~edge_client.emulation.accelerometer`: a synthetic accelerometer series in raw
   counts (a forecasting task's test recording);
 - :mod:`~edge_client.emulation.sources`: where samples come from (a task, a file, a
@@ -24,7 +24,7 @@ from edge_client.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from edge_client.emulation.publisher import PublisherConfig, PublishReport, run_publisher
-    from edge_client.emulation.readings import SeriesReadings, series_channels
+    from edge_client.emulation.reading_replay import SeriesReadings, series_channels
     from edge_client.emulation.replay import replay_into
     from edge_client.emulation.schedule import arrival_offsets, draw_rate
     from edge_client.emulation.simulation import simulated_node
@@ -43,7 +43,7 @@ _EXPORTS = {
     "PublishReport": "publisher",
     "PublisherConfig": "publisher",
     "SampleSource": "sources",
-    "SeriesReadings": "readings",
+    "SeriesReadings": "reading_replay",
     "SyntheticSource": "sources",
     "VirtualStream": "virtual_stream",
     "arrival_offsets": "schedule",
@@ -54,7 +54,7 @@ _EXPORTS = {
     "pick_classes": "sources",
     "replay_into": "replay",
     "run_publisher": "publisher",
-    "series_channels": "readings",
+    "series_channels": "reading_replay",
     "simulated_node": "simulation",
 }
 __all__ = [

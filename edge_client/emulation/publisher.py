@@ -2,7 +2,7 @@
 
 Messages are binary frames stamped with a publisher id (unique per run) and a sequence
 number, so that the ingest daemon can drop QoS 1 redeliveries; or, from a
-:class:`~edge_client.emulation.readings.SeriesReadings`, per-reading JSON as a simple sensor
+:class:`~edge_client.emulation.reading_replay.SeriesReadings`, per-reading JSON as a simple sensor
 sends it (told apart by their timestamps). paho keeps QoS 1 messages
 while the broker is away and resends them after it reconnects, so publishing goes on
 through broker restarts.
@@ -26,7 +26,7 @@ from edge_client.emulation.constants import (
     PUBLISH_MAX_OUTSTANDING,
     PUBLISH_STOP_DRAIN_S,
 )
-from edge_client.emulation.readings import SeriesReadings
+from edge_client.emulation.reading_replay import SeriesReadings
 from edge_client.emulation.schedule import arrival_offsets
 from edge_client.emulation.sources import SampleSource
 from edge_client.runtime.mqtt import BrokerURL, connect_async, make_client

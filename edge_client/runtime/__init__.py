@@ -10,7 +10,7 @@
 - :mod:`~edge_client.runtime.client_app`: the ClientApp (``app``, or
   :func:`make_client_app` around a user's task), which evaluates and trains with
   :mod:`~edge_client.runtime.trainer` and shares samples with
-  :mod:`~edge_client.runtime.inject`, as its :mod:`~edge_client.runtime.node_config` says;
+  :mod:`~edge_client.runtime.injection`, as its :mod:`~edge_client.runtime.node_config` says;
 - :mod:`~edge_client.runtime.mqtt`, :mod:`~edge_client.runtime.seeding`,
   :mod:`~edge_client.runtime.signals`: broker clients, reproducible randomness per device,
   running a daemon until SIGTERM;
@@ -19,7 +19,7 @@
 - :mod:`~edge_client.runtime.infer`: ``fedstream infer``, the newest model version run on
   every sample of the stream, predictions published; the versions come from
   :mod:`~edge_client.runtime.model_store` (each global model the ClientApp receives);
-- :mod:`~edge_client.runtime.drift`: a change detector (ADWIN) on the prequential error.
+- :mod:`~edge_client.runtime.drift_watch`: a change detector (ADWIN) on the prequential error.
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ if TYPE_CHECKING:
     from edge_client.runtime.client_app import make_client_app
     from edge_client.runtime.dedup import SeqWindow
     from edge_client.runtime.device_state import DeviceStateStore
-    from edge_client.runtime.drift import DriftStatus, DriftWatch
+    from edge_client.runtime.drift_watch import DriftStatus, DriftWatch
     from edge_client.runtime.infer import InferConfig, InferenceDaemon
     from edge_client.runtime.ingest import IngestConfig, IngestDaemon
-    from edge_client.runtime.inject import inject_pool_path, open_pool, receive, share
+    from edge_client.runtime.injection import inject_pool_path, open_pool, receive, share
     from edge_client.runtime.model_store import store_model
     from edge_client.runtime.mqtt import BrokerURL, connect_async, make_client
     from edge_client.runtime.node_config import NodeConfig
@@ -61,17 +61,17 @@ _EXPORTS = {
     "TrainResult": "trainer",
     "connect_async": "mqtt",
     "device_rng": "seeding",
-    "inject_pool_path": "inject",
+    "inject_pool_path": "injection",
     "make_client": "mqtt",
-    "open_pool": "inject",
+    "open_pool": "injection",
     "pick_device": "trainer",
-    "receive": "inject",
-    "DriftStatus": "drift",
-    "DriftWatch": "drift",
+    "receive": "injection",
+    "DriftStatus": "drift_watch",
+    "DriftWatch": "drift_watch",
     "InferConfig": "infer",
     "InferenceDaemon": "infer",
     "store_model": "model_store",
-    "share": "inject",
+    "share": "injection",
     "train_local": "trainer",
 }
 __all__ = [

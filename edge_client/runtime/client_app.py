@@ -32,8 +32,8 @@ from flwr.common.constant import PARTITION_ID_KEY, ErrorCode
 
 from edge_client.runtime.buffer import BufferStore, SampleBuffer
 from edge_client.runtime.device_state import DeviceState, DeviceStateStore
-from edge_client.runtime.drift import errors_of
-from edge_client.runtime.inject import inject_pool_path, share
+from edge_client.runtime.drift_watch import errors_of
+from edge_client.runtime.injection import inject_pool_path, share
 from edge_client.runtime.model_store import store_model
 from edge_client.runtime.node_config import NodeConfig
 from edge_client.runtime.seeding import device_rng

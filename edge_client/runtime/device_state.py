@@ -19,7 +19,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from edge_client.runtime.constants import DRIFT_STATUS_KEY, DRIFT_WATCH_KEY
-from edge_client.runtime.drift import DriftWatch
+from edge_client.runtime.drift_watch import DriftWatch
 from edge_client.runtime.schema import SqliteStore, transaction
 from edge_client.task.preprocess import Preprocessor
 from edge_client.wire.codec import CodecError, FeedbackState, decode, encode

@@ -23,7 +23,7 @@ Before the first version it drops samples (counted as ``no-model``).
 
 Prequential error and drift: a sample that carries its own answer (a label, or for a
 forecast the last ``H`` readings of a ``W + H`` window) is scored before anything else, and
-its error goes to the drift watcher (:mod:`edge_client.runtime.drift`), kept in the
+its error goes to the drift watcher (:mod:`edge_client.runtime.drift_watch`), kept in the
 buffer file when ``--buffer`` is given (so the ingest status and the ClientApp's replies
 report it). A forecasting task's predictions are for the ``H`` readings after each sample.
 
@@ -49,7 +49,7 @@ import paho.mqtt.client as mqtt
 import torch
 
 from edge_client.runtime.constants import INFER_BATCH_MAX, INFER_STATUS_S, MODEL_POLL_S
-from edge_client.runtime.drift import DEFAULT_DELTA, DETECTORS, DriftWatch, errors_of
+from edge_client.runtime.drift_watch import DEFAULT_DELTA, DETECTORS, DriftWatch, errors_of
 from edge_client.runtime.mqtt import BrokerURL, connect_async, make_client
 from edge_client.runtime.signals import connected_or_raise, run_until_signalled
 from edge_client.runtime.windowing import WindowAssembler, WindowSpec

@@ -47,13 +47,13 @@ from edge_client.runtime.constants import (
     REJECT_LOG_INTERVAL_S,
     STATUS_INTERVAL_S,
 )
-from edge_client.runtime.inject import open_pool, receive
+from edge_client.runtime.injection import open_pool, receive
 from edge_client.runtime.mqtt import BrokerURL, connect_async, make_client
 from edge_client.runtime.outbox import Outbox
-from edge_client.runtime.prometheus import serve_statuses
 from edge_client.runtime.rate import RateEstimator
 from edge_client.runtime.schema import connect
 from edge_client.runtime.signals import connected_or_raise, run_until_signalled
+from edge_client.runtime.status_metrics import serve_statuses
 from edge_client.runtime.windowing import WindowAssembler, WindowSpec
 from edge_client.task.constants import DEFAULT_NUM_CLASSES, DEFAULT_SHAPE
 from edge_client.wire.constants import INJECT_TOPIC
@@ -93,7 +93,7 @@ class IngestConfig:
     # loses nothing (a message is acknowledged only once committed).
     commit_interval: float = COMMIT_INTERVAL_S
     client_id: str | None = None
-    inject: bool = False  # opted in to ScaDLES data injection (see edge_client.runtime.inject)
+    inject: bool = False  # opted in to ScaDLES data injection (see edge_client.runtime.injection)
     topics: tuple[str, ...] = ()  # sample frames on these topics (default: the device's)
     windowing: WindowSpec | None = None  # per-reading JSON, cut into windows
     connect_timeout: float | None = None  # run(): exit if not connected by then (None: retry)

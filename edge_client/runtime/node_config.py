@@ -7,7 +7,7 @@ device), ``threads`` (torch intra-op threads; 0 leaves torch's default) and ``in
 and ``model-dir`` (where the ClientApp keeps each global model it receives as a versioned
 export, for ``fedstream infer --model``; empty: not kept), ``drift`` (``adwin``: watch the
 prequential error of the samples each round trains on for changes,
-:mod:`edge_client.runtime.drift`; ``none``: not here, e.g. because ``fedstream infer``
+:mod:`edge_client.runtime.drift_watch`; ``none``: not here, e.g. because ``fedstream infer``
 watches every sample) and ``drift-delta`` (ADWIN's confidence).
 """
 
@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import MISSING, dataclass, fields
 from typing import Any
 
-from edge_client.runtime.drift import DEFAULT_DELTA, DETECTORS
+from edge_client.runtime.drift_watch import DEFAULT_DELTA, DETECTORS
 from edge_client.wire.mapping import MappingError, from_mapping, kebab, to_mapping
 from edge_client.wire.topics import validate_device_id
 

@@ -13,7 +13,7 @@
 - :mod:`~edge_client.task.datasets`: the built-in datasets of emulated streams (the
   synthetic sensor task, scikit-learn's digits) and their held-out sets;
 - :mod:`~edge_client.task.synthetic`: the synthetic sensor task;
-- :mod:`~edge_client.task.evaluation`: classification diagnostics (accuracy per class);
+- :mod:`~edge_client.task.diagnostics`: classification diagnostics (accuracy per class);
 - :mod:`~edge_client.task.constants`: shapes, classes, names.
 
 Both the device runtime and the aggregator import it; it imports neither.

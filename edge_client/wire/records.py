@@ -255,7 +255,7 @@ class ReplyMetrics(_Record):
         Bytes the ClientApp process sent to storage (the buffer file, its WAL).
     drift_changes : int
         Rises of the prequential error the device's drift watcher has detected so far
-        (:mod:`edge_client.runtime.drift`; 0 without a watcher).
+        (:mod:`edge_client.runtime.drift_watch`; 0 without a watcher).
     """
 
     num_examples: int

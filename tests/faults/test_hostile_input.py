@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from edge_client.runtime.inject import INJECT_REJECT_REASONS, open_pool, receive
+from edge_client.runtime.injection import INJECT_REJECT_REASONS, open_pool, receive
 from edge_client.task.synthetic import SensorTask
 from edge_client.wire.codec import REASONS, CodecError, decode, encode, seal
 from edge_client.wire.frames import (

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from aggregator.records import read_metrics
+from aggregator.round_log import read_metrics
 from tests.helpers import DEMO_TEST_TIMEOUT_S, demo
 
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from aggregator.records import read_metrics
+from aggregator.round_log import read_metrics
 from deploy.brokers import mosquitto_available
 from deploy.local import free_port, wait_for_port
 
@@ -46,7 +46,7 @@ UNITS = (
     "fedstream-ingest@.service",
     "fedstream-supernode@.service",
     "fedstream-superlink.service",
-    "fedstream-aggregator.service",
+    "fedstream-aggregator.stopping",
 )
 
 

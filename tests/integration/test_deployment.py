@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aggregator.records import RoundRecord, read_metrics
+from aggregator.round_log import RoundRecord, read_metrics
 from deploy.bench.forecast import DATA as CO2
 from deploy.demo import APP_DIR
 from deploy.flower import FlowerDeployment

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from aggregator.records import HOME_ENV, METRICS_FILE, read_metrics
+from aggregator.round_log import HOME_ENV, METRICS_FILE, read_metrics
 from deploy.flower import FlowerDeployment
 from deploy.local import ProcessGroup, fedstream_command, free_port, wait_until
 from deploy.probes import scrape_metrics

@@ -18,7 +18,7 @@ from deploy.local import ProcessGroup, fedstream_command, wait_until
 from deploy.probes import MqttProbe, publish_report, start_ingest, start_publisher
 from deploy.probes import buffer_stats as stats
 from edge_client.runtime.buffer import BufferStore
-from edge_client.runtime.inject import inject_pool_path
+from edge_client.runtime.injection import inject_pool_path
 from edge_client.runtime.outbox import Outbox
 from edge_client.wire.constants import INJECT_TOPIC
 from edge_client.wire.frames import FrameError, decode_payload, encode_frame, encode_json

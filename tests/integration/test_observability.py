@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from aggregator.prometheus import METRIC_NAMES as ROUND_METRICS
-from aggregator.records import RoundRecord
+from aggregator.prometheus_sink import METRIC_NAMES as ROUND_METRICS
+from aggregator.round_log import RoundRecord
 from aggregator.server_app import run_rounds
 from deploy.brokers import EmbeddedBroker, MosquittoBroker
 from deploy.inprocess import InProcessGrid, VirtualDevice
@@ -25,7 +25,7 @@ from deploy.local import ProcessGroup, fedstream_command, free_port, wait_until
 from deploy.probes import MetricSamples as Samples
 from deploy.probes import MqttProbe, publish_report, scrape_metrics, start_ingest, start_publisher
 from deploy.probes import buffer_stats as stats
-from edge_client.runtime.prometheus import METRIC_NAMES as DEVICE_METRICS
+from edge_client.runtime.status_metrics import METRIC_NAMES as DEVICE_METRICS
 from edge_client.wire.run_config import RunSettings
 from edge_client.wire.topics import status_topic
 

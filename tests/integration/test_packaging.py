@@ -93,7 +93,7 @@ def test_a_device_runs_without_the_demo_extra(broker: Any, procs: Any, tmp_path:
     )  # fmt: skip
     apps = subprocess.run(
         [sys.executable, "-c", WITHOUT_DEMO_EXTRA + "import edge_client.runtime.client_app, "
-         "aggregator.server_app, deploy.fleet, edge_client.runtime.infer"],
+         "aggregator.server_app, deploy.fleet_status, edge_client.runtime.infer"],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     # Assert: samples in; the apps load; what needs the extra says how to get it.

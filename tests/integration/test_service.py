@@ -8,7 +8,7 @@ import signal
 from pathlib import Path
 
 from aggregator.checkpoint import read_state
-from aggregator.records import read_metrics
+from aggregator.round_log import read_metrics
 from deploy.demo import APP_DIR
 from deploy.flower import CONNECTION, FlowerDeployment
 from deploy.local import ProcessGroup, fedstream_command, wait_until

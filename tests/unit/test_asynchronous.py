@@ -18,7 +18,7 @@ from flwr.app import Message
 
 from aggregator.asynchronous import FEDBUFF_STATE, default_buffer_size
 from aggregator.checkpoint import read_state
-from aggregator.records import RoundRecord, read_metrics
+from aggregator.round_log import RoundRecord, read_metrics
 from aggregator.server_app import run_rounds
 from deploy.inprocess import FIRST_NODE_ID, InProcessGrid, VirtualDevice
 from edge_client.wire.run_config import RunSettings

@@ -10,7 +10,7 @@ import pytest
 from flwr.app import Array, ArrayRecord
 
 from aggregator.exchange import PULL_BATCH
-from aggregator.records import RoundRecord
+from aggregator.round_log import RoundRecord
 from deploy.bench import forecast
 from deploy.bench.asynchronous import OFF_FRACTION, SCENARIOS, accuracy_at, accuracy_over
 from deploy.bench.common import (

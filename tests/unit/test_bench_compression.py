@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import pytest
 
-from aggregator.records import RoundRecord
+from aggregator.round_log import RoundRecord
 from deploy.bench import compression
 from deploy.bench.common import time_to_target
 from deploy.bench.compression import (

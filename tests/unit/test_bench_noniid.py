@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from aggregator.records import RoundRecord
+from aggregator.round_log import RoundRecord
 from aggregator.server_app import run_rounds
 from deploy.bench import noniid
 from deploy.bench.common import FleetRun, write_result

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import torch
 
-from aggregator.records import RoundRecord, RoundTiming
+from aggregator.round_log import RoundRecord, RoundTiming
 from aggregator.server_app import run_rounds
 from deploy.breakdown import PARTS, round_breakdown, run_breakdown
 from deploy.inprocess import InProcessGrid, VirtualDevice

@@ -13,7 +13,7 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from aggregator.compression import choose_mode
-from aggregator.records import RoundRecord
+from aggregator.round_log import RoundRecord
 from aggregator.server_app import run_rounds
 from deploy.inprocess import InProcessGrid, VirtualDevice
 from edge_client.runtime.buffer import BufferStore

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from aggregator.records import read_metrics
+from aggregator.round_log import read_metrics
 from aggregator.server_app import run_rounds
 from aggregator.session import RunDivergedError
 from deploy.demo import _diverged, _divergence_line

@@ -9,14 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aggregator.drift import DriftReaction
+from aggregator.drift_reaction import DriftReaction
 from aggregator.server_app import run_rounds
-from deploy.bench.drift import recovery_rounds
+from deploy.bench.drift_recovery import recovery_rounds
 from deploy.inprocess import InProcessGrid, VirtualDevice
 from edge_client.emulation.sources import SensorChange
 from edge_client.runtime.buffer import BufferStore
 from edge_client.runtime.device_state import DeviceStateStore
-from edge_client.runtime.drift import DriftWatch, errors_of
+from edge_client.runtime.drift_watch import DriftWatch, errors_of
 from edge_client.runtime.infer import InferConfig, InferenceDaemon
 from edge_client.runtime.mqtt import BrokerURL
 from edge_client.wire.artifact import list_versions

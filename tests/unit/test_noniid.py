@@ -21,7 +21,7 @@ from edge_client.emulation.lazy_buffer import StreamSamples
 from edge_client.emulation.replay import replay_into
 from edge_client.emulation.sources import SyntheticSource, label_distribution, pick_classes
 from edge_client.runtime.buffer import BufferStore
-from edge_client.runtime.inject import open_pool, receive, share
+from edge_client.runtime.injection import open_pool, receive, share
 from edge_client.runtime.outbox import Outbox
 from edge_client.runtime.seeding import device_rng
 from edge_client.runtime.trainer import train_local

@@ -19,7 +19,7 @@ import torch
 from typer.testing import CliRunner
 
 from aggregator.checkpoint import load_checkpoint, read_state
-from aggregator.records import (
+from aggregator.round_log import (
     HOME_ENV,
     RoundRecord,
     append_record,
@@ -27,8 +27,8 @@ from aggregator.records import (
     read_rotated,
 )
 from aggregator.server_app import run_rounds
-from aggregator.service import STOP_FILE, request_stop
 from aggregator.session import NO_OUT_DIR, with_run_dir
+from aggregator.stopping import STOP_FILE, request_stop
 from deploy.cli import app
 from deploy.inprocess import InProcessGrid, VirtualDevice
 from deploy.local import wait_until

@@ -1,5 +1,5 @@
-"""Devices' statuses as Prometheus metrics (edge_client.runtime.prometheus), and the fleet's
-rows (deploy.fleet): what a status says, and nothing made up where it says something else."""
+"""Devices' statuses as Prometheus metrics (edge_client.runtime.status_metrics), and the fleet's
+rows (deploy.fleet_status): what a status says, and nothing made up where it says something else."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from deploy.fleet import fleet_rows
+from deploy.fleet_status import fleet_rows
 from deploy.probes import MetricSamples, parse_metrics
-from edge_client.runtime.prometheus import StatusCollector
+from edge_client.runtime.status_metrics import StatusCollector
 
 STATUS: dict[str, Any] = {
     "device-id": "pi-1", "online": True, "ts": 1000.0, "rate": 12.5, "fill": 30,

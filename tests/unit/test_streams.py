@@ -11,7 +11,7 @@ import pytest
 
 from edge_client.emulation.constants import REPLAY_GAP_S
 from edge_client.emulation.publisher import PublisherConfig
-from edge_client.emulation.readings import SeriesReadings, series_channels
+from edge_client.emulation.reading_replay import SeriesReadings, series_channels
 from edge_client.emulation.schedule import arrival_offsets, draw_rate
 from edge_client.emulation.sources import (
     ArraySource,

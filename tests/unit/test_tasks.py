@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from aggregator.checkpoint import load_checkpoint
-from aggregator.records import FORMAT_VERSION, RoundRecord
+from aggregator.round_log import FORMAT_VERSION, RoundRecord
 from aggregator.server_app import run_rounds
 from deploy.constants import FORECAST_LR
 from deploy.inprocess import InProcessGrid, VirtualDevice

@@ -14,7 +14,7 @@ import torch
 from flwr.app import ArrayRecord
 
 from aggregator.checkpoint import RUN_CONFIG, Checkpoint, load_checkpoint, save_checkpoint
-from aggregator.records import FORMAT_VERSION, RoundRecord, read_metrics
+from aggregator.round_log import FORMAT_VERSION, RoundRecord, read_metrics
 from aggregator.server_app import run_rounds
 from deploy.inprocess import InProcessGrid, VirtualDevice
 from edge_client.task.constants import DEFAULT_SHAPE

@@ -1,6 +1,6 @@
 """``fedstream bench drift``: detecting a change in a device's stream, and recovering from it.
 
-**The detector** (:class:`~edge_client.runtime.drift.DriftWatch`, River's ADWIN at its
+**The detector** (:class:`~edge_client.runtime.drift_watch.DriftWatch`, River's ADWIN at its
 default ``delta = 0.002``) on a classifier's 0/1 prequential errors, per seed:
 
 - false alarms: rises reported over 100,000 windows of a stationary stream, at error rates
@@ -28,7 +28,7 @@ import numpy as np
 from deploy.bench.common import SEEDS, Result, footnote, markdown_table, run_fleet, spread, verdict
 from deploy.inprocess import VirtualDevice
 from edge_client.emulation.sources import SensorChange
-from edge_client.runtime.drift import DEFAULT_DELTA, DriftWatch
+from edge_client.runtime.drift_watch import DEFAULT_DELTA, DriftWatch
 from edge_client.wire.run_config import RunSettings
 
 __all__ = ["detector_delays", "false_alarms", "recovery_rounds", "run"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
-from aggregator.records import RoundRecord
+from aggregator.round_log import RoundRecord
 from aggregator.sinks import round_figures
 from edge_client.wire.mapping import kebab
 

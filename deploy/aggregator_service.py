@@ -1,4 +1,4 @@
-"""``fedstream serve``: the aggregator as a service (what ``fedstream-aggregator.service`` runs).
+"""``fedstream serve``: the aggregator as a service (what ``fedstream-aggregator.stopping`` runs).
 
 It keeps one continuous run (``num-rounds = 0``) going on a SuperLink:
 
@@ -25,7 +25,7 @@ from types import FrameType
 from typing import Any
 
 from aggregator.checkpoint import read_state
-from aggregator.service import request_stop
+from aggregator.stopping import request_stop
 from deploy.flower import app_run_config, resume_run, run_status, submit_run
 from deploy.local import STOP_SIGNALS
 

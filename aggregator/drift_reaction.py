@@ -1,6 +1,6 @@
 """The aggregator's reaction to drift that devices report.
 
-A device's drift watcher (:mod:`edge_client.runtime.drift`) counts rises of its
+A device's drift watcher (:mod:`edge_client.runtime.drift_watch`) counts rises of its
 prequential error; each reply carries the count (``drift-changes``). When a device's count
 goes up, its stream has changed and the global model is behind on it. Every detection is
 logged and recorded per round (``drift`` in ``metrics.jsonl``), and the run reacts as

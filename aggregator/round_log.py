@@ -219,8 +219,8 @@ class RoundRecord:
     exported : int
         The model version exported after this round (``export-dir``), 0 for none.
     drift : dict of str to int
-        Devices that reported a change in their stream this round (:mod:`aggregator.drift`),
-        with the number of changes each has detected so far.
+        Devices that reported a change in their stream this round
+        (:mod:`aggregator.drift_reaction`), with the number of changes each has detected so far.
     format_version : int
         The line's layout (:data:`FORMAT_VERSION`).
     """

@@ -20,7 +20,7 @@ from typing import Any
 import paho.mqtt.client as mqtt
 
 from edge_client.runtime.mqtt import BrokerURL, Connection, connect_async, make_client
-from edge_client.runtime.prometheus import status_number
+from edge_client.runtime.status_metrics import status_number
 from edge_client.wire.topics import STATUS_WILDCARD, device_of_topic
 
 __all__ = ["FleetView", "fleet_rows"]

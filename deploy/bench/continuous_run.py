@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from aggregator.records import RoundRecord
+from aggregator.round_log import RoundRecord
 from aggregator.server_app import run_rounds
 from deploy.bench.common import Result, footnote, markdown_table, verdict
 from deploy.inprocess import InProcessGrid, VirtualDevice
