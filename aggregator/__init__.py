@@ -3,8 +3,13 @@
 - :mod:`~aggregator.server_app`: the ServerApp (``app``, or :func:`make_server_app` around a
   user's task) and its synchronous round loop;
 - :mod:`~aggregator.asynchronous`: the asynchronous mode's loop (FedBuff);
-- :mod:`~aggregator.session`: what both loops share (start or resume, probe, evaluation,
-  checkpoint and record);
+- :mod:`~aggregator.session`: what both loops share, a thin composition (start or resume,
+  probe, evaluation, and the commit of each round);
+- :mod:`~aggregator.resume`: the checkpoint a run resumes from, and what a round's keeps;
+- :mod:`~aggregator.divergence`: the watch on rounds in a row in which training diverged;
+- :mod:`~aggregator.exports`: versioned model exports, and when they are due;
+- :mod:`~aggregator.sinks`, :mod:`~aggregator.prometheus_sink`: where each round's
+  figures go besides ``metrics.jsonl`` (the figures: :mod:`~aggregator.round_figures`);
 - :mod:`~aggregator.exchange`: pushing messages and pulling their replies;
 - :mod:`~aggregator.server_eval`: server-side evaluation on ``eval-data``;
 - :mod:`~aggregator.strategy`: per-device plans out, validated and weighted updates in;
@@ -13,8 +18,9 @@
 - :mod:`~aggregator.fedbuff`: buffered asynchronous aggregation (FedBuff's rule and its
   bookkeeping);
 - :mod:`~aggregator.controller`: the batch controller (OmniLearn, with ScaDLES' cap);
-- :mod:`~aggregator.compression`, :mod:`~aggregator.injection`: the round's codec mode,
-  and who shares samples (ScaDLES);
+- :mod:`~aggregator.compression`: the round's codec mode;
+- :mod:`~aggregator.injection`: data injection, aggregator side (ScaDLES): who shares
+  samples, and each device's share of the byte budget;
 - :mod:`~aggregator.round_log`, :mod:`~aggregator.checkpoint`: ``metrics.jsonl`` and the
   checkpoints a run resumes from.
 
@@ -40,9 +46,10 @@ if TYPE_CHECKING:
     from aggregator.compression import choose_mode, round_mode
     from aggregator.controller import BatchController, Plan
     from aggregator.device_registry import FleetRegistry
+    from aggregator.divergence import RunDivergedError
     from aggregator.exchange import Exchange, exchange, wait_for_nodes
     from aggregator.fedbuff import UpdateBuffer, staleness_weight
-    from aggregator.injection import pick_injectors
+    from aggregator.injection import InjectionPlanner, pick_injectors
     from aggregator.robust import robust_aggregate
     from aggregator.round_log import RoundRecord, append_record, read_metrics, virtual_round_s
     from aggregator.server_app import make_server_app, run_rounds
@@ -75,6 +82,8 @@ _EXPORTS = {
     "load_checkpoint": "checkpoint",
     "make_accumulator": "aggregation",
     "pick_injectors": "injection",
+    "InjectionPlanner": "injection",
+    "RunDivergedError": "divergence",
     "read_metrics": "round_log",
     "robust_aggregate": "robust",
     "round_mode": "compression",
@@ -89,11 +98,13 @@ __all__ = [
     "Checkpoint",
     "Exchange",
     "FleetRegistry",
+    "InjectionPlanner",
     "NormalisedMean",
     "Plan",
     "RobustRule",
     "RoundRecord",
     "RoundReport",
+    "RunDivergedError",
     "RunSession",
     "ServerEvaluation",
     "StreamStrategy",

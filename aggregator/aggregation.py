@@ -25,7 +25,7 @@ from typing import Protocol
 import numpy as np
 
 from aggregator.robust import robust_aggregate
-from edge_client.wire.run_config import RunSettings
+from edge_client.wire.settings_groups import AggregationSettings
 
 __all__ = ["Accumulator", "NormalisedMean", "RobustRule", "WeightedMean", "make_accumulator"]
 
@@ -55,30 +55,10 @@ class Accumulator(Protocol):
 
 
 class _RunningSum:
-    """What the streaming rules share: one float64 sum per tensor, the devices added, and a
-    scale applied at the end (the update itself is not kept: memory O(model))."""
-
-    def __init__(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
-        self._sum = {k: np.zeros(s, np.float64) for k, s in shapes.items()}
-        self._devices: list[str] = []
-
-    def _empty(self) -> bool:
-        """Whether no update had any weight."""
-        return not self._devices
-
-    def _finish(self, total: np.ndarray) -> np.ndarray:
-        """One tensor of the combined update, from its running sum."""
-        raise NotImplementedError
-
-    def result(self) -> tuple[Delta, list[str]] | None:
-        """The combined update, and the devices it was made of."""
-        if self._empty():
-            return None
-        return {k: self._finish(a) for k, a in self._sum.items()}, list(self._devices)
-
-
-class WeightedMean(_RunningSum):
-    """The streaming sample-weighted mean of the updates (FedAvg on deltas).
+    """What the streaming rules share: one float64 sum per tensor, the devices added, their
+    total weight and steps, and a scale applied at the end (the update itself is not kept:
+    memory O(model)). A rule says what one update adds (:meth:`_term`) and weighs
+    (:meth:`_weight`), and how the sum becomes the update (:meth:`_finish`).
 
     Parameters
     ----------
@@ -87,8 +67,10 @@ class WeightedMean(_RunningSum):
     """
 
     def __init__(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
-        super().__init__(shapes)
-        self._total = 0.0
+        self._sum = {k: np.zeros(s, np.float64) for k, s in shapes.items()}
+        self._devices: list[str] = []
+        self._total = 0.0  # the updates' weights, as the rule weighs them
+        self._steps = 0  # their local steps
 
     def update(
         self,
@@ -98,15 +80,42 @@ class WeightedMean(_RunningSum):
         steps: int = 1,
         boost: float = 1.0,
     ) -> None:
-        """Add ``boost * weight * delta`` to the running sum."""
-        w = weight * boost
+        """Add one device's update to the running sum (see :class:`Accumulator`)."""
         for k, d in delta.items():
-            self._sum[k] += w * d.astype(np.float64)
-        self._total += w
+            self._sum[k] += self._term(d.astype(np.float64), weight, steps, boost)
+        self._total += self._weight(weight, boost)
+        self._steps += max(1, steps)
         self._devices.append(device)
 
-    def _empty(self) -> bool:
-        return self._total == 0
+    def _term(self, delta: np.ndarray, weight: int, steps: int, boost: float) -> np.ndarray:
+        """What one tensor of an update adds to its sum."""
+        raise NotImplementedError
+
+    def _weight(self, weight: int, boost: float) -> float:
+        """What an update adds to the total weight."""
+        raise NotImplementedError
+
+    def _finish(self, total: np.ndarray) -> np.ndarray:
+        """One tensor of the combined update, from its running sum."""
+        raise NotImplementedError
+
+    def result(self) -> tuple[Delta, list[str]] | None:
+        """The combined update, and the devices it was made of (None when no update had
+        any weight)."""
+        if not self._devices or self._total == 0:
+            return None
+        return {k: self._finish(a) for k, a in self._sum.items()}, list(self._devices)
+
+
+class WeightedMean(_RunningSum):
+    """The streaming sample-weighted mean of the updates (FedAvg on deltas)."""
+
+    def _term(self, delta: np.ndarray, weight: int, steps: int, boost: float) -> np.ndarray:
+        """``boost * weight * delta``."""
+        return (weight * boost) * delta
+
+    def _weight(self, weight: int, boost: float) -> float:
+        return weight * boost
 
     def _finish(self, total: np.ndarray) -> np.ndarray:
         """The sum over the total weight."""
@@ -121,39 +130,20 @@ class NormalisedMean(_RunningSum):
     momentum, whose exact normaliser FedNova also gives, but every device runs the same ``K``
     steps (a device never trains more steps, only smaller batches), so the normaliser
     cancels and the rule is the equal-weight mean of the updates.
-
-    Parameters
-    ----------
-    shapes : mapping of str to shape
-        The model's tensors.
     """
 
-    def __init__(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
-        super().__init__(shapes)
-        self._steps = 0
-        self._weights = 0.0
+    def _term(self, delta: np.ndarray, weight: int, steps: int, boost: float) -> np.ndarray:
+        """``boost * delta / steps`` (the sample count does not weigh; each device weighs
+        1, or ``boost``)."""
+        return boost * delta / max(1, steps)
 
-    def update(
-        self,
-        delta: Mapping[str, np.ndarray],
-        weight: int,
-        device: str,
-        steps: int = 1,
-        boost: float = 1.0,
-    ) -> None:
-        """Add ``boost * delta / steps`` to the running sum (the sample count does not
-        weigh; each device weighs 1, or ``boost``)."""
-        steps = max(1, steps)
-        for k, d in delta.items():
-            self._sum[k] += boost * d.astype(np.float64) / steps
-        self._steps += steps
-        self._weights += boost
-        self._devices.append(device)
+    def _weight(self, weight: int, boost: float) -> float:
+        return boost
 
     def _finish(self, total: np.ndarray) -> np.ndarray:
         """The (weighted) mean normalised update times the mean number of steps."""
         n = len(self._devices)
-        return total * (self._steps / n / self._weights)
+        return total * (self._steps / n / self._total)
 
 
 class RobustRule:
@@ -200,7 +190,9 @@ class RobustRule:
         return combined, [self._kept[i][2] for i in picked]
 
 
-def make_accumulator(settings: RunSettings, shapes: Mapping[str, tuple[int, ...]]) -> Accumulator:
+def make_accumulator(
+    settings: AggregationSettings, shapes: Mapping[str, tuple[int, ...]]
+) -> Accumulator:
     """The accumulator of the run's ``aggregation`` rule, for a model of these tensors."""
     if settings.aggregation == "fedavg":
         return WeightedMean(shapes)

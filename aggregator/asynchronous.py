@@ -43,16 +43,11 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, Message
 from flwr.serverapp import Grid
 
+from aggregator.divergence import RunDivergedError
 from aggregator.exchange import PULL_BATCH, PULL_INTERVAL_S, wait_for_nodes
 from aggregator.fedbuff import UpdateBuffer
 from aggregator.round_log import RoundRecord, UpdateInfo, divergence_hint, virtual_round_s
-from aggregator.session import (
-    RECORDS_KEPT,
-    RunDivergedError,
-    RunSession,
-    is_virtual,
-    virtual_time,
-)
+from aggregator.session import RECORDS_KEPT, RunSession, is_virtual, virtual_time
 from aggregator.strategy import RoundReport
 
 __all__ = ["FEDBUFF_STATE", "default_buffer_size", "run_async"]
@@ -111,18 +106,20 @@ class _AsyncLoop:
         s = self.settings = session.settings
         self.grid, self.session, self.stop = grid, session, stop
         self.strategy = session.strategy
-        wait_for_nodes(grid, s.min_nodes, s.round_timeout)
+        wait_for_nodes(grid, s.exchange.min_nodes, s.exchange.round_timeout)
         nodes = self.strategy.fleet.live_nodes(grid.get_node_ids())
         shapes = {k: tuple(a.shape) for k, a in session.arrays.items()}
-        size = s.async_buffer or default_buffer_size(len(nodes))
-        self.buffer = UpdateBuffer.from_settings(s, shapes, size, version=session.start - 1)
+        size = s.asynchrony.async_buffer or default_buffer_size(len(nodes))
+        self.buffer = UpdateBuffer.from_settings(
+            s.asynchrony, shapes, size, session.start - 1, s.aggregation_rule
+        )
         if FEDBUFF_STATE in session.saved:
             self.buffer.load_state_dict(session.saved[FEDBUFF_STATE])
         log.info(
             "asynchronous training from version %d: %d updates per aggregation, staleness %s",
             self.buffer.version,
             size,
-            s.staleness,
+            s.asynchrony.staleness,
         )
         self.virtual = is_virtual(grid)
         self.arrays = session.arrays
@@ -142,7 +139,8 @@ class _AsyncLoop:
         while True:
             live = self.strategy.fleet.live_nodes(self.grid.get_node_ids())
             if not live and not self.in_flight:
-                wait_for_nodes(self.grid, 1, s.round_timeout)  # raises when none comes back
+                # Raises when none comes back.
+                wait_for_nodes(self.grid, 1, s.exchange.round_timeout)
                 continue
             self._dispatch(live)
             replies = _pull(self.grid, list(self.in_flight), self.virtual)
@@ -152,7 +150,7 @@ class _AsyncLoop:
                     if self.session.finished(self.records[-1], self.stop):
                         return list(self.records)
             self._expire()
-            if time.monotonic() - self.last_update > s.round_timeout:
+            if time.monotonic() - self.last_update > s.exchange.round_timeout:
                 self._stalled()
             if not replies:
                 time.sleep(PULL_INTERVAL_S)
@@ -166,14 +164,13 @@ class _AsyncLoop:
         outage, starved streams): logged, and the devices keep being asked."""
         s, fleet = self.settings, self.strategy.fleet
         why = (
-            f"no usable update for {s.round_timeout:.0f} s (round-timeout): failures "
+            f"no usable update for {s.exchange.round_timeout:.0f} s (round-timeout): failures "
             f"{dict(fleet.failed)}, refusals {dict(fleet.rejected_reasons)}"
         )
         diverged = self.report.diverged  # since the last version: no version will count them
-        if diverged and s.max_diverged_rounds:
-            raise RunDivergedError(
-                f"{why}; training diverged on {', '.join(diverged)}: {divergence_hint(s.lr)}"
-            )
+        if diverged and s.rounds.max_diverged_rounds:
+            hint = divergence_hint(s.learning.lr)
+            raise RunDivergedError(f"{why}; training diverged on {', '.join(diverged)}: {hint}")
         if self.virtual:
             raise RuntimeError(why)
         log.warning("%s; still waiting at version %d", why, self.buffer.version)
@@ -258,7 +255,7 @@ class _AsyncLoop:
         )
         state = {FEDBUFF_STATE: self.buffer.state_dict()}
         record = self.session.commit(record, self.arrays, **state)
-        log.info(record.progress(self.session.settings.num_rounds))
+        log.info(record.progress(self.session.settings.rounds.num_rounds))
         self.records.append(record)
         self.since_wall, self.since_clock = time.monotonic(), virtual_time(self.grid)
         self.held.clear()
@@ -269,7 +266,7 @@ class _AsyncLoop:
         """Count a failure for each message without a reply after ``round-timeout``."""
         now = time.monotonic()
         for message_id, sent in list(self.in_flight.items()):
-            if now - sent.sent_at > self.settings.round_timeout:
+            if now - sent.sent_at > self.settings.exchange.round_timeout:
                 del self.in_flight[message_id]
                 self.strategy.fail(self.report, self.strategy.sender(sent.node, sent.device))
                 self.held.add(sent.node)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 
 from edge_client.wire.run_config import RunSettings
+from edge_client.wire.settings_groups import DriftSettings
 
 __all__ = ["DriftReaction"]
 
@@ -39,11 +40,12 @@ class DriftReaction:
 
     Parameters
     ----------
-    settings : RunSettings
-        ``drift-reaction``, ``drift-boost`` and ``drift-rounds``.
+    settings : DriftSettings
+        ``drift-reaction``, ``drift-boost`` and ``drift-rounds`` (the run's settings serve
+        too: their keys read flat).
     """
 
-    def __init__(self, settings: RunSettings) -> None:
+    def __init__(self, settings: DriftSettings | RunSettings) -> None:
         self.reaction = settings.drift_reaction
         self.boost = settings.drift_boost
         self.rounds = settings.drift_rounds

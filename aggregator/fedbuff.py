@@ -44,6 +44,7 @@ import numpy.typing as npt
 
 from edge_client.wire.constants import STALENESS_RULES
 from edge_client.wire.run_config import RunSettings
+from edge_client.wire.settings_groups import AggregationSettings, AsyncSettings
 
 __all__ = [
     "WEIGHTINGS",
@@ -173,20 +174,26 @@ class UpdateBuffer:
     @classmethod
     def from_settings(
         cls,
-        settings: RunSettings,
+        settings: AsyncSettings | RunSettings,
         shapes: Mapping[str, tuple[int, ...]],
         size: int,
         version: int = 0,
+        aggregation: AggregationSettings | None = None,
     ) -> UpdateBuffer:
-        """The buffer a run's settings ask for, ``size`` updates per aggregation, from model
-        ``version``."""
+        """The buffer the run's asynchrony group asks for, ``size`` updates per aggregation,
+        from model ``version``, its updates weighed as ``aggregation`` says (fednova, else
+        fedavg; the run's settings serve too, both groups taken from them)."""
+        if isinstance(settings, RunSettings):
+            aggregation = settings.aggregation_rule
+            settings = settings.asynchrony
+        rule = aggregation.aggregation if aggregation is not None else "fedavg"
         return cls(
             shapes,
             size,
             rule=settings.staleness,
             a=settings.staleness_exponent,
             b=settings.staleness_hinge,
-            weighting="fednova" if settings.aggregation == "fednova" else "fedavg",
+            weighting="fednova" if rule == "fednova" else "fedavg",
             server_lr=settings.server_lr,
             max_staleness=settings.max_staleness,
             version=version,

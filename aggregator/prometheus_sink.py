@@ -10,13 +10,13 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
+from aggregator.round_figures import round_figures
 from aggregator.round_log import RoundRecord
-from aggregator.sinks import round_figures
 from edge_client.wire.mapping import kebab
 
 __all__ = ["METRIC_NAMES", "RoundExporter"]
 
-#: Run figure (of :func:`~aggregator.sinks.round_figures`) -> (gauge name, help).
+#: Run figure (of :func:`~aggregator.round_figures.round_figures`) -> (gauge name, help).
 _RUN_GAUGES = {
     "accuracy": ("fedstream_accuracy", "Prequential score (the task's metric), last round."),
     "loss": ("fedstream_loss", "Prequential loss, last round."),

@@ -76,9 +76,10 @@ def make_server_app(task: Task | None = None) -> ServerApp:
         """Flower entry point: settings from the run config, then :func:`run_rounds`."""
         log_through_flower()
         settings = with_run_dir(RunSettings.from_run_config(context.run_config), context.run_id)
-        if settings.out_dir:
-            log.info("run %d writes %s", context.run_id, Path(settings.out_dir) / METRICS_FILE)
-        with superlink_outage_bound(grid, settings.superlink_timeout):
+        out_dir = settings.metrics_log.out_dir
+        if out_dir:
+            log.info("run %d writes %s", context.run_id, Path(out_dir) / METRICS_FILE)
+        with superlink_outage_bound(grid, settings.exchange.superlink_timeout):
             run_rounds(grid, settings, task=task)
 
     return server_app
@@ -127,7 +128,7 @@ def run_rounds(
     try:
         with session.watch_stop():
             session.probe(grid)
-            if settings.mode == "async":
+            if settings.asynchrony.mode == "async":
                 records = run_async(grid, session, stop)
             else:
                 records = _sync_rounds(grid, session, stop)
@@ -146,11 +147,11 @@ def _sync_rounds(
     records: deque[RoundRecord] = deque(maxlen=RECORDS_KEPT)
     server_round = session.start
     while session.more_rounds(server_round):
-        wait_for_nodes(grid, settings.min_nodes, settings.round_timeout)
+        wait_for_nodes(grid, settings.exchange.min_nodes, settings.exchange.round_timeout)
         t0, clock0 = time.monotonic(), virtual_time(grid)
         arrays = session.arrays
         messages = list(strategy.configure_train(server_round, arrays, ConfigRecord(), grid))
-        done = exchange(grid, messages, settings.round_timeout)
+        done = exchange(grid, messages, settings.exchange.round_timeout)
         t_sent = done.pushed
         new_arrays, report = strategy.aggregate_train(server_round, done.replies, done.sent)
         skipped = session.skip_reason(report)
@@ -195,7 +196,7 @@ def _sync_rounds(
         # compute and wait are a small part of it: Flower's own round trip is the rest).
         strategy.record_round_time(record.virtual_s if is_virtual(grid) else wall)
         record = session.commit(record, arrays)
-        log.info(record.progress(settings.num_rounds, len(messages)))
+        log.info(record.progress(settings.rounds.num_rounds, len(messages)))
         records.append(record)
         if session.finished(record, stop):
             break

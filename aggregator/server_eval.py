@@ -14,11 +14,11 @@ from dataclasses import dataclass
 import numpy as np
 from torch import nn
 
-from edge_client.task.constants import DATASETS
 from edge_client.task.datasets import load_dataset
 from edge_client.task.interface import Scores, Task, evaluate
 from edge_client.task.recordings import load_recording
-from edge_client.wire.run_config import RunSettings
+from edge_client.wire.constants import DATASETS
+from edge_client.wire.settings_groups import EvaluationSettings, LearningSettings
 
 __all__ = ["ServerEvaluation"]
 
@@ -36,9 +36,16 @@ class ServerEvaluation:
     y: np.ndarray
 
     @classmethod
-    def from_settings(cls, settings: RunSettings, task: Task) -> ServerEvaluation | None:
+    def from_settings(
+        cls,
+        settings: EvaluationSettings,
+        learning: LearningSettings,
+        seed: int,
+        task: Task,
+    ) -> ServerEvaluation | None:
         """The run's ``eval-data``, at most ``eval-samples`` of it (drawn by ``seed`` from a
-        larger file); None without.
+        larger file), for a model of ``learning``'s ``sample-shape`` and ``num-classes``;
+        None without.
 
         Raises
         ------
@@ -49,23 +56,24 @@ class ServerEvaluation:
         source = settings.eval_data
         if not source:
             return None
+        shape, classes = learning.shape, learning.num_classes
         if source in DATASETS:
-            data = load_dataset(source, settings.shape, settings.num_classes)
-            x, y = data.eval_set(settings.eval_samples, settings.seed)
+            data = load_dataset(source, shape, classes)
+            x, y = data.eval_set(settings.eval_samples, seed)
         else:
-            x, y = load_recording(source, settings.shape)
+            x, y = load_recording(source, shape)
             if len(y) > settings.eval_samples:  # a sample of it, not its first rows (sorted?)
-                keep = np.random.default_rng(settings.seed).permutation(len(y))
+                keep = np.random.default_rng(seed).permutation(len(y))
                 x, y = x[keep[: settings.eval_samples]], y[keep[: settings.eval_samples]]
-        if tuple(x.shape[1:]) != settings.shape:
+        if tuple(x.shape[1:]) != shape:
             raise ValueError(
                 f"eval-data {source}: samples of shape {tuple(x.shape[1:])}, the run's "
-                f"sample-shape is {settings.shape}"
+                f"sample-shape is {shape}"
             )
-        if int(y.max()) >= settings.num_classes:
+        if int(y.max()) >= classes:
             raise ValueError(
                 f"eval-data {source}: labels up to {int(y.max())}, the run has num-classes "
-                f"{settings.num_classes}"
+                f"{classes}"
             )
         preprocessor = task.preprocessor()
         if preprocessor is not None:

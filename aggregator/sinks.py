@@ -2,34 +2,31 @@
 (``prometheus-port``), TensorBoard (``tensorboard-dir``) and MLflow (``mlflow-uri``), each
 through its own library and each off unless its run-config key is set.
 
-Every sink gets the same figures of a committed round (:func:`round_figures`), after its
-checkpoint and its line of ``metrics.jsonl``: the run's own record stays the source of truth,
-and a sink that fails logs a warning and is dropped instead of stopping the training.
+Every sink gets the same figures of a committed round
+(:func:`~aggregator.round_figures.round_figures`), after its checkpoint and its line of
+``metrics.jsonl``: the run's own record stays the source of truth, and a sink that fails
+logs a warning and is dropped instead of stopping the training.
 """
 
 from __future__ import annotations
 
 import logging
-import math
+from collections.abc import Mapping
 from typing import Any, Protocol
 
+from aggregator.round_figures import flat_figures
 from aggregator.round_log import RoundRecord
-from edge_client.wire.mapping import kebab
-from edge_client.wire.run_config import RunSettings
+from edge_client.wire.settings_groups import SinkSettings
 
 __all__ = [
     "MlflowSink",
     "RoundSink",
     "TensorBoardSink",
     "open_sinks",
-    "round_figures",
     "write_all",
 ]
 
 log = logging.getLogger(__name__)
-
-#: The fields of a device's reply (:class:`~edge_client.wire.records.ReplyMetrics`) a sink gets.
-_DEVICE_FIGURES = ("batch_size", "compute_s", "step_s", "stream_rate", "buffer_fill")
 
 
 class RoundSink(Protocol):
@@ -40,46 +37,6 @@ class RoundSink(Protocol):
 
     def close(self) -> None:
         """Flush and release what the sink holds (at the end of the run)."""
-
-
-def round_figures(record: RoundRecord) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
-    """A round's figures, by kebab-case name: the run's, and each replying device's.
-
-    Returns
-    -------
-    tuple of dict
-        Run figures (``accuracy`` and ``loss``: prequential, the task's metric;
-        ``test-accuracy``, ``test-loss``: on ``eval-data``, absent without; ``wall-s``,
-        ``bytes-up``, ``devices``, ``sum-b``, ``skipped`` 1 or 0; asynchronous mode:
-        ``staleness-max``, ``staleness-mean``), and per device ``batch-size``,
-        ``compute-s``, ``step-s``, ``stream-rate``, ``buffer-fill`` (asynchronous mode:
-        ``staleness`` of its last update). NaN figures are left out.
-    """
-    run = {
-        "accuracy": record.accuracy,
-        "loss": record.loss,
-        "test-accuracy": record.test_accuracy,
-        "test-loss": record.test_loss,
-        "wall-s": record.wall_s,
-        kebab("bytes_up"): float(record.bytes_up),
-        "devices": float(len(record.devices)),
-        "sum-b": float(record.sum_b),
-        "skipped": 1.0 if record.skipped else 0.0,
-    }
-    staleness: dict[str, float] = {}
-    for update in record.updates:
-        staleness[update.device] = float(update.staleness)
-    if record.updates:
-        values = [u.staleness for u in record.updates]
-        run["staleness-max"] = float(max(values))
-        run["staleness-mean"] = sum(values) / len(values)
-    devices = {}
-    for device, m in record.devices.items():
-        figures = {kebab(name): float(getattr(m, name)) for name in _DEVICE_FIGURES}
-        if device in staleness:
-            figures["staleness"] = staleness[device]
-        devices[device] = _finite(figures)
-    return _finite(run), devices
 
 
 class TensorBoardSink:
@@ -102,12 +59,8 @@ class TensorBoardSink:
         self._writer = SummaryWriter(log_dir=log_dir)
 
     def write(self, record: RoundRecord) -> None:
-        run, devices = round_figures(record)
-        for name, value in run.items():
+        for name, value in flat_figures(record).items():
             self._writer.add_scalar(name, value, record.round)
-        for device, figures in devices.items():
-            for name, value in figures.items():
-                self._writer.add_scalar(f"device/{device}/{name}", value, record.round)
         self._writer.flush()
 
     def close(self) -> None:
@@ -125,30 +78,27 @@ class MlflowSink:
         If MLflow is not installed.
     """
 
-    def __init__(self, settings: RunSettings) -> None:
+    def __init__(self, uri: str, experiment: str, params: Mapping[str, Any]) -> None:
         try:
             import mlflow
         except ImportError as err:
             raise ValueError("mlflow-uri needs MLflow: pip install mlflow") from err
         self._mlflow: Any = mlflow
-        mlflow.set_tracking_uri(settings.mlflow_uri)
-        mlflow.set_experiment(settings.mlflow_experiment)
+        mlflow.set_tracking_uri(uri)
+        mlflow.set_experiment(experiment)
         self._run = mlflow.start_run()
-        mlflow.log_params({k: str(v) for k, v in settings.to_run_config().items()})
+        mlflow.log_params({k: str(v) for k, v in params.items()})
 
     def write(self, record: RoundRecord) -> None:
-        run, devices = round_figures(record)
-        figures = dict(run)
-        for device, values in devices.items():
-            figures.update({f"device/{device}/{k}": v for k, v in values.items()})
-        self._mlflow.log_metrics(figures, step=record.round)
+        self._mlflow.log_metrics(flat_figures(record), step=record.round)
 
     def close(self) -> None:
         self._mlflow.end_run()
 
 
-def open_sinks(settings: RunSettings) -> list[RoundSink]:
-    """The sinks ``settings`` ask for (none by default).
+def open_sinks(settings: SinkSettings, run_config: Mapping[str, Any]) -> list[RoundSink]:
+    """The sinks ``settings`` ask for (none by default); ``run_config``: the run's, which
+    MLflow logs as the run's parameters.
 
     Raises
     ------
@@ -166,7 +116,7 @@ def open_sinks(settings: RunSettings) -> list[RoundSink]:
         if settings.tensorboard_dir:
             sinks.append(TensorBoardSink(settings.tensorboard_dir))
         if settings.mlflow_uri:
-            sinks.append(MlflowSink(settings))
+            sinks.append(MlflowSink(settings.mlflow_uri, settings.mlflow_experiment, run_config))
     except BaseException:
         for sink in sinks:
             sink.close()
@@ -182,7 +132,3 @@ def write_all(sinks: list[RoundSink], record: RoundRecord) -> None:
         except Exception as err:  # a dashboard must not stop the training
             log.warning("%s failed (%s): it gets no more rounds", type(sink).__name__, err)
             sinks.remove(sink)
-
-
-def _finite(figures: dict[str, float]) -> dict[str, float]:
-    return {k: float(v) for k, v in figures.items() if math.isfinite(v)}

@@ -43,7 +43,7 @@ from aggregator.compression import round_mode
 from aggregator.controller import BatchController, Plan
 from aggregator.device_registry import FleetRegistry
 from aggregator.drift_reaction import DriftReaction
-from aggregator.injection import pick_injectors
+from aggregator.injection import InjectionPlanner
 from aggregator.round_log import UpdateInfo
 from edge_client.wire.codec import NON_FINITE, CodecError, decode, raw_size_limit
 from edge_client.wire.records import (
@@ -56,7 +56,7 @@ from edge_client.wire.records import (
     ReplyMetrics,
     RoundPlan,
 )
-from edge_client.wire.run_config import RunSettings
+from edge_client.wire.run_config import ControllerSettings, RunSettings
 
 __all__ = ["DIVERGED", "RoundReport", "StreamStrategy", "Update"]
 
@@ -191,7 +191,8 @@ class StreamStrategy:
     Parameters
     ----------
     settings : RunSettings
-        The run's tunables.
+        The run's tunables: the strategy composes the parts each group configures (the
+        controller, the drift reaction, injection, the aggregation rule, the codec).
     controller : BatchController, optional
         Batch sizes per device id (restored from a checkpoint on resume); a fresh one
         configured by ``settings`` by default.
@@ -208,7 +209,8 @@ class StreamStrategy:
         self.settings = settings
         self.controller = controller or BatchController(settings)
         self.fleet = fleet or FleetRegistry()
-        self.drift = DriftReaction(settings)
+        self.drift = DriftReaction(settings.drift)
+        self.injection = InjectionPlanner(settings.injection, settings.seed)
         self._round_s = 0.0  # the last round's duration: the availability cap's horizon
         self._cycle_s: dict[str, float] = {}  # async: each device's last cycle, its horizon
         self._round: _Round | None = None
@@ -223,7 +225,7 @@ class StreamStrategy:
         can tell a real slope from timing noise), so that its first plan follows the
         devices' speeds. None when the run does not probe (``controller-probe``
         0) or its controller does not use timings (``fixed``)."""
-        s = self.settings
+        s: ControllerSettings = self.settings
         nodes = list(self.fleet.live_nodes(grid.get_node_ids()))
         if s.controller_probe == 0 or s.controller == "fixed" or not nodes:
             return []
@@ -236,7 +238,7 @@ class StreamStrategy:
                 node,
                 MessageType.QUERY,
                 group_id="probe",
-                ttl=s.round_timeout,  # a device refuses it once the run stopped waiting
+                ttl=self.settings.exchange.round_timeout,  # refused once the run stopped waiting
             )
             for node in nodes
         ]
@@ -307,7 +309,7 @@ class StreamStrategy:
     def _plan_round(self, server_round: int, arrays: ArrayRecord, nodes: Sequence[int]) -> _Round:
         """The fleet's plan for ``server_round``: each device's batch (controller, capped by
         its stream), the codec mode, and who shares samples."""
-        s = self.settings
+        codec = self.settings.codec
         model = {k: a.numpy().astype(np.float32) for k, a in arrays.items()}
         devices = {n: self.fleet.device_of(n) for n in nodes}
         plan = self.controller.plan(list(devices.values()), server_round, self._available())
@@ -316,10 +318,8 @@ class StreamStrategy:
             for d in devices.values()
             if (m := self.fleet.last_replies.get(d)) is not None and m.compress_gap is not None
         ]
-        mode = round_mode(s.compress, gaps, s.compress_delta)
-        injectors = pick_injectors(
-            self.fleet.opted_in(devices.values()), s.inject_alpha, s.seed, server_round
-        )
+        mode = round_mode(codec.compress, gaps, codec.compress_delta)
+        injectors = self.injection.pick(self.fleet.opted_in(devices.values()), server_round)
         down = self._broadcast(arrays, model)
         shapes = {k: v.shape for k, v in model.items()}
         return _Round(
@@ -338,23 +338,23 @@ class StreamStrategy:
 
     def _message(self, node: int, current: _Round, config: ConfigRecord) -> Message:
         """The message that gives ``node`` its device's plan in ``current``."""
-        s = self.settings
-        device = self.fleet.device_of(node)
+        s, learning = self.settings, self.settings.learning
+        injection = self.injection.for_device(self.fleet.device_of(node), current.injectors)
         local = RoundPlan(
             server_round=current.server_round,
             batch_size=current.planned[node],
-            local_steps=s.local_steps,
-            lr=s.lr * current.plan.lr_scale * current.lr_factor,
-            wait_policy=s.wait_policy,
+            local_steps=learning.local_steps,
+            lr=learning.lr * current.plan.lr_scale * current.lr_factor,
+            wait_policy=s.streams.wait_policy,
             b_min=s.b_min,
-            deadline_s=s.round_timeout / 2,
+            deadline_s=s.exchange.round_timeout / 2,
             compress=current.mode,
-            compress_ratio=s.compress_ratio,
+            compress_ratio=s.codec.compress_ratio,
             proximal_mu=s.proximal_mu,
-            inject_mix=s.inject_mix if s.inject_alpha > 0 else 0.0,
-            inject_publish=device in current.injectors,
-            inject_beta=s.inject_beta,
-            inject_budget=s.inject_budget // max(1, len(current.injectors)),
+            inject_mix=injection.mix,
+            inject_publish=injection.publish,
+            inject_beta=injection.beta,
+            inject_budget=injection.budget,
         )
         record = local.to_record()  # a fresh record per message
         for key, value in config.items():
@@ -367,12 +367,12 @@ class StreamStrategy:
             node,
             MessageType.TRAIN,
             group_id=str(current.server_round),
-            ttl=self.settings.round_timeout,
+            ttl=s.exchange.round_timeout,
         )
 
     def _broadcast(self, arrays: ArrayRecord, model: Mapping[str, np.ndarray]) -> ArrayRecord:
         """The model as sent down: float32, or float16 when the broadcast is compressed."""
-        if self.settings.compress_broadcast == "fp16":
+        if self.settings.codec.compress_broadcast == "fp16":
             return ArrayRecord({k: Array(a.astype(np.float16)) for k, a in model.items()})
         return arrays
 
@@ -381,10 +381,10 @@ class StreamStrategy:
         fill plus its rate times that horizon) over the ``K`` steps that share it. The
         horizon is the device's own last cycle in asynchronous mode, else the last round's
         duration. None when the run asks for conventional, stream-blind batches."""
-        if not self.settings.availability_cap:
+        if not self.settings.streams.availability_cap:
             return {}
-        horizon = self._round_s or self.settings.round_timeout / 2
-        steps = self.settings.local_steps
+        horizon = self._round_s or self.settings.exchange.round_timeout / 2
+        steps = self.settings.learning.local_steps
         return {
             d: (m.buffer_fill + m.stream_rate * self._cycle_s.get(d, horizon)) / steps
             for d, m in self.fleet.last_replies.items()
@@ -430,7 +430,7 @@ class StreamStrategy:
         if current is None or current.server_round != server_round:
             raise RuntimeError(f"round {server_round} was not configured (configure_train)")
         sent = sent or {}
-        accumulator = make_accumulator(self.settings, current.shapes)
+        accumulator = make_accumulator(self.settings.aggregation_rule, current.shapes)
         report = self._report(current)
         answered: set[str] = set()
         for msg in replies:  # may be a generator: each reply is dropped once added in

@@ -60,17 +60,8 @@ from edge_client.runtime.node_config import NodeConfig
 from edge_client.runtime.outbox import Outbox
 from edge_client.runtime.seeding import device_rng
 from edge_client.task.datasets import load_dataset
+from edge_client.wire import records
 from edge_client.wire.mapping import kebab
-from edge_client.wire.records import (
-    CONFIG,
-    METRICS,
-    DeviceReply,
-    ProbePlan,
-    ProbeReply,
-    RecordError,
-    ReplyMetrics,
-    RoundPlan,
-)
 from edge_client.wire.run_config import RunSettings, default
 
 __all__ = ["InProcessGrid", "LocalGrid", "StaticGrid", "VirtualDevice"]
@@ -268,7 +259,7 @@ class InProcessGrid(LocalGrid):
         self.step_time = step_time
         self.on_round = on_round
         self.deadline_s = deadline_s
-        self.asynchronous = self.settings.mode == "async"
+        self.asynchronous = self.settings.asynchrony.mode == "async"
         self.missed = 0  # sync replies dropped at the deadline
         self.served = 0  # async messages served
         # Async events: (virtual arrival, push order, message id) of the replies out, and
@@ -282,10 +273,11 @@ class InProcessGrid(LocalGrid):
         self.round = 0
         self.round_times: list[float] = []
         # The run's dataset, for the devices that stream it (none: all bring their own).
+        learning = self.settings.learning
         run_data = (
             None
             if all(d.source is not None for d in devices)
-            else load_dataset(self.settings.dataset, self.settings.shape, self.settings.num_classes)
+            else load_dataset(learning.dataset, learning.shape, learning.num_classes)
         )
         self.stores: dict[int, BufferStore] = {}
         self.outboxes: dict[int, Outbox] = {}
@@ -378,19 +370,21 @@ class InProcessGrid(LocalGrid):
         charged on the virtual clock) and the virtual seconds it took (0 for a reply that
         is not a device's). The buffer's fill once the wait is over is in
         :attr:`last_fill`."""
-        plan = RoundPlan.from_record(msg.content.config_records[CONFIG])
+        plan = records.RoundPlan.from_record(msg.content.config_records[records.CONFIG])
         virtual_wait = self.streams[node].wait_for(plan, at)
         self.last_fill = self.stores[node].fill
         # The wait was charged on the virtual clock; the ClientApp must not sleep it again.
-        msg.content.config_records[CONFIG][kebab("deadline_s")] = 0.0
+        msg.content.config_records[records.CONFIG][kebab("deadline_s")] = 0.0
         reply = self.client_app(msg, self._context(node, dev))
         if not reply.has_content():
             return reply, 0.0
         try:
-            charged = self._charge(DeviceReply.from_content(reply.content), dev, virtual_wait)
-        except RecordError:  # a reply the aggregator will refuse: left as it is
+            charged = self._charge(
+                records.DeviceReply.from_content(reply.content), dev, virtual_wait
+            )
+        except records.RecordError:  # a reply the aggregator will refuse: left as it is
             return reply, virtual_wait
-        reply.content.metric_records[METRICS] = charged.to_record()
+        reply.content.metric_records[records.METRICS] = charged.to_record()
         return reply, virtual_round_s([charged], self.settings.uplink_mbps)
 
     def _round(self, messages: list[Message]) -> list[Message]:
@@ -438,8 +432,10 @@ class InProcessGrid(LocalGrid):
             dev = self.devices[node]
             reply = self.client_app(msg, self._context(node, dev))
             if reply.has_content():
-                probe = ProbeReply.from_content(reply.content)
-                steps = ProbePlan.from_record(msg.content.config_records[CONFIG]).steps
+                probe = records.ProbeReply.from_content(reply.content)
+                steps = records.ProbePlan.from_record(
+                    msg.content.config_records[records.CONFIG]
+                ).steps
                 step_s = [
                     (self.step_time(b) if self.step_time is not None else t) * dev.slowdown
                     for b, t in zip(probe.batches, probe.step_s, strict=True)
@@ -469,7 +465,9 @@ class InProcessGrid(LocalGrid):
             run_config=self._run_config,
         )
 
-    def _charge(self, reply: DeviceReply, dev: VirtualDevice, wait_s: float) -> ReplyMetrics:
+    def _charge(
+        self, reply: records.DeviceReply, dev: VirtualDevice, wait_s: float
+    ) -> records.ReplyMetrics:
         """The reply's timings on the virtual clock: compute (the step-time model's, when
         given) times the device's slowdown, and the virtual wait.
 
@@ -503,7 +501,7 @@ class InProcessGrid(LocalGrid):
                         pool,
                         payloads,
                         self.devices[other].device_id,
-                        self.settings.num_classes,
+                        self.settings.learning.num_classes,
                         0.0,
                     )
                     self.inject_delivered += len(payloads)

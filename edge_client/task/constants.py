@@ -2,15 +2,36 @@
 
 from __future__ import annotations
 
-import re
 from typing import Final
 
-MODELS: Final = ("cnn", "mlp")  # built-in models (a user names theirs by import path)
-BUILTIN_TASKS: Final = ("classification", "forecast")  # a user names theirs by import path
-#: A user's task or model in the run config: ``package.module:Name`` (``module:Outer.Inner``).
-IMPORT_PATH: Final = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
-PREPROCESSING: Final = ("none", "standardize")  # the built-in task's preprocessing
-DATASETS: Final = ("synthetic", "digits")  # what a stream can carry
+# The names a run config takes (task, model, preprocessing, dataset) and the shapes and
+# classes it checks against are part of the run config's contract: their home is the wire
+# layer, which the task layer builds on (never the other way round).
+from edge_client.wire.constants import (
+    BUILTIN_TASKS,
+    DATASETS,
+    DEFAULT_NUM_CLASSES,
+    DIGITS_CLASSES,
+    DIGITS_SHAPE,
+    IMPORT_PATH,
+    MODELS,
+    PREPROCESSING,
+)
+
+__all__ = [
+    "BUILTIN_TASKS",
+    "DATASETS",
+    "DEFAULT_NUM_CLASSES",
+    "DEFAULT_SHAPE",
+    "DIGITS_CLASSES",
+    "DIGITS_HELD_OUT",
+    "DIGITS_SHAPE",
+    "FORECAST_SCALE_FLOOR",
+    "IMPORT_PATH",
+    "MODELS",
+    "PREPROCESSING",
+    "TASK_SEED",
+]
 
 # --- Forecasting (edge_client.task.forecasting) -------------------------------------------
 # Floor of a window's per-channel standard deviation, the unit the forecast model works in:
@@ -20,10 +41,7 @@ FORECAST_SCALE_FLOOR: Final = 1e-8
 
 # --- The synthetic sensor task (edge_client.task.synthetic) -------------------------------
 DEFAULT_SHAPE: Final = (6, 32)  # channels x time steps (accelerometer + gyroscope, 32 ticks)
-DEFAULT_NUM_CLASSES: Final = 6
 TASK_SEED: Final = 20221217  # fixes the class prototypes: every device learns the same task
 
 # --- scikit-learn's digits (edge_client.task.datasets) ------------------------------------
-DIGITS_SHAPE: Final = (8, 8)  # 8x8 digit images: 8 rows x 8 columns
-DIGITS_CLASSES: Final = 10
 DIGITS_HELD_OUT: Final = 400  # images kept for evaluation, never streamed

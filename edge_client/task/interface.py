@@ -9,7 +9,7 @@ targets are cut from the samples themselves (forecasting) overrides :meth:`Task.
 Built in: :class:`Classification` (the sensor 1D-CNN or the MLP, or a user's own
 ``nn.Module`` class). A user's task derives from :class:`Task` and is named by import path in
 the run config (``task = "my_pkg.task:HarTask"``) or handed to the app factories
-(:func:`edge_client.runtime.client_app.make_client_app`,
+(:func:`edge_client.flower_app.make_client_app`,
 :func:`aggregator.server_app.make_server_app`).
 """
 

@@ -9,6 +9,7 @@ from typing import Any
 from edge_client.task.interface import Task
 from edge_client.wire.mapping import kebab
 from edge_client.wire.run_config import RunSettings
+from edge_client.wire.settings_groups import LearningSettings
 
 __all__ = ["SAMPLE_SHAPE", "scores_entry", "task_manifest"]
 
@@ -16,9 +17,12 @@ __all__ = ["SAMPLE_SHAPE", "scores_entry", "task_manifest"]
 SAMPLE_SHAPE = kebab("sample_shape")
 
 
-def task_manifest(task: Task, settings: RunSettings, version: int) -> dict[str, Any]:
+def task_manifest(
+    task: Task, settings: LearningSettings | RunSettings, version: int
+) -> dict[str, Any]:
     """The task's part of a manifest (kebab-case keys): what the model takes and returns,
-    and the metric it is scored by.
+    and the metric it is scored by; ``settings``: the run's learning group (or the run's
+    settings, whose keys read flat).
 
     ``version`` is the round after which the model was made (asynchronous mode: its
     version).

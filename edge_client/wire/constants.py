@@ -7,6 +7,7 @@ from here, so that each value has one home.
 
 from __future__ import annotations
 
+import re
 from typing import Final
 
 # --- MQTT topics -------------------------------------------------------------------------
@@ -64,6 +65,18 @@ DRIFT_REACTIONS: Final = ("none", "learning-rate", "boost")  # the aggregator's 
 # device, or FedBuff's buffered asynchronous aggregation (aggregator.asynchronous).
 MODES: Final = ("sync", "async")
 STALENESS_RULES: Final = ("constant", "polynomial", "hinge")  # aggregator.fedbuff
+
+# What is learned (edge_client.task): the names a run config takes for its task, model,
+# preprocessing and emulated streams, and the built-in datasets' shapes it checks against.
+MODELS: Final = ("cnn", "mlp")  # built-in models (a user names theirs by import path)
+BUILTIN_TASKS: Final = ("classification", "forecast")  # a user names theirs by import path
+#: A user's task or model in the run config: ``package.module:Name`` (``module:Outer.Inner``).
+IMPORT_PATH: Final = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+PREPROCESSING: Final = ("none", "standardize")  # the built-in task's preprocessing
+DATASETS: Final = ("synthetic", "digits")  # what an emulated stream can carry
+DEFAULT_NUM_CLASSES: Final = 6  # the synthetic sensor task's classes
+DIGITS_SHAPE: Final = (8, 8)  # scikit-learn's digits: 8x8 images, 8 rows x 8 columns
+DIGITS_CLASSES: Final = 10
 
 # ScaDLES stream-rate sets, samples/s: (distribution, mean, standard deviation).
 RATE_SETS: Final = {

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from functools import cache
 from typing import Any, TypeVar, cast
 
-__all__ = ["MappingError", "from_mapping", "kebab", "to_mapping"]
+__all__ = ["MappingError", "convert_fields", "from_mapping", "kebab", "to_mapping"]
 
 T = TypeVar("T")
 
@@ -97,14 +97,26 @@ def from_mapping(cls: type[T], mapping: Mapping[str, Any], *, strict: bool = Fal
         On a missing required key, an unknown key (``strict``) or a value that does not
         convert. Checks of the record itself (``__post_init__``) raise what they raise.
     """
-    fields = _fields(cast(Any, cls))
     if strict:
-        known = {key for key, _, _, _ in fields}
+        known = {key for key, _, _, _ in _fields(cast(Any, cls))}
         unknown = sorted(set(mapping) - known)
         if unknown:
             raise MappingError(unknown[0], f"unknown keys {unknown}; known: {sorted(known)}")
+    return cls(**convert_fields(cls, mapping))
+
+
+def convert_fields(cls: type, mapping: Mapping[str, Any]) -> dict[str, Any]:
+    """The values of ``mapping`` for the fields of dataclass ``cls``, by field name and
+    converted to the fields' types (as :func:`from_mapping` does, without building the
+    record; keys that are not fields are left out).
+
+    Raises
+    ------
+    MappingError
+        On a missing required key or a value that does not convert.
+    """
     values: dict[str, Any] = {}
-    for key, name, convert, required in fields:
+    for key, name, convert, required in _fields(cast(Any, cls)):
         if key not in mapping:
             if required:
                 raise MappingError(key, f"lacks {key!r}")
@@ -114,7 +126,7 @@ def from_mapping(cls: type[T], mapping: Mapping[str, Any], *, strict: bool = Fal
             values[name] = convert(value)
         except (TypeError, ValueError, OverflowError) as err:
             raise MappingError(key, f"{key}={value!r}: {err}") from err
-    return cls(**values)
+    return values
 
 
 Converter = Callable[[Any], Any]

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from aggregator.divergence import RunDivergedError
 from aggregator.round_log import read_metrics
 from aggregator.server_app import run_rounds
-from aggregator.session import RunDivergedError
-from deploy.demo import _diverged, _divergence_line
+from deploy.demo_view import divergence_line as _divergence_line
+from deploy.demo_view import run_diverged as _diverged
 from deploy.inprocess import InProcessGrid, VirtualDevice
 from deploy.report import summarize
 from edge_client.emulation.sources import SensorChange
