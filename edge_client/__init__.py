@@ -4,7 +4,10 @@
   update codec, the round records, the run config);
 - :mod:`edge_client.task`: the models and datasets (where a user's own plug in);
 - :mod:`edge_client.runtime`: what runs on a device (ingest, buffer, ClientApp);
-- :mod:`edge_client.emulation`: what stands in for sensors (publishers, replayed streams).
+- :mod:`edge_client.emulation`: what stands in for sensors (publishers, replayed streams);
+- :mod:`edge_client.flower_app`: the ClientApp Flower loads, the runtime's with the
+  simulation engine's virtual devices (the emulation builds on the runtime, never the
+  other way).
 
 The aggregator (:mod:`aggregator`) imports only ``wire`` and ``task``; ``edge_client`` never
 imports the aggregator. :mod:`edge_client.lazy` lets each package export its names without

@@ -12,8 +12,10 @@
 - :mod:`~edge_client.emulation.virtual_stream`: streams on the in-process runner's virtual
   clock.
 
-It feeds the runtime's buffers; the runtime never imports it (but for the simulation
-engine's virtual nodes).
+It feeds the runtime's buffers; the runtime never imports it. The simulation engine's
+virtual devices (:class:`~edge_client.emulation.simulation.SimulationNodes`) reach the
+ClientApp through the runtime's hook (:mod:`edge_client.runtime.virtual_nodes`), which the
+app Flower loads (:mod:`edge_client.flower_app`) provides.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ if TYPE_CHECKING:
     from edge_client.emulation.reading_replay import SeriesReadings, series_channels
     from edge_client.emulation.replay import replay_into
     from edge_client.emulation.schedule import arrival_offsets, draw_rate
-    from edge_client.emulation.simulation import simulated_node
+    from edge_client.emulation.simulation import SimulationNodes, simulated_node
     from edge_client.emulation.sources import (
         ArraySource,
         SampleSource,
@@ -44,6 +46,7 @@ _EXPORTS = {
     "PublisherConfig": "publisher",
     "SampleSource": "sources",
     "SeriesReadings": "reading_replay",
+    "SimulationNodes": "simulation",
     "SyntheticSource": "sources",
     "VirtualStream": "virtual_stream",
     "arrival_offsets": "schedule",
@@ -63,6 +66,7 @@ __all__ = [
     "PublisherConfig",
     "SampleSource",
     "SeriesReadings",
+    "SimulationNodes",
     "SyntheticSource",
     "VirtualStream",
     "arrival_offsets",

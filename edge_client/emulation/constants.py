@@ -9,6 +9,8 @@ from typing import Final
 PUBLISH_MAX_INFLIGHT: Final = 1000
 PUBLISH_MAX_OUTSTANDING: Final = 60_000  # paho message ids are 16 bit
 PUBLISH_PROGRESS_S: Final = 10.0  # fedstream publish prints a progress line this often
+# A publisher whose broker sets no connect timeout gives up after this many seconds.
+PUBLISH_CONNECT_TIMEOUT_S: Final = 30.0
 # After a stop signal, a publisher waits at most this long for the broker's acknowledgements
 # of what it sent (none while the broker is away): it exits within seconds either way.
 PUBLISH_STOP_DRAIN_S: Final = 3.0

@@ -22,6 +22,7 @@ import numpy as np
 import paho.mqtt.client as mqtt
 
 from edge_client.emulation.constants import (
+    PUBLISH_CONNECT_TIMEOUT_S,
     PUBLISH_MAX_INFLIGHT,
     PUBLISH_MAX_OUTSTANDING,
     PUBLISH_STOP_DRAIN_S,
@@ -29,7 +30,7 @@ from edge_client.emulation.constants import (
 from edge_client.emulation.reading_replay import SeriesReadings
 from edge_client.emulation.schedule import arrival_offsets
 from edge_client.emulation.sources import SampleSource
-from edge_client.runtime.mqtt import BrokerURL, connect_async, make_client
+from edge_client.runtime.mqtt import BrokerOptions, BrokerURL, connect_async, make_client
 from edge_client.wire.frames import encode_frame
 from edge_client.wire.topics import samples_topic
 
@@ -41,7 +42,11 @@ log = logging.getLogger(__name__)
 @dataclass
 class PublisherConfig:
     """What to publish, where and how fast (rates in samples, or readings, per second), and
-    for how long: ``count`` samples, ``duration`` seconds, or neither (until stopped)."""
+    for how long: ``count`` samples, ``duration`` seconds, or neither (until stopped).
+
+    ``broker``: a :class:`~edge_client.runtime.mqtt.BrokerOptions` also gives the credentials,
+    TLS files and how long to wait for the connection (default
+    :data:`~edge_client.emulation.constants.PUBLISH_CONNECT_TIMEOUT_S`)."""
 
     broker: BrokerURL
     device_id: str
@@ -52,12 +57,6 @@ class PublisherConfig:
     distribution: str = "constant"
     qos: int = 1
     seed: int = 0
-    username: str | None = None
-    password: str | None = None
-    cafile: str | None = None
-    certfile: str | None = None  # a client certificate (brokers that require one)
-    keyfile: str | None = None
-    connect_timeout: float = 30.0
     drain_timeout: float = 60.0
     publisher_id: str = field(default_factory=lambda: secrets.token_hex(6))
     topic: str | None = None  # default: the device's samples topic
@@ -167,18 +166,13 @@ def run_publisher(
     Raises
     ------
     ConnectionError
-        If no connection is made within ``connect_timeout`` seconds.
+        If no connection is made within the broker's ``connect_timeout`` seconds.
     """
     stop = stop or threading.Event()
     acks = _Acks()
     client = make_client(
         f"fedstream-pub-{config.device_id}-{config.publisher_id}",
         config.broker,
-        username=config.username,
-        password=config.password,
-        cafile=config.cafile,
-        certfile=config.certfile,
-        keyfile=config.keyfile,
     )
     client.on_connect = acks.on_connect
     client.on_disconnect = acks.on_disconnect
@@ -187,7 +181,8 @@ def run_publisher(
     client.max_queued_messages_set(0)  # unbounded: keep every sample while the broker is away
     connection = connect_async(client, config.broker)
     try:
-        waited = time.monotonic() + config.connect_timeout
+        timeout = BrokerOptions.of(config.broker).connect_timeout or PUBLISH_CONNECT_TIMEOUT_S
+        waited = time.monotonic() + timeout
         while not acks.connected.wait(0.1) and time.monotonic() < waited:
             if stop.is_set():  # stopped before the broker answered: nothing was sent
                 return PublishReport(
@@ -200,7 +195,7 @@ def run_publisher(
                 else connection.last_error or "no answer"
             )
             raise ConnectionError(
-                f"could not connect to {config.broker} within {config.connect_timeout:g} s: {why}"
+                f"could not connect to {config.broker} within {timeout:g} s: {why}"
             )
         progress = None if on_progress is None else (on_progress, progress_interval)
         return _publish_loop(config, source, client, acks, stop, progress)

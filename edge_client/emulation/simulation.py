@@ -15,6 +15,10 @@ round takes them; so is the device state a real device keeps in its buffer file
 (error-feedback residual, standardisation, drift): no file at all. With ``"files"`` a
 replayed stream tops a buffer file up before each round
 (:func:`~edge_client.emulation.replay.replay_into`), as a real device's ingest would.
+
+The ClientApp reaches these through the runtime's hook
+(:class:`~edge_client.runtime.virtual_nodes.VirtualNodes`): :class:`SimulationNodes`, which
+:mod:`edge_client.flower_app` provides.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from edge_client.runtime.node_config import NodeConfig
 from edge_client.wire.population import parse_population
 from edge_client.wire.run_config import RunSettings, number_list
 
-__all__ = ["absence", "lazy_device", "profile", "simulated_node"]
+__all__ = ["SimulationNodes", "absence", "lazy_device", "profile", "simulated_node"]
 
 #: Where a lazy virtual device's buffer lives between rounds, in its ``context.state``.
 LAZY_STATE_KEY = "fedstream.lazy-buffer"
@@ -180,3 +184,27 @@ def lazy_device(
         for key, value in device.values.items():
             record[key] = value
         state[LAZY_STATE_KEY] = record
+
+
+class SimulationNodes:
+    """The virtual devices of Flower's simulation engine, for the runtime's hook
+    (:class:`~edge_client.runtime.virtual_nodes.VirtualNodes`): :func:`absence`,
+    :func:`simulated_node` and :func:`lazy_device`."""
+
+    def absence(
+        self, node_config: Mapping[str, Any], settings: RunSettings, state: RecordDict
+    ) -> str:
+        """Why the virtual device is away now (empty: it is there): :func:`absence`."""
+        return absence(node_config, settings, state)
+
+    def node(
+        self, node_config: Mapping[str, Any], run_id: int, settings: RunSettings
+    ) -> NodeConfig:
+        """The virtual device: :func:`simulated_node`."""
+        return simulated_node(node_config, run_id, settings)
+
+    def open_device(
+        self, node_config: Mapping[str, Any], settings: RunSettings, state: RecordDict
+    ) -> contextlib.AbstractContextManager[tuple[LazyBuffer, MemoryDeviceState]]:
+        """Its lazy buffer and device state: :func:`lazy_device`."""
+        return lazy_device(node_config, settings, state)

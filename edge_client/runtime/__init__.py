@@ -1,6 +1,7 @@
 """What runs on a device: ingest, the buffer file, and the ClientApp.
 
-- :mod:`~edge_client.runtime.ingest`: the ingest daemon (MQTT in, buffer out, exactly once);
+- :mod:`~edge_client.runtime.ingest`: the ingest daemon (MQTT in, buffer out, exactly once),
+  which logs with :mod:`~edge_client.runtime.ingest_status`;
 - :mod:`~edge_client.runtime.buffer`: the durable, bounded sample buffer (SQLite);
 - :mod:`~edge_client.runtime.device_state`, :mod:`~edge_client.runtime.outbox`: what the
   device keeps between rounds, and what it leaves for the daemon to publish, in the same
@@ -9,8 +10,12 @@
   de-duplication, the stream-rate EWMA;
 - :mod:`~edge_client.runtime.client_app`: the ClientApp (``app``, or
   :func:`make_client_app` around a user's task), which evaluates and trains with
-  :mod:`~edge_client.runtime.trainer` and shares samples with
-  :mod:`~edge_client.runtime.injection`, as its :mod:`~edge_client.runtime.node_config` says;
+  :mod:`~edge_client.runtime.trainer`, as its :mod:`~edge_client.runtime.node_config` says;
+- :mod:`~edge_client.runtime.virtual_nodes`: the hook through which the simulation engine's
+  virtual devices reach the ClientApp (the stream emulation provides it; the runtime never
+  imports the emulation);
+- :mod:`~edge_client.runtime.injection`: ScaDLES data injection, device side (sharing what
+  a device trained on, receiving into its pool, mixing pool samples into its batches);
 - :mod:`~edge_client.runtime.mqtt`, :mod:`~edge_client.runtime.seeding`,
   :mod:`~edge_client.runtime.signals`: broker clients, reproducible randomness per device,
   running a daemon until SIGTERM;
@@ -36,17 +41,25 @@ if TYPE_CHECKING:
     from edge_client.runtime.drift_watch import DriftStatus, DriftWatch
     from edge_client.runtime.infer import InferConfig, InferenceDaemon
     from edge_client.runtime.ingest import IngestConfig, IngestDaemon
-    from edge_client.runtime.injection import inject_pool_path, open_pool, receive, share
+    from edge_client.runtime.injection import (
+        InjectionRelay,
+        inject_pool_path,
+        open_pool,
+        receive,
+        share,
+    )
     from edge_client.runtime.model_store import store_model
-    from edge_client.runtime.mqtt import BrokerURL, connect_async, make_client
+    from edge_client.runtime.mqtt import BrokerOptions, BrokerURL, connect_async, make_client
     from edge_client.runtime.node_config import NodeConfig
     from edge_client.runtime.outbox import Outbox
     from edge_client.runtime.rate import RateEstimator
     from edge_client.runtime.seeding import device_rng
     from edge_client.runtime.trainer import TrainResult, pick_device, train_local
+    from edge_client.runtime.virtual_nodes import VirtualNodes, provide_virtual_nodes
 
 _EXPORTS = {
     "AppendResult": "buffer",
+    "BrokerOptions": "mqtt",
     "BrokerURL": "mqtt",
     "BufferStore": "buffer",
     "BufferStoreError": "buffer",
@@ -54,17 +67,20 @@ _EXPORTS = {
     "DeviceStateStore": "device_state",
     "IngestConfig": "ingest",
     "IngestDaemon": "ingest",
+    "InjectionRelay": "injection",
     "NodeConfig": "node_config",
     "Outbox": "outbox",
     "RateEstimator": "rate",
     "SeqWindow": "dedup",
     "TrainResult": "trainer",
+    "VirtualNodes": "virtual_nodes",
     "connect_async": "mqtt",
     "device_rng": "seeding",
     "inject_pool_path": "injection",
     "make_client": "mqtt",
     "open_pool": "injection",
     "pick_device": "trainer",
+    "provide_virtual_nodes": "virtual_nodes",
     "receive": "injection",
     "DriftStatus": "drift_watch",
     "DriftWatch": "drift_watch",
@@ -76,6 +92,7 @@ _EXPORTS = {
 }
 __all__ = [
     "AppendResult",
+    "BrokerOptions",
     "BrokerURL",
     "BufferStore",
     "BufferStoreError",
@@ -86,11 +103,13 @@ __all__ = [
     "InferenceDaemon",
     "IngestConfig",
     "IngestDaemon",
+    "InjectionRelay",
     "NodeConfig",
     "Outbox",
     "RateEstimator",
     "SeqWindow",
     "TrainResult",
+    "VirtualNodes",
     "connect_async",
     "device_rng",
     "inject_pool_path",
@@ -98,6 +117,7 @@ __all__ = [
     "make_client_app",
     "open_pool",
     "pick_device",
+    "provide_virtual_nodes",
     "receive",
     "share",
     "store_model",

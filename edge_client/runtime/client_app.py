@@ -12,8 +12,9 @@ device's :class:`~edge_client.wire.records.RoundPlan`. The reply is a
 received model on the samples trained on.
 
 In Flower's simulation engine a node has only ``partition-id``: it becomes a virtual device
-fed by a replayed stream (:mod:`edge_client.emulation.simulation`, imported only there, so a
-real device never loads the stream emulation).
+fed by a replayed stream, through the hook of :mod:`edge_client.runtime.virtual_nodes` (the
+stream emulation provides it when Flower loads the app as ``edge_client.flower_app:app``;
+the runtime never imports the emulation, and a real device never loads it).
 """
 
 from __future__ import annotations
@@ -22,7 +23,9 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -33,7 +36,7 @@ from flwr.common.constant import PARTITION_ID_KEY, ErrorCode
 from edge_client.runtime.buffer import BufferStore, SampleBuffer
 from edge_client.runtime.device_state import DeviceState, DeviceStateStore
 from edge_client.runtime.drift_watch import errors_of
-from edge_client.runtime.injection import inject_pool_path, share
+from edge_client.runtime.injection import round_pool, share_when_picked
 from edge_client.runtime.model_store import store_model
 from edge_client.runtime.node_config import NodeConfig
 from edge_client.runtime.seeding import device_rng
@@ -45,8 +48,10 @@ from edge_client.runtime.trainer import (
     train_local,
 )
 from edge_client.runtime.usage import cpu_s, disk_write_bytes, peak_rss_bytes, process_age_s
+from edge_client.runtime.virtual_nodes import VirtualNodes, provide_virtual_nodes, virtual_nodes
 from edge_client.task.interface import Scores, Task
 from edge_client.task.loading import load_task
+from edge_client.task.preprocess import Preprocessor
 from edge_client.wire.codec import compress, encode
 from edge_client.wire.records import (
     ARRAYS,
@@ -62,6 +67,7 @@ from edge_client.wire.run_config import RunSettings
 __all__ = [
     "absent_reply",
     "app",
+    "compose_client_app",
     "expired_reply",
     "make_client_app",
     "probe_steps",
@@ -94,17 +100,37 @@ def make_client_app(task: Task | None = None) -> ClientApp:
         from my_app.task import HarTask
 
         app = make_client_app(HarTask())
+
+    On real devices only: :func:`edge_client.flower_app.make_client_app` (the same
+    signature) adds the simulation engine's virtual devices.
+    """
+    return compose_client_app(task)
+
+
+def compose_client_app(
+    task: Task | None = None, virtual: Callable[[], VirtualNodes] | None = None
+) -> ClientApp:
+    """:func:`make_client_app`, with the simulation engine's virtual devices made by
+    ``virtual`` (:mod:`edge_client.runtime.virtual_nodes`).
+
+    Each handler provides ``virtual`` before it runs: a reference the app carries, since
+    the simulation engine loads the app once and sends it, pickled, to its workers (which
+    import only what the app refers to).
     """
     client_app = ClientApp()
 
     @client_app.train()
     def train(msg: Message, context: Context) -> Message:
         """Train this round's plan on the device's buffer; reply with the model delta."""
+        if virtual is not None:
+            provide_virtual_nodes(virtual)
         return expired_reply(msg) or absent_reply(msg, context) or train_round(msg, context, task)
 
     @client_app.query()
     def probe(msg: Message, context: Context) -> Message:
         """Time SGD steps at the probe's batch sizes (the controller's first timings)."""
+        if virtual is not None:
+            provide_virtual_nodes(virtual)
         return expired_reply(msg) or absent_reply(msg, context) or probe_steps(msg, context, task)
 
     return client_app
@@ -137,10 +163,8 @@ def absent_reply(msg: Message, context: Context) -> Message | None:
     ``NODE_UNAVAILABLE`` at once (None: it is there, or this is a real device)."""
     if not _virtual(context):
         return None
-    from edge_client.emulation.simulation import absence  # the simulation engine only
-
     settings = RunSettings.from_run_config(context.run_config)
-    why = absence(context.node_config, settings, context.state)
+    why = virtual_nodes().absence(context.node_config, settings, context.state)
     return Message(Error(ErrorCode.NODE_UNAVAILABLE, why), reply_to=msg) if why else None
 
 
@@ -152,11 +176,7 @@ def train_round(msg: Message, context: Context, task: Task | None = None) -> Mes
     the device out.
     """
     entered, start_s = time.perf_counter(), process_age_s()
-    settings = RunSettings.from_run_config(context.run_config)
-    task = task or load_task(settings)
-    node = _node(context, settings)
-    if node.threads > 0:
-        torch.set_num_threads(node.threads)
+    settings, task, node = _prepare(context, task)
     plan = RoundPlan.from_record(msg.content.config_records[CONFIG])
     with _open_device(context, settings, node) as (store, state):
         if store.shape != settings.shape:
@@ -166,16 +186,10 @@ def train_round(msg: Message, context: Context, task: Task | None = None) -> Mes
         model.load_state_dict({k: v.float() for k, v in received.items()})  # fp16 broadcast too
         start = _numpy_state(model)
         rng = device_rng(int(context.run_id) % 2**32, node.device_id, plan.server_round)
-        pool_path = inject_pool_path(node.buffer)
         preprocessor = task.preprocessor()
         if preprocessor is not None:
             state.load_preprocessor(preprocessor)
-        with contextlib.ExitStack() as stack:
-            pool = (
-                stack.enter_context(BufferStore(pool_path))
-                if node.inject and plan.inject_mix > 0 and pool_path.exists()
-                else None
-            )
+        with round_pool(node, plan) as pool:
             setup_s = time.perf_counter() - entered
             result = train_local(
                 model,
@@ -206,17 +220,55 @@ def train_round(msg: Message, context: Context, task: Task | None = None) -> Mes
             if broke
             else _encode(state, context.run_id, delta, plan, result.num_examples > 0)
         )
-        if preprocessor is not None and result.num_examples > 0:
-            state.save_preprocessor(preprocessor)
-        if node.drift == "adwin" and result.evaluated is not None:
-            _watch_drift(state, node.drift_delta, task, result.evaluated)
-        shared = (0, 0)
-        if node.inject and plan.inject_publish and result.taken is not None:
-            shared = share(node.buffer, node.device_id, result.taken, plan, rng)
+        _keep_round_state(state, node, task, result, preprocessor)
+        shared = share_when_picked(node, plan, result.taken, rng)
         buffer = store.stats()
     done = time.perf_counter()
+    timing = _Timing(start_s, setup_s, done - trained, done - entered)
+    metrics = _reply_metrics(result, buffer, settings, node, frame, gap, shared, timing, broke)
+    return Message(DeviceReply(node.device_id, metrics, frame).to_content(), reply_to=msg)
+
+
+@dataclass(frozen=True)
+class _Timing:
+    """Where a round's handler spent its time, beyond training (seconds)."""
+
+    start_s: float  # the process's age when the handler began
+    setup_s: float  # from the handler's start to training's
+    encode_s: float  # from the end of training to the reply
+    handler_s: float  # the handler in all
+
+
+def _keep_round_state(
+    state: DeviceState,
+    node: NodeConfig,
+    task: Task,
+    result: TrainResult,
+    preprocessor: Preprocessor | None,
+) -> None:
+    """Keep what the next round starts from: the preprocessor's statistics (when samples
+    were trained on) and the drift watcher (``drift = "adwin"``)."""
+    if preprocessor is not None and result.num_examples > 0:
+        state.save_preprocessor(preprocessor)
+    if node.drift == "adwin" and result.evaluated is not None:
+        _watch_drift(state, node.drift_delta, task, result.evaluated)
+
+
+def _reply_metrics(
+    result: TrainResult,
+    buffer: dict[str, Any],
+    settings: RunSettings,
+    node: NodeConfig,
+    frame: bytes,
+    gap: float | None,
+    shared: tuple[int, int],
+    timing: _Timing,
+    broke: bool,
+) -> ReplyMetrics:
+    """The reply's metrics: what training did, the buffer, the update's size, injection,
+    the prequential scores, the handler's timing and the process's costs."""
     scores = result.evaluated
-    metrics = ReplyMetrics(
+    return ReplyMetrics(
         num_examples=result.num_examples,
         batch_size=result.batch_size,
         local_steps=result.local_steps,
@@ -225,9 +277,7 @@ def train_round(msg: Message, context: Context, task: Task | None = None) -> Mes
         wait_s=result.wait_s,
         train_loss=result.train_loss,
         lr=result.lr,
-        stream_rate=float(buffer["rate"]),
-        buffer_fill=int(buffer["fill"]),
-        buffer_dropped=int(buffer["dropped"]),
+        **_buffer_metrics(buffer),
         bytes_up=len(frame),
         compress_gap=gap,
         inject_used=result.inject_used,
@@ -239,29 +289,24 @@ def train_round(msg: Message, context: Context, task: Task | None = None) -> Mes
         eval_count=scores.count if scores else 0,
         eval_s=result.eval_s,
         sample_shape=list(settings.shape),
-        start_s=start_s,
-        setup_s=setup_s,
+        start_s=timing.start_s,
+        setup_s=timing.setup_s,
         take_s=result.take_s,
         train_s=result.train_s,
-        encode_s=done - trained,
-        handler_s=done - entered,
+        encode_s=timing.encode_s,
+        handler_s=timing.handler_s,
         cpu_s=cpu_s(reaped=False),
         peak_rss=peak_rss_bytes(),
         write_bytes=disk_write_bytes(),
         drift_changes=int((buffer.get("drift") or {}).get("changes", 0)),
         train_diverged=int(broke),
     )
-    return Message(DeviceReply(node.device_id, metrics, frame).to_content(), reply_to=msg)
 
 
 def probe_steps(msg: Message, context: Context, task: Task | None = None) -> Message:
     """Time SGD steps of the run's model at the probe's batch sizes, on random inputs of
     the run's ``sample-shape``; reply with :class:`~edge_client.wire.records.ProbeReply`."""
-    settings = RunSettings.from_run_config(context.run_config)
-    task = task or load_task(settings)
-    node = _node(context, settings)
-    if node.threads > 0:
-        torch.set_num_threads(node.threads)
+    settings, task, node = _prepare(context, task)
     probe_plan = ProbePlan.from_record(msg.content.config_records[CONFIG])
     model = task.build_model(settings.shape, settings.num_classes)
     step_s = probe_step_times(
@@ -299,12 +344,30 @@ def _shape_mismatch(
         batch_size=0,
         step_s=0.0,
         train_loss=math.nan,
-        stream_rate=float(buffer["rate"]),
-        buffer_fill=int(buffer["fill"]),
-        buffer_dropped=int(buffer["dropped"]),
+        **_buffer_metrics(buffer),
         sample_shape=list(store.shape),
     )
     return Message(DeviceReply(device_id, metrics, b"").to_content(), reply_to=msg)
+
+
+def _prepare(context: Context, task: Task | None) -> tuple[RunSettings, Task, NodeConfig]:
+    """A handler's run settings, task (the app's, or the one the run config names) and
+    device, with torch's threads set as the node says."""
+    settings = RunSettings.from_run_config(context.run_config)
+    task = task or load_task(settings)
+    node = _node(context, settings)
+    if node.threads > 0:
+        torch.set_num_threads(node.threads)
+    return settings, task, node
+
+
+def _buffer_metrics(buffer: dict[str, Any]) -> dict[str, Any]:
+    """The reply's figures of the device's buffer, from its ``stats()``."""
+    return {
+        "stream_rate": float(buffer["rate"]),
+        "buffer_fill": int(buffer["fill"]),
+        "buffer_dropped": int(buffer["dropped"]),
+    }
 
 
 def _virtual(context: Context) -> bool:
@@ -317,9 +380,7 @@ def _node(context: Context, settings: RunSettings) -> NodeConfig:
     """This node's device: from its node config, or a virtual one in the simulation engine."""
     if not _virtual(context):
         return NodeConfig.from_node_config(context.node_config)
-    from edge_client.emulation.simulation import simulated_node  # the simulation engine only
-
-    return simulated_node(context.node_config, context.run_id, settings)
+    return virtual_nodes().node(context.node_config, context.run_id, settings)
 
 
 @contextlib.contextmanager
@@ -329,9 +390,7 @@ def _open_device(
     """The device's buffer and state: its buffer file, or a virtual device's lazy buffer and
     state in its ``context.state`` (``sim-buffers = "lazy"``)."""
     if _virtual(context) and settings.sim_buffers == "lazy":
-        from edge_client.emulation.simulation import lazy_device
-
-        with lazy_device(context.node_config, settings, context.state) as device:
+        with virtual_nodes().open_device(context.node_config, settings, context.state) as device:
             yield device
     else:
         with BufferStore(node.buffer) as store, DeviceStateStore(node.buffer) as state:

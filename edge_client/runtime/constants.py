@@ -39,6 +39,7 @@ INGEST_MAX_BYTES: Final = 4 << 20
 INGEST_GATHER_S: Final = 0.01
 IDLE_GAPS: Final = 8
 COMMIT_INTERVAL_S: Final = 0.5
+MAX_COMMIT_INTERVAL_S: Final = 60.0  # the longest --commit-interval
 REJECT_LOG_INTERVAL_S: Final = 60.0
 RATE_LOG_S: Final = 60.0  # the ingest daemon logs what came in this often
 RECONNECT_MIN_DELAY_S: Final = 1

@@ -51,7 +51,7 @@ import torch
 from edge_client.runtime.constants import INFER_BATCH_MAX, INFER_STATUS_S, MODEL_POLL_S
 from edge_client.runtime.drift_watch import DEFAULT_DELTA, DETECTORS, DriftWatch, errors_of
 from edge_client.runtime.mqtt import BrokerURL, connect_async, make_client
-from edge_client.runtime.signals import connected_or_raise, run_until_signalled
+from edge_client.runtime.signals import Subscribed, run_connected
 from edge_client.runtime.windowing import WindowAssembler, WindowSpec
 from edge_client.task.manifest import SAMPLE_SHAPE
 from edge_client.task.preprocess import ChannelStandardizer
@@ -78,7 +78,9 @@ class InferConfig:
     Attributes
     ----------
     broker : BrokerURL
-        Where the samples are (and the predictions go).
+        Where the samples are (and the predictions go); a
+        :class:`~edge_client.runtime.mqtt.BrokerOptions` also gives the credentials, TLS
+        files and the connect timeout (``run()`` exits when not connected by then).
     device_id : str
         This device: its samples topic and its predictions topic.
     model_dir : Path
@@ -102,17 +104,11 @@ class InferConfig:
     device_id: str
     model_dir: Path
     buffer: Path | None = None
-    username: str | None = None
-    password: str | None = None
-    cafile: str | None = None
-    certfile: str | None = None  # a client certificate (brokers that require one)
-    keyfile: str | None = None
     topics: tuple[str, ...] = ()
     windowing: WindowSpec | None = None
     drift: str = "adwin"
     drift_delta: float = DEFAULT_DELTA
     poll_interval: float = MODEL_POLL_S
-    connect_timeout: float | None = None  # run(): exit if not connected by then (None: retry)
 
     def __post_init__(self) -> None:
         if self.drift not in DETECTORS:
@@ -121,8 +117,6 @@ class InferConfig:
             raise ValueError(f"drift delta must lie in (0, 1), got {self.drift_delta}")
         if self.poll_interval <= 0:
             raise ValueError(f"poll interval must be > 0, got {self.poll_interval}")
-        if self.connect_timeout is not None and not self.connect_timeout > 0:
-            raise ValueError(f"connect timeout must be > 0 s, got {self.connect_timeout}")
         if self.windowing is not None and self.windowing.labelled:
             raise ValueError(
                 "inference predicts every window as it forms: give no --label-field or "
@@ -149,7 +143,7 @@ class InferStats:
     latency_s: list[float] = field(default_factory=list)  # the last batch's
 
 
-class InferenceDaemon:
+class InferenceDaemon(Subscribed):
     """Subscribe, predict, publish (see the module notes).
 
     Use :meth:`start` / :meth:`stop` to embed it, or :meth:`run` to block until SIGTERM or
@@ -178,11 +172,6 @@ class InferenceDaemon:
             f"fedstream-infer-{config.device_id}",
             config.broker,
             clean_session=True,  # predictions are for live samples: nothing to catch up on
-            username=config.username,
-            password=config.password,
-            cafile=config.cafile,
-            certfile=config.certfile,
-            keyfile=config.keyfile,
         )
         self._client.on_connect = self._on_connect
         self._client.on_disconnect = self._on_disconnect
@@ -206,10 +195,6 @@ class InferenceDaemon:
             self._topic,
         )
 
-    def wait_connected(self, timeout: float) -> bool:
-        """Block until subscribed, or ``timeout`` seconds."""
-        return self._connected.wait(timeout)
-
     def stop(self, timeout: float = 10.0) -> None:
         """Predict what has arrived, save the drift watcher, disconnect."""
         self._stopping.set()
@@ -220,24 +205,10 @@ class InferenceDaemon:
         log.info("inference for %s stopped: %s", self.config.device_id, self._summary())
 
     def run(self) -> None:
-        """Run until SIGTERM or SIGINT.
-
-        Raises
-        ------
-        ConnectionError
-            With ``connect_timeout``: if the first connection did not succeed in time.
-        """
-        run_until_signalled(self._start_connected, self.stop, self._worker, "inference worker")
-
-    def _start_connected(self) -> None:
-        self.start()
-        connected_or_raise(
-            self.wait_connected,
-            self.connection,
-            self.config.broker,
-            self.config.connect_timeout,
-            self.stop,
-        )
+        """Run until SIGTERM or SIGINT, as
+        :func:`~edge_client.runtime.signals.run_connected` runs a daemon (which says what it
+        raises)."""
+        run_connected(self, self.config.broker, self._worker, "inference worker")
 
     # -- paho callbacks (network thread) --------------------------------------------------
 

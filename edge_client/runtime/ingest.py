@@ -24,7 +24,6 @@ import queue
 import sqlite3
 import threading
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,22 +40,22 @@ from edge_client.runtime.constants import (
     INGEST_GATHER_S,
     INGEST_MAX_BATCH,
     INGEST_MAX_BYTES,
+    MAX_COMMIT_INTERVAL_S,
     OUTBOX_PUBLISH_S,
     RATE_LOG_S,
     RECENT_TIMESTAMPS,
     REJECT_LOG_INTERVAL_S,
     STATUS_INTERVAL_S,
 )
-from edge_client.runtime.injection import open_pool, receive
+from edge_client.runtime.ingest_status import RateLog, RejectLog
+from edge_client.runtime.injection import InjectionRelay
 from edge_client.runtime.mqtt import BrokerURL, connect_async, make_client
-from edge_client.runtime.outbox import Outbox
 from edge_client.runtime.rate import RateEstimator
 from edge_client.runtime.schema import connect
-from edge_client.runtime.signals import connected_or_raise, run_until_signalled
+from edge_client.runtime.signals import Subscribed, run_connected
 from edge_client.runtime.status_metrics import serve_statuses
 from edge_client.runtime.windowing import WindowAssembler, WindowSpec
 from edge_client.task.constants import DEFAULT_NUM_CLASSES, DEFAULT_SHAPE
-from edge_client.wire.constants import INJECT_TOPIC
 from edge_client.wire.frames import decode_messages
 from edge_client.wire.topics import samples_topic, status_topic
 
@@ -72,7 +71,9 @@ _MID_BITS = 16
 
 @dataclass
 class IngestConfig:
-    """Settings of one device's ingest daemon."""
+    """Settings of one device's ingest daemon (``broker``: a
+    :class:`~edge_client.runtime.mqtt.BrokerOptions` for credentials, TLS files and a connect
+    timeout)."""
 
     broker: BrokerURL
     device_id: str
@@ -82,11 +83,6 @@ class IngestConfig:
     capacity_bytes: int | None = None
     shape: tuple[int, ...] = DEFAULT_SHAPE
     num_classes: int = DEFAULT_NUM_CLASSES
-    username: str | None = None
-    password: str | None = None
-    cafile: str | None = None
-    certfile: str | None = None  # a client certificate (brokers that require one)
-    keyfile: str | None = None
     status_interval: float = STATUS_INTERVAL_S
     log_interval: float = RATE_LOG_S  # seconds between the log's rate lines
     # Longest a transaction gathers messages: longer writes less per sample (SD cards) and
@@ -96,7 +92,6 @@ class IngestConfig:
     inject: bool = False  # opted in to ScaDLES data injection (see edge_client.runtime.injection)
     topics: tuple[str, ...] = ()  # sample frames on these topics (default: the device's)
     windowing: WindowSpec | None = None  # per-reading JSON, cut into windows
-    connect_timeout: float | None = None  # run(): exit if not connected by then (None: retry)
     # Prometheus metrics of the device's status on this port (None: off), bound to this address
     metrics_port: int | None = None
     metrics_listen: str = "0.0.0.0"
@@ -107,10 +102,11 @@ class IngestConfig:
             raise ValueError(f"status interval must be > 0, got {self.status_interval}")
         if self.log_interval <= 0:
             raise ValueError(f"log interval must be > 0, got {self.log_interval}")
-        if not 0 < self.commit_interval <= 60:
-            raise ValueError(f"commit interval must be in (0, 60] s, got {self.commit_interval}")
-        if self.connect_timeout is not None and not self.connect_timeout > 0:
-            raise ValueError(f"connect timeout must be > 0 s, got {self.connect_timeout}")
+        if not 0 < self.commit_interval <= MAX_COMMIT_INTERVAL_S:
+            raise ValueError(
+                f"commit interval must be in (0, {MAX_COMMIT_INTERVAL_S:g}] s, "
+                f"got {self.commit_interval}"
+            )
         if self.metrics_port is not None and not 0 < self.metrics_port < 65536:
             raise ValueError(f"metrics port must be in 1..65535, got {self.metrics_port}")
         if self.num_classes < 1:
@@ -133,28 +129,7 @@ class IngestConfig:
         self.subscriptions = (*(s.topic for s in spec.streams), *labels)
 
 
-class _RejectLog:
-    """Logs each reject reason at most once per interval, with the count since."""
-
-    def __init__(self, interval: float = REJECT_LOG_INTERVAL_S) -> None:
-        self.interval = interval
-        self._last: dict[str, float] = {}
-        self._since: Counter[str] = Counter()
-
-    def record(self, reasons: Counter[str], now: float) -> None:
-        for reason, n in reasons.items():
-            self._since[reason] += n
-            if now - self._last.get(reason, -1e18) >= self.interval:
-                log.warning(
-                    "rejected %d message(s) as %s (logged once per %.0f s)",
-                    self._since.pop(reason),
-                    reason,
-                    self.interval,
-                )
-                self._last[reason] = now
-
-
-class IngestDaemon:
+class IngestDaemon(Subscribed):
     """Subscribes to a device's samples topic and commits them to its buffer store.
 
     Parameters
@@ -177,9 +152,12 @@ class IngestDaemon:
             capacity=config.capacity,
             capacity_bytes=config.capacity_bytes,
         )
-        self.pool = open_pool(config.buffer, config.shape) if config.inject else None
-        self.outbox = Outbox(config.buffer) if config.inject else None
-        self._published = 0
+        #: The pool and outbox of data injection (None: not opted in).
+        self.injection = (
+            InjectionRelay(config.buffer, config.shape, config.device_id, config.num_classes)
+            if config.inject
+            else None
+        )
         self._last_retry_log = -1e18
         self._next_outbox = 0.0
         self._status_topic = status_topic(config.device_id)
@@ -196,9 +174,8 @@ class IngestDaemon:
         # only among its topic's RECENT_TIMESTAMPS, so a transaction holds no more messages.
         self._max_batch = INGEST_MAX_BATCH if config.windowing is None else RECENT_TIMESTAMPS
         self._cycle: tuple[float, int] | None = None  # the last gather's first arrival, size
-        self._rejects = _RejectLog()
-        self._rate_mark: tuple[float | None, int] = (None, 0)  # (monotonic, accepted)
-        self._next_rate_log = 0.0
+        self._rejects = RejectLog()
+        self._rate_log = RateLog(config.device_id, config.log_interval)
         self._metrics: WSGIServer | None = None
         #: The last status published (what the metrics endpoint exports).
         self.last_status: dict[str, Any] = {}
@@ -208,11 +185,6 @@ class IngestDaemon:
             config.broker,
             clean_session=False,  # the broker queues QoS 1 messages while we are away
             manual_ack=True,  # ack only what is committed
-            username=config.username,
-            password=config.password,
-            cafile=config.cafile,
-            certfile=config.certfile,
-            keyfile=config.keyfile,
         )
         self._client.will_set(
             self._status_topic,
@@ -253,10 +225,6 @@ class IngestDaemon:
             self.store.capacity,
         )
 
-    def wait_connected(self, timeout: float) -> bool:
-        """Block until subscribed to the broker, or ``timeout`` seconds."""
-        return self._connected.wait(timeout)
-
     def stop(self, timeout: float = 30.0) -> None:
         """Commit and acknowledge everything received, publish a last status, disconnect."""
         self._stopping.set()
@@ -269,10 +237,8 @@ class IngestDaemon:
             self._metrics.shutdown()
             self._metrics.server_close()
         self.store.close()
-        if self.pool is not None:
-            self.pool.close()
-        if self.outbox is not None:
-            self.outbox.close()
+        if self.injection is not None:
+            self.injection.close()
         log.info("ingest for %s stopped", self.config.device_id)
 
     def run(self) -> None:
@@ -281,20 +247,9 @@ class IngestDaemon:
         Raises
         ------
         ConnectionError
-            With ``connect_timeout``: if the first connection did not succeed in time (the
-            message says why the last attempt failed).
+            If the first connection did not come within the broker's connect timeout.
         """
-        run_until_signalled(self._start_connected, self.stop, self._writer, "ingest writer")
-
-    def _start_connected(self) -> None:
-        self.start()
-        connected_or_raise(
-            self.wait_connected,
-            self.connection,
-            self.config.broker,
-            self.config.connect_timeout,
-            self.stop,
-        )
+        run_connected(self, self.config.broker, self._writer, "ingest writer")
 
     # -- paho callbacks (network thread: never block here) ---------------------------------
 
@@ -304,8 +259,8 @@ class IngestDaemon:
             return
         # Subscribing again is harmless when the session survived, and needed when it did not.
         client.subscribe([(topic, 1) for topic in self.config.subscriptions])
-        if self.pool is not None:
-            client.subscribe(INJECT_TOPIC, qos=1)
+        if self.injection is not None:
+            client.subscribe(self.injection.topic, qos=1)
         log.info("connected to %s (session present: %s)", self.config.broker, flags.session_present)
         with self._ack_lock:
             self._connection += 1  # acks still due for the previous connection are void
@@ -347,7 +302,7 @@ class IngestDaemon:
                         time.sleep(1.0)
                         continue
                 pending = []
-            if self.outbox is not None and now >= self._next_outbox:
+            if self.injection is not None and now >= self._next_outbox:
                 self._publish_outbox()
                 self._next_outbox = now + OUTBOX_PUBLISH_S
             if now >= next_status:
@@ -446,23 +401,22 @@ class IngestDaemon:
             db.close()
 
     def _commit(self, items: list[_Item]) -> None:
-        shared = [payload for _, _, payload, _, topic in items if topic == INJECT_TOPIC]
-        if shared and self.pool is not None:
-            refused = receive(
-                self.pool, shared, self.config.device_id, self.config.num_classes, time.time()
-            )
+        inject = InjectionRelay.topic  # never a sample stream, opted in or not
+        shared = [payload for _, _, payload, _, topic in items if topic == inject]
+        if shared and self.injection is not None:
+            refused = self.injection.receive(shared)
             if refused:
-                self._rejects.record(Counter({f"inject:{r}": n for r, n in refused.items()}), 0)
+                self._rejects.record(refused, 0)
         rate = self._rate.rate  # as of the last commit: this one's samples are added below
         if self.assembler is None:
             arrivals, reasons = decode_messages(
-                [(payload, now) for _, _, payload, now, topic in items if topic != INJECT_TOPIC],
+                [(payload, now) for _, _, payload, now, topic in items if topic != inject],
                 self.config.shape,
                 self.config.num_classes,
             )
             result = self.store.append(arrivals, rejected=reasons, messages=len(items), rate=rate)
         else:
-            own = [(t, payload, now) for _, _, payload, now, t in items if t != INJECT_TOPIC]
+            own = [(t, payload, now) for _, _, payload, now, t in items if t != inject]
             try:
                 made = self.assembler.feed(own)
                 reasons = made.rejected
@@ -490,17 +444,9 @@ class IngestDaemon:
 
     def _publish_outbox(self) -> None:
         """Publish what the ClientApp queued for injection (only when opted in)."""
-        if self.outbox is None or not self._connected.is_set():
+        if self.injection is None or not self._connected.is_set():
             return  # stays queued in the buffer file
-        queued = self.outbox.pending()
-        sent = []
-        for row_id, payload in queued:
-            if self._client.publish(INJECT_TOPIC, payload, qos=1).rc != mqtt.MQTT_ERR_SUCCESS:
-                break
-            sent.append(row_id)
-        if sent:
-            self.outbox.ack(sent)
-            self._published += len(sent)
+        self.injection.publish(self._client)
 
     def _publish_status(self, *, online: bool, error: str | None = None) -> None:
         """The retained status message: counters, fill, rate, and ``error`` while the buffer
@@ -509,15 +455,8 @@ class IngestDaemon:
             status = self.store.stats()
         except sqlite3.OperationalError as err:  # the status must go out even then
             status, error = {}, error or f"cannot read the buffer: {err}"
-        if self.pool is not None:
-            pool = self.pool.stats()
-            status["inject"] = {
-                "fill": pool["fill"],
-                "accepted": pool["accepted"],
-                "rejected": pool["rejected"],
-                "rejected-by-reason": pool["rejected-by-reason"],
-                "published": self._published,
-            }
+        if self.injection is not None:
+            status["inject"] = self.injection.status()
         if self.assembler is not None:
             status["readings-waiting"] = self.assembler.windower.waiting
         status.update({"device-id": self.config.device_id, "online": online, "ts": time.time()})
@@ -525,29 +464,4 @@ class IngestDaemon:
             status["error"] = error
         self._client.publish(self._status_topic, json.dumps(status), qos=1, retain=True)
         self.last_status = status
-        self._log_rate(status)
-
-    def _log_rate(self, status: dict[str, Any]) -> None:
-        """Every ``log_interval`` seconds, one line of what came in since the last one."""
-        now = time.monotonic()
-        if "accepted" not in status or now < self._next_rate_log:
-            return
-        last_t, last_accepted = self._rate_mark
-        if last_t is not None:
-            rate = (status["accepted"] - last_accepted) / max(now - last_t, 1e-9)
-            log.info(
-                "%s: %.1f samples/s accepted over %.0f s (%d in all), fill %d of %d, "
-                "dropped %d, refused %d %s, broker %s",
-                self.config.device_id,
-                rate,
-                now - last_t,
-                status["accepted"],
-                status["fill"],
-                status["capacity"],
-                status["dropped"],
-                status["rejected"],
-                status["rejected-by-reason"] or "",
-                "connected" if self._connected.is_set() else "NOT connected",
-            )
-        self._rate_mark = (now, status["accepted"])
-        self._next_rate_log = now + self.config.log_interval
+        self._rate_log.record(status, self._connected.is_set())

@@ -1,4 +1,5 @@
-"""MQTT plumbing shared by the ingest daemon and the publisher: broker URLs and clients.
+"""MQTT plumbing shared by every client (the ingest and inference daemons, the publisher, the
+fleet view): broker URLs, how to connect (:class:`BrokerOptions`) and clients.
 
 Topics and device ids are part of the wire contract: :mod:`edge_client.wire.topics`.
 """
@@ -9,7 +10,7 @@ import logging
 import socket
 import ssl
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from urllib.parse import urlsplit
 
 import paho.mqtt.client as mqtt
@@ -22,7 +23,14 @@ from edge_client.runtime.constants import (
     RECONNECT_MIN_DELAY_S,
 )
 
-__all__ = ["BrokerURL", "Connection", "connect_async", "describe_connect_error", "make_client"]
+__all__ = [
+    "BrokerOptions",
+    "BrokerURL",
+    "Connection",
+    "connect_async",
+    "describe_connect_error",
+    "make_client",
+]
 
 log = logging.getLogger(__name__)
 
@@ -60,17 +68,79 @@ class BrokerURL:
         return f"{'mqtts' if self.tls else 'mqtt'}://{self.host}:{self.port}"
 
 
+@dataclass(frozen=True)
+class BrokerOptions(BrokerURL):
+    """A broker and how to reach it: its address, the credentials, the TLS files and how long
+    the first connection may take.
+
+    Every MQTT client of fedstream takes one (the ingest and inference daemons, the publisher,
+    the fleet view). It is a :class:`BrokerURL` (what a plain address gives: anonymous, the
+    system's CAs for ``mqtts://``, retrying for ever), so a configuration's ``broker`` field
+    takes either; ``str()`` is the address alone (no secret in a log line).
+
+    Attributes
+    ----------
+    username, password : str, optional
+        Broker credentials.
+    cafile : str, optional
+        CA bundle for TLS; given alone it also switches TLS on.
+    certfile, keyfile : str, optional
+        This client's certificate and its key (PEM), for brokers that authenticate clients
+        by certificate (Mosquitto's ``require_certificate``, AWS IoT); they switch TLS on.
+    connect_timeout : float, optional
+        Seconds the first connection may take before the client gives up with the reason
+        (None: keep retrying; each client says what it does then).
+
+    Raises
+    ------
+    ValueError
+        If a key is given without a certificate, or the timeout is not positive.
+    """
+
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    cafile: str | None = None
+    certfile: str | None = None
+    keyfile: str | None = None
+    connect_timeout: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.keyfile and not self.certfile:
+            raise ValueError("--keyfile needs --certfile (the client certificate)")
+        if self.connect_timeout is not None and not self.connect_timeout > 0:
+            raise ValueError(f"connect timeout must be > 0 s, got {self.connect_timeout}")
+
+    @classmethod
+    def of(cls, broker: BrokerURL | str, **options: str | float | None) -> BrokerOptions:
+        """``broker`` (a URL, parsed or not) with ``options`` (the attributes' names).
+
+        Raises
+        ------
+        ValueError
+            If the URL or an option is invalid.
+        """
+        url = BrokerURL.parse(broker) if isinstance(broker, str) else broker
+        if isinstance(url, BrokerOptions):
+            return replace(url, **options)  # type: ignore[arg-type]
+        return cls(url.host, url.port, url.tls, **options)  # type: ignore[arg-type]
+
+    @property
+    def url(self) -> BrokerURL:
+        """The broker's address alone."""
+        return BrokerURL(self.host, self.port, self.tls)
+
+    @property
+    def uses_tls(self) -> bool:
+        """Whether the connection is TLS: ``mqtts://``, or any TLS file given."""
+        return self.tls or bool(self.cafile or self.certfile)
+
+
 def make_client(
     client_id: str,
     broker: BrokerURL,
     *,
     clean_session: bool = True,
     manual_ack: bool = False,
-    username: str | None = None,
-    password: str | None = None,
-    cafile: str | None = None,
-    certfile: str | None = None,
-    keyfile: str | None = None,
 ) -> mqtt.Client:
     """A paho 2 client (MQTT 3.1.1) with credentials, TLS and reconnect back-off set, that
     logs through Python logging (the ``paho.mqtt.client`` logger).
@@ -80,26 +150,19 @@ def make_client(
     client_id : str
         Stable id; with ``clean_session=False`` the broker keeps the session under it.
     broker : BrokerURL
-        Where to connect (connect with :func:`connect_async` + ``loop_start``).
+        Where to connect (connect with :func:`connect_async` + ``loop_start``); a
+        :class:`BrokerOptions` also says as whom and with which TLS files.
     clean_session : bool
         False keeps subscriptions and queued QoS 1 messages while the client is away.
     manual_ack : bool
         Acknowledge messages with ``client.ack`` instead of after the callback.
-    username, password : str, optional
-        Broker credentials.
-    cafile : str, optional
-        CA bundle for TLS; given alone it also switches TLS on.
-    certfile, keyfile : str, optional
-        This client's certificate and its key (PEM), for brokers that authenticate clients
-        by certificate (Mosquitto's ``require_certificate``, AWS IoT); they switch TLS on.
 
     Raises
     ------
     ValueError
-        If a key is given without a certificate, or a TLS file cannot be read or used.
+        If a TLS file cannot be read or used.
     """
-    if keyfile and not certfile:
-        raise ValueError("--keyfile needs --certfile (the client certificate)")
+    options = BrokerOptions.of(broker)
     client = mqtt.Client(
         CallbackAPIVersion.VERSION2,
         client_id=client_id,
@@ -107,9 +170,10 @@ def make_client(
         manual_ack=manual_ack,
         protocol=mqtt.MQTTv311,
     )
-    if username is not None:
-        client.username_pw_set(username, password)
-    if broker.tls or cafile or certfile:
+    if options.username is not None:
+        client.username_pw_set(options.username, options.password)
+    if options.uses_tls:
+        cafile, certfile, keyfile = options.cafile, options.certfile, options.keyfile
         try:
             client.tls_set(
                 ca_certs=cafile, certfile=certfile, keyfile=keyfile, cert_reqs=ssl.CERT_REQUIRED

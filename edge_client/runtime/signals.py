@@ -9,10 +9,11 @@ import signal
 import threading
 from collections.abc import Callable
 from types import FrameType
+from typing import Protocol
 
-from edge_client.runtime.mqtt import BrokerURL, Connection
+from edge_client.runtime.mqtt import BrokerOptions, BrokerURL, Connection
 
-__all__ = ["connected_or_raise", "run_until_signalled"]
+__all__ = ["Subscribed", "connected_or_raise", "run_connected", "run_until_signalled"]
 
 log = logging.getLogger(__name__)
 
@@ -65,3 +66,47 @@ def connected_or_raise(
         why = connection.last_error or "no answer"
         stop()
         raise ConnectionError(f"could not connect to {broker} within {timeout:g} s: {why}")
+
+
+class Subscribed:
+    """A device daemon that is up once its broker connection has subscribed: it sets
+    ``_connected`` then (the ingest and inference daemons)."""
+
+    _connected: threading.Event
+
+    def wait_connected(self, timeout: float) -> bool:
+        """Block until subscribed to the broker, or ``timeout`` seconds."""
+        return self._connected.wait(timeout)
+
+
+class Daemon(Protocol):
+    """A device daemon :func:`run_connected` runs (the ingest and inference daemons)."""
+
+    connection: Connection
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def wait_connected(self, timeout: float) -> bool: ...
+
+
+def run_connected(daemon: Daemon, broker: BrokerURL, worker: threading.Thread, name: str) -> None:
+    """Run ``daemon`` until SIGTERM, SIGINT or SIGHUP; with the broker's ``connect_timeout``
+    (:class:`~edge_client.runtime.mqtt.BrokerOptions`), give up if its first connection has
+    not come by then.
+
+    Raises
+    ------
+    ConnectionError
+        If the first connection did not succeed in time (saying why the last attempt failed).
+    RuntimeError
+        If ``worker`` (the daemon's thread, named ``name``) dies.
+    """
+
+    def start() -> None:
+        daemon.start()
+        timeout = BrokerOptions.of(broker).connect_timeout
+        connected_or_raise(daemon.wait_connected, daemon.connection, broker, timeout, daemon.stop)
+
+    run_until_signalled(start, daemon.stop, worker, name)

@@ -16,6 +16,7 @@ from torch import nn
 from torch.optim.sgd import sgd
 
 from edge_client.runtime.buffer import BufferStore, SampleBuffer
+from edge_client.runtime.injection.mixing import draw_pooled, mix_into, planned_mix
 from edge_client.task.interface import Classification, Scores, Task, evaluate
 from edge_client.task.preprocess import Preprocessor
 from edge_client.wire.constants import DIVERGED_LOSS_RATIO
@@ -202,77 +203,74 @@ def _gather(store: SampleBuffer, plan: RoundPlan) -> tuple[int, float]:
     return batch, waited
 
 
-def train_local(
-    model: nn.Module,
+@dataclass(frozen=True)
+class _Round:
+    """A round's samples, taken and prepared: own per step (``own``) and pooled (``mixed``)."""
+
+    data: SampleBatch  # the own samples taken from the buffer
+    own: int
+    mixed: int
+    own_x: np.ndarray  # preprocessed
+    own_y: np.ndarray
+    pooled: SampleBatch | None
+
+
+def _take(
     store: SampleBuffer,
     plan: RoundPlan,
-    *,
-    task: Task | None = None,
-    preprocessor: Preprocessor | None = None,
-    slowdown: float = 1.0,
-    device: torch.device | None = None,
-    pool: BufferStore | None = None,
-    rng: np.random.Generator | None = None,
-) -> TrainResult:
-    """Take ``b * K`` samples from the buffer, score the received model on them
-    (prequential evaluation), then train ``K`` SGD steps at batch ``b`` on ``task``'s loss
-    (classification by default).
-
-    With ``wait`` the device blocks until ``b*K`` samples are buffered (up to the deadline);
-    with ``adapt`` it trains on what is there, lowering its batch but never below ``b_min``
-    (it waits for ``b_min*K`` samples if needed), scaling its learning rate by the batch it
-    trains over the planned one (linear scaling rule). Step times exclude the first (warm-up)
-    step; ``slowdown`` > 1 really stretches each step's wall time to emulate a slower device.
-    With a ``pool`` of injected samples and ``plan.inject_mix`` > 0, each batch holds
-    ``round(mix * b)`` samples drawn from the pool (not consumed) and the rest from the buffer.
-
-    Prequential evaluation: before the first step, ``model`` as received is scored on the
-    device's own samples it is about to train on (never on pool samples), so no sample is
-    scored by a model that has trained on it. A ``preprocessor`` is first updated with the
-    own samples' features, then applied to every sample (own and pooled) before scoring
-    and training.
-
-    Returns
-    -------
-    TrainResult
-        With ``num_examples == 0`` when not even one sample per step arrived in time.
-    """
-    task = task or Classification()
-    device = device or torch.device("cpu")
-    batch, wait_s = _gather(store, plan)
-    if batch < 1:
-        return TrainResult(0, 0, 0, 0.0, 0.0, wait_s, math.nan)
+    batch: int,
+    pool: BufferStore | None,
+    rng: np.random.Generator | None,
+    preprocessor: Preprocessor | None,
+) -> _Round:
+    """Take the round's own samples from the buffer and its pool samples, as planned; update
+    and apply the ``preprocessor`` on the own ones."""
     k_steps = plan.local_steps
-    t_take = time.perf_counter()
-    mixed = round(plan.inject_mix * batch) if pool is not None and pool.fill > 0 else 0
-    mixed = min(mixed, batch - 1)  # at least one own sample per step
+    mixed = planned_mix(plan.inject_mix, batch, pool)
     data = store.take((batch - mixed) * k_steps)
     own = len(data) // k_steps
-    injected = pool.sample(mixed * k_steps, rng or np.random.default_rng()) if pool else None
+    pooled = draw_pooled(pool, mixed, k_steps, rng)
     own_x, own_y = data.x[: own * k_steps], data.y[: own * k_steps]
     if preprocessor is not None:
         preprocessor.update(own_x)
         own_x = preprocessor(own_x)
-    t_eval = time.perf_counter()
-    take_s = t_eval - t_take
-    evaluated = evaluate(task, model, own_x, own_y, device)  # test, then train
-    t_train = time.perf_counter()  # batches, optimizer and the K steps
-    eval_s = t_train - t_eval
-    x_np = own_x.reshape(k_steps, own, *data.x.shape[1:])
-    y_np = own_y.reshape(k_steps, own)
-    if injected is not None and mixed:
-        pooled = injected.x if preprocessor is None else preprocessor(injected.x)
-        x_np = np.concatenate([x_np, pooled.reshape(k_steps, mixed, *data.x.shape[1:])], 1)
-        y_np = np.concatenate([y_np, injected.y.reshape(k_steps, mixed)], 1)
-    batch = own + mixed
-    # Linear scaling rule: a batch smaller than planned (a starved stream under `adapt`, or
-    # the deadline) trains at the plan's rate scaled by the batch actually trained.
-    lr = plan.lr * min(1.0, batch / plan.batch_size) if plan.batch_size > 0 else plan.lr
+    return _Round(data, own, mixed, own_x, own_y, pooled)
+
+
+def _tensors(
+    taken: _Round,
+    steps: int,
+    task: Task,
+    device: torch.device,
+    preprocessor: Preprocessor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The K steps' batches, one after the other: each step's own samples then its pool
+    samples, as ``task``'s inputs and targets on ``device``."""
+    x_np = taken.own_x.reshape(steps, taken.own, *taken.data.x.shape[1:])
+    y_np = taken.own_y.reshape(steps, taken.own)
+    x_np, y_np = mix_into(x_np, y_np, taken.pooled, taken.mixed, preprocessor)
     x, y = task.targets(
         torch.from_numpy(np.ascontiguousarray(x_np.reshape(-1, *x_np.shape[2:]))),
         torch.from_numpy(np.ascontiguousarray(y_np.reshape(-1))),
     )
-    x, y = x.to(device), y.to(device)
+    return x.to(device), y.to(device)
+
+
+def _steps(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    plan: RoundPlan,
+    *,
+    batch: int,
+    lr: float,
+    task: Task,
+    device: torch.device,
+    slowdown: float,
+) -> tuple[list[float], list[float]]:
+    """Train the plan's K SGD steps (momentum 0.9, FedProx's proximal term when
+    ``proximal_mu`` > 0); each step's loss, and the seconds of every step but the first
+    (warm-up; the only one when K = 1)."""
     model.to(device).train()
     global_params = [p.detach().clone() for p in model.parameters()]
     opt = LocalSGD(model.parameters(), lr=lr, momentum=0.9)
@@ -299,6 +297,64 @@ def train_local(
         if k > 0 or plan.local_steps == 1:
             times.append(elapsed)
         losses.append(loss)
+    return times, losses
+
+
+def train_local(
+    model: nn.Module,
+    store: SampleBuffer,
+    plan: RoundPlan,
+    *,
+    task: Task | None = None,
+    preprocessor: Preprocessor | None = None,
+    slowdown: float = 1.0,
+    device: torch.device | None = None,
+    pool: BufferStore | None = None,
+    rng: np.random.Generator | None = None,
+) -> TrainResult:
+    """Take ``b * K`` samples from the buffer, score the received model on them
+    (prequential evaluation), then train ``K`` SGD steps at batch ``b`` on ``task``'s loss
+    (classification by default).
+
+    With ``wait`` the device blocks until ``b*K`` samples are buffered (up to the deadline);
+    with ``adapt`` it trains on what is there, lowering its batch but never below ``b_min``
+    (it waits for ``b_min*K`` samples if needed), scaling its learning rate by the batch it
+    trains over the planned one (linear scaling rule). Step times exclude the first (warm-up)
+    step; ``slowdown`` > 1 really stretches each step's wall time to emulate a slower device.
+    With a ``pool`` of injected samples and ``plan.inject_mix`` > 0, each batch holds
+    ``round(mix * b)`` samples drawn from the pool (not consumed) and the rest from the buffer
+    (:mod:`edge_client.runtime.injection.mixing`).
+
+    Prequential evaluation: before the first step, ``model`` as received is scored on the
+    device's own samples it is about to train on (never on pool samples), so no sample is
+    scored by a model that has trained on it. A ``preprocessor`` is first updated with the
+    own samples' features, then applied to every sample (own and pooled) before scoring
+    and training.
+
+    Returns
+    -------
+    TrainResult
+        With ``num_examples == 0`` when not even one sample per step arrived in time.
+    """
+    task = task or Classification()
+    device = device or torch.device("cpu")
+    batch, wait_s = _gather(store, plan)
+    if batch < 1:
+        return TrainResult(0, 0, 0, 0.0, 0.0, wait_s, math.nan)
+    k_steps = plan.local_steps
+    t_take = time.perf_counter()
+    taken = _take(store, plan, batch, pool, rng, preprocessor)
+    t_eval = time.perf_counter()
+    evaluated = evaluate(task, model, taken.own_x, taken.own_y, device)  # test, then train
+    t_train = time.perf_counter()  # batches, optimizer and the K steps
+    batch = taken.own + taken.mixed
+    # Linear scaling rule: a batch smaller than planned (a starved stream under `adapt`, or
+    # the deadline) trains at the plan's rate scaled by the batch actually trained.
+    lr = plan.lr * min(1.0, batch / plan.batch_size) if plan.batch_size > 0 else plan.lr
+    x, y = _tensors(taken, k_steps, task, device, preprocessor)
+    times, losses = _steps(
+        model, x, y, plan, batch=batch, lr=lr, task=task, device=device, slowdown=slowdown
+    )
     train_s = time.perf_counter() - t_train
     step_s = float(np.median(times))  # robust to the odd scheduler hiccup
     return TrainResult(
@@ -310,11 +366,11 @@ def train_local(
         wait_s=wait_s,
         train_loss=float(np.mean(losses)),
         lr=lr,
-        inject_used=mixed * k_steps,
-        taken=data,
+        inject_used=taken.mixed * k_steps,
+        taken=taken.data,
         evaluated=evaluated,
-        eval_s=eval_s,
-        take_s=take_s,
+        eval_s=t_train - t_eval,
+        take_s=t_eval - t_take,
         train_s=train_s,
         first_loss=losses[0],
     )

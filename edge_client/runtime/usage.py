@@ -75,22 +75,22 @@ def peak_rss_bytes(pid: int | None = None) -> int:
     """The process's peak resident memory in bytes (``VmHWM``; 0 when unknown)."""
     if pid is None or pid == os.getpid():
         return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * _MAXRSS_UNIT
-    try:
-        for line in (_PROC / str(pid) / "status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
+    return _kib_field(pid, "status", "VmHWM:")
 
 
 def pss_bytes(pid: int) -> int:
     """The process's proportional set size in bytes: its resident memory with each page
     shared with other processes (the interpreter, torch's libraries) divided among them, so
     that the figures of processes running together add up (0 when unknown)."""
+    return _kib_field(pid, "smaps_rollup", "Pss:")
+
+
+def _kib_field(pid: int, name: str, key: str) -> int:
+    """The field ``key`` (in kB) of the process's ``/proc/PID/<name>``, in bytes (0 when
+    unknown: the process is gone, or the kernel has no such file)."""
     try:
-        for line in (_PROC / str(pid) / "smaps_rollup").read_text().splitlines():
-            if line.startswith("Pss:"):
+        for line in (_PROC / str(pid) / name).read_text().splitlines():
+            if line.startswith(key):
                 return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass

@@ -12,7 +12,8 @@ from typing import Any
 
 import pytest
 
-from edge_client.runtime.ingest import IngestConfig, IngestDaemon, _RejectLog
+from edge_client.runtime.ingest import IngestConfig, IngestDaemon
+from edge_client.runtime.ingest_status import RejectLog as _RejectLog
 from edge_client.runtime.mqtt import BrokerURL
 
 

@@ -11,7 +11,7 @@ from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
 from flwr.supercore.task_identity import TaskIdentity
 
 from edge_client.emulation.population import DeviceProfile, profile_of
-from edge_client.runtime.client_app import absent_reply
+from edge_client.flower_app import absent_reply
 from edge_client.wire.constants import RATE_SETS
 from edge_client.wire.population import parse_population
 

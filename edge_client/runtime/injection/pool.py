@@ -1,25 +1,19 @@
-"""ScaDLES data injection, device side: shared samples in, kept apart in a capped pool.
+"""The injection pool: samples other devices shared, received into a store of their own.
 
 A device that opted in (``inject=true`` in its node config, ``fedstream ingest --inject``)
 subscribes to ``fedstream/v1/inject``. What arrives there goes through :func:`receive` into
-its *pool*, a buffer store of its own next to the device's buffer (tagged by where it lives,
-capped at :data:`~edge_client.runtime.constants.INJECT_POOL_CAPACITY` with the truncation
-policy, its own counters). The ClientApp draws each batch's planned share from the pool.
-
-Sharing goes the other way through the buffer file's outbox: when the aggregator picks the
-device, the ClientApp queues one frame of the samples it just trained on (:func:`share`),
-and the ingest daemon, which holds the device's MQTT connection, publishes it. A device
-that did not opt in queues nothing and its daemon publishes nothing.
+its *pool*, a buffer store next to the device's buffer (tagged by where it lives, capped at
+:data:`~edge_client.runtime.constants.INJECT_POOL_CAPACITY` with the truncation policy, its
+own counters). :func:`round_pool` opens it for a round that mixes pool samples in.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
-
-import numpy as np
 
 from edge_client.runtime.buffer import BufferStore
 from edge_client.runtime.constants import (
@@ -27,15 +21,14 @@ from edge_client.runtime.constants import (
     INJECT_POOL_SUFFIX,
     POLICY_TRUNCATION,
 )
-from edge_client.runtime.device_state import DeviceStateStore
-from edge_client.runtime.outbox import Outbox
 from edge_client.wire.constants import INJECT_MAX_PAYLOAD_BYTES
-from edge_client.wire.frames import FrameError, SampleBatch, decode_payload, encode_frame
+from edge_client.wire.frames import FrameError, SampleBatch, decode_payload
 
 if TYPE_CHECKING:  # the ingest daemon imports this module: it must not load Flower
+    from edge_client.runtime.node_config import NodeConfig
     from edge_client.wire.records import RoundPlan
 
-__all__ = ["INJECT_REJECT_REASONS", "inject_pool_path", "open_pool", "receive", "share"]
+__all__ = ["INJECT_REJECT_REASONS", "inject_pool_path", "open_pool", "receive", "round_pool"]
 
 #: Reasons an injection message is refused beyond those of any sample frame.
 INJECT_REJECT_REASONS = ("too-large", "untagged")
@@ -99,38 +92,13 @@ def receive(
     return rejected
 
 
-def share(
-    buffer: str | Path,
-    device_id: str,
-    taken: SampleBatch,
-    plan: RoundPlan,
-    rng: np.random.Generator,
-) -> tuple[int, int]:
-    """Queue a fraction beta of the samples just trained on for injection, within the budget.
-
-    One binary frame (publisher = this device, its next sequence number kept in the
-    device state) goes to the buffer file's outbox; the ingest daemon publishes it to
-    ``fedstream/v1/inject``.
-
-    Returns
-    -------
-    tuple of int
-        (bytes queued, samples queued); (0, 0) when the budget holds no sample.
-    """
-    per_sample = 4 * int(np.prod(taken.x.shape[1:])) + 16  # features + label + timestamp
-    header = len(encode_frame(taken.x[:0], taken.y[:0], taken.ts[:0], publisher=device_id))
-    fits = max(0, (min(plan.inject_budget, INJECT_MAX_PAYLOAD_BYTES) - header) // per_sample)
-    n = min(int(plan.inject_beta * len(taken)), fits)
-    if n <= 0:
-        return 0, 0
-    idx = np.sort(rng.choice(len(taken), size=n, replace=False))
-    with DeviceStateStore(buffer) as state, Outbox(buffer) as outbox:
-        seq = state.inject_seq() + 1
-        payload = encode_frame(
-            taken.x[idx], taken.y[idx], taken.ts[idx], publisher=device_id, seq=seq
-        )
-        # The number first: a crash between the two leaves a gap in the sequence (harmless)
-        # rather than a number used twice (receivers would drop the next frame as a repeat).
-        state.set_inject_seq(seq)
-        outbox.put([payload])
-    return len(payload), n
+@contextmanager
+def round_pool(node: NodeConfig, plan: RoundPlan) -> Iterator[BufferStore | None]:
+    """The pool a round mixes into its batches, open for the round: None unless the device
+    opted in, the plan mixes (``inject-mix`` > 0) and the pool holds a file."""
+    path = inject_pool_path(node.buffer)
+    if not (node.inject and plan.inject_mix > 0 and path.exists()):
+        yield None
+        return
+    with BufferStore(path) as pool:
+        yield pool

@@ -1,0 +1,87 @@
+"""The simulation engine's virtual devices, as the ClientApp sees them: a hook.
+
+In Flower's simulation engine a node has only ``partition-id``; the ClientApp makes it a
+virtual device through the :class:`VirtualNodes` provided here: whether it is away now, its
+:class:`~edge_client.runtime.node_config.NodeConfig`, and its buffer and device state.
+
+The runtime only defines the hook. The stream emulation implements it
+(:class:`edge_client.emulation.simulation.SimulationNodes`) and the app Flower loads,
+:mod:`edge_client.flower_app`, provides it: so the runtime never imports the emulation (the
+emulation builds on the runtime), and a real device, which never meets a virtual node,
+never loads it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from flwr.app import RecordDict
+
+    from edge_client.runtime.buffer import SampleBuffer
+    from edge_client.runtime.device_state import DeviceState
+    from edge_client.runtime.node_config import NodeConfig
+    from edge_client.wire.run_config import RunSettings
+
+__all__ = ["VirtualNodes", "VirtualNodesError", "provide_virtual_nodes", "virtual_nodes"]
+
+
+class VirtualNodes(Protocol):
+    """What makes a simulation node (``partition-id`` only) a device."""
+
+    def absence(
+        self, node_config: Mapping[str, Any], settings: RunSettings, state: RecordDict
+    ) -> str:
+        """Why the virtual device is away now (empty: it is there)."""
+        ...
+
+    def node(
+        self, node_config: Mapping[str, Any], run_id: int, settings: RunSettings
+    ) -> NodeConfig:
+        """The virtual device: its id, buffer file, slowdown and threads."""
+        ...
+
+    def open_device(
+        self, node_config: Mapping[str, Any], settings: RunSettings, state: RecordDict
+    ) -> AbstractContextManager[tuple[SampleBuffer, DeviceState]]:
+        """Its buffer and device state kept in ``state`` (``sim-buffers = "lazy"``)."""
+        ...
+
+
+class VirtualNodesError(RuntimeError):
+    """A simulation node reached a ClientApp loaded without virtual devices."""
+
+
+_factory: Callable[[], VirtualNodes] | None = None
+_nodes: VirtualNodes | None = None
+
+
+def provide_virtual_nodes(factory: Callable[[], VirtualNodes] | None) -> None:
+    """Provide this process's virtual devices: ``factory`` runs at the first simulation
+    node (so a process that never meets one never loads what it needs); None withdraws it.
+    Providing the same factory again keeps what it made."""
+    global _factory, _nodes
+    if factory is not _factory:
+        _factory, _nodes = factory, None
+
+
+def virtual_nodes() -> VirtualNodes:
+    """This process's virtual devices.
+
+    Raises
+    ------
+    VirtualNodesError
+        If none were provided: the ClientApp was loaded as ``edge_client.runtime.client_app``
+        rather than ``edge_client.flower_app``, which the simulation engine needs.
+    """
+    global _nodes
+    if _nodes is None:
+        if _factory is None:
+            raise VirtualNodesError(
+                "this node has only Flower's partition-id (the simulation engine), and no "
+                "virtual devices were provided: load the ClientApp as edge_client.flower_app:app"
+            )
+        _nodes = _factory()
+    return _nodes
