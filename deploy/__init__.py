@@ -1,7 +1,10 @@
 """How fedstream is launched and checked: the ``fedstream`` CLI and what it runs.
 
-- :mod:`~deploy.cli`: the ``fedstream`` command (``python -m deploy``);
-- :mod:`~deploy.demo`: ``fedstream demo``, everything on one machine;
+- :mod:`deploy.cli`: the ``fedstream`` command (``python -m deploy``), a module per audience;
+- :mod:`~deploy.demo`: ``fedstream demo``, everything on one machine (its options in
+  :mod:`~deploy.demo_config`, its streams in :mod:`~deploy.demo_streams`, following the run
+  in :mod:`~deploy.demo_follow`, what it shows in :mod:`~deploy.demo_view`);
+- :mod:`~deploy.fleet_status`: the operator's fleet view (``fedstream fleet``);
 - :mod:`~deploy.flower`: Flower's SuperLink, SuperNodes and runs on one machine;
 - :mod:`~deploy.brokers`: the embedded broker and Mosquitto;
 - :mod:`~deploy.inprocess`: the in-process runner (virtual clock) for tests and benchmarks;
@@ -10,7 +13,7 @@
 - :mod:`~deploy.probes`: fault and security probes shared by tests and the reliability report;
 - :mod:`deploy.bench`: the benchmarks (``fedstream bench``).
 
-systemd units and the install notes are in ``deploy/systemd`` and ``deploy/README.md``.
+systemd units and the install notes are in ``deploy/systemd`` and ``docs/deployment.md``.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from edge_client.lazy import lazy_exports
 
 if TYPE_CHECKING:
     from deploy.brokers import EmbeddedBroker, MosquittoBroker, mosquitto_available
-    from deploy.demo import DemoConfig, run_demo
+    from deploy.demo import run_demo
+    from deploy.demo_config import DemoConfig
     from deploy.flower import FlowerDeployment, FlowerError, resume_run, submit_run
     from deploy.inprocess import InProcessGrid, LocalGrid, StaticGrid, VirtualDevice
     from deploy.local import ProcessGroup, fedstream_command
@@ -29,7 +33,7 @@ if TYPE_CHECKING:
     from deploy.secure import RunSecrets, make_run_secrets
 
 _EXPORTS = {
-    "DemoConfig": "demo",
+    "DemoConfig": "demo_config",
     "EmbeddedBroker": "brokers",
     "FlowerDeployment": "flower",
     "FlowerError": "flower",

@@ -1,4 +1,4 @@
-"""``fedstream serve``: the aggregator as a service (what ``fedstream-aggregator.stopping`` runs).
+"""``fedstream serve``: the aggregator as a service (what ``fedstream-aggregator.service`` runs).
 
 It keeps one continuous run (``num-rounds = 0``) going on a SuperLink:
 

@@ -9,7 +9,7 @@ import shutil
 import tempfile
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Self
 
 from deploy.constants import (
     EMBEDDED_BROKER_LOGGERS,
@@ -17,7 +17,7 @@ from deploy.constants import (
     EMBEDDED_MAX_PAYLOAD,
 )
 from deploy.extras import require_extra
-from deploy.local import ProcessGroup, free_port, wait_for_port
+from deploy.local import ProcessGroup, StartStop, free_port, wait_for_port
 
 if TYPE_CHECKING:  # the embedded broker is the demo extra's: imported where it is started
     from iotcore import Broker
@@ -115,7 +115,7 @@ def run_embedded_broker(port: int, listen: str = "127.0.0.1") -> None:
         loop.join(0.5)
 
 
-class EmbeddedBroker:
+class EmbeddedBroker(StartStop):
     """The embedded broker in a child process, on a free port unless one is given."""
 
     def __init__(self, port: int | None = None, listen: str = "127.0.0.1") -> None:
@@ -128,7 +128,7 @@ class EmbeddedBroker:
         """``mqtt://host:port`` of the broker."""
         return f"mqtt://{self.host}:{self.port}"
 
-    def start(self) -> EmbeddedBroker:
+    def start(self) -> Self:
         """Start and wait until it accepts connections."""
         self._broker.start()
         return self
@@ -136,12 +136,6 @@ class EmbeddedBroker:
     def stop(self) -> None:
         """Stop it and release the port."""
         self._broker.stop()
-
-    def __enter__(self) -> EmbeddedBroker:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def mosquitto_available() -> bool:
@@ -153,7 +147,7 @@ def _mosquitto_binary() -> str | None:
     return shutil.which("mosquitto") or shutil.which("mosquitto", path="/usr/sbin:/usr/bin")
 
 
-class MosquittoBroker:
+class MosquittoBroker(StartStop):
     """A Mosquitto process started from one of the configs in ``broker_config/``.
 
     The config is copied with its ``listener`` ports replaced by free ones and any path
@@ -195,7 +189,7 @@ class MosquittoBroker:
         """``mqtt://127.0.0.1:<first port>``."""
         return f"mqtt://127.0.0.1:{self.port}"
 
-    def start(self) -> MosquittoBroker:
+    def start(self) -> Self:
         """Write the adapted config, start Mosquitto, wait for every listener."""
         text = self.config.read_text()
         if self.files_dir is not None:
@@ -250,9 +244,3 @@ class MosquittoBroker:
         """Stop Mosquitto and remove its temporary files."""
         self._group.close()
         self._tmp.cleanup()
-
-    def __enter__(self) -> MosquittoBroker:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

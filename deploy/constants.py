@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Final
 
 # --- Embedded broker (iotcore / rumqttd) -------------------------------------------------
@@ -10,9 +11,12 @@ EMBEDDED_MAX_PAYLOAD: Final = 1024 * 1024
 EMBEDDED_BROKER_LOGGERS: Final = ("rumqttd", "tracing")
 EMBEDDED_MAX_INFLIGHT: Final = 1000
 DEFAULT_MQTT_PORT: Final = 1883
+# The broker a command talks to unless given --broker (the local one).
+DEFAULT_BROKER_URL: Final = f"mqtt://127.0.0.1:{DEFAULT_MQTT_PORT}"
 
 # --- fedstream demo ----------------------------------------------------------------------
 DEMO_DEVICES: Final = 4
+DEMO_MAX_DEVICES: Final = 64  # processes on one machine: a publisher, ingest and SuperNode each
 DEMO_CAPACITY: Final = 5000  # samples per device buffer: a demo runs minutes, not days
 DEMO_DURATION_S: Final = 20.0  # --stream-only
 DEMO_BATCH: Final = 4  # samples per published message
@@ -45,3 +49,14 @@ DEMO_SEED: Final = 0  # shuffles a --source recording before it is split across 
 # The demo exports its final model into this folder of its run folder (unless the run config
 # names an export-dir), for `fedstream infer --model` to serve.
 DEMO_MODELS: Final = "models"
+
+# --- fedstream demo: its processes and its run ---------------------------------------------
+#: The Flower app fedstream's own runs submit: pyproject.toml is in the checkout's root.
+APP_DIR: Final = Path(__file__).resolve().parent.parent
+DEMO_DRAIN_TIMEOUT_S: Final = 30.0  # stream-only: how long the buffers may take to catch up
+DEMO_PUBLISH_FOREVER_S: Final = 86_400.0  # training: publishers run until the demo stops them
+DEMO_STATUS_POLL_S: Final = 1.0  # how often the progress table reads metrics.jsonl
+# How often the run's status is asked for while rounds come in: each `flwr list` is a Python
+# process of about 1 CPU-second, which the devices on a 2-core host would otherwise share.
+DEMO_STATUS_CHECK_S: Final = 10.0
+DEMO_BROKER_OUTAGE_S: Final = 5.0  # --kill-broker: how long the broker stays down

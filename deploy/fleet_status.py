@@ -15,10 +15,11 @@ import secrets
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Self
 
 import paho.mqtt.client as mqtt
 
+from deploy.local import StartStop
 from edge_client.runtime.mqtt import BrokerURL, Connection, connect_async, make_client
 from edge_client.runtime.status_metrics import status_number
 from edge_client.wire.topics import STATUS_WILDCARD, device_of_topic
@@ -31,27 +32,18 @@ log = logging.getLogger(__name__)
 _QUIET_S = 0.5
 
 
-class FleetView:
+class FleetView(StartStop):
     """Every device's latest status, kept current from the broker.
 
     Parameters
     ----------
     broker : BrokerURL
-        Where the devices publish.
-    username, password, cafile, certfile, keyfile : str, optional
-        Credentials (the account must be allowed to read ``fedstream/v1/+/status``), the
+        Where the devices publish; a :class:`~edge_client.runtime.mqtt.BrokerOptions` gives
+        the credentials (the account must be allowed to read ``fedstream/v1/+/status``), the
         CA, and a client certificate where the broker requires one.
     """
 
-    def __init__(
-        self,
-        broker: BrokerURL,
-        username: str | None = None,
-        password: str | None = None,
-        cafile: str | None = None,
-        certfile: str | None = None,
-        keyfile: str | None = None,
-    ) -> None:
+    def __init__(self, broker: BrokerURL) -> None:
         self.broker = broker
         self._statuses: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
@@ -59,22 +51,14 @@ class FleetView:
         self._last_message = time.monotonic()
         #: Status messages that were not a JSON object (ignored).
         self.malformed = 0
-        self._client = make_client(
-            f"fedstream-fleet-{secrets.token_hex(4)}",
-            broker,
-            username=username,
-            password=password,
-            cafile=cafile,
-            certfile=certfile,
-            keyfile=keyfile,
-        )
+        self._client = make_client(f"fedstream-fleet-{secrets.token_hex(4)}", broker)
         self._client.on_connect = self._on_connect
         self._client.on_message = self._on_message
         self._client.on_subscribe = self._on_subscribe
         #: The attempts to reach the broker (from :meth:`start` on).
         self.connection = Connection()
 
-    def start(self) -> FleetView:
+    def start(self) -> Self:
         """Connect (retrying with back-off) and subscribe, in paho's thread."""
         self.connection = connect_async(self._client, self.broker)
         return self
@@ -103,12 +87,6 @@ class FleetView:
         """Disconnect."""
         self._client.disconnect()
         self._client.loop_stop()
-
-    def __enter__(self) -> FleetView:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def _on_connect(self, client: mqtt.Client, _u: Any, _f: Any, rc: Any, _p: Any) -> None:
         if rc.is_failure:

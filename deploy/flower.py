@@ -48,7 +48,7 @@ CLI_TIMEOUT_S = 60.0
 
 #: The components of fedstream's own Flower app (in the installed package).
 SERVERAPP = "aggregator.server_app:app"
-CLIENTAPP = "edge_client.runtime.client_app:app"
+CLIENTAPP = "edge_client.flower_app:app"
 
 
 class FlowerError(RuntimeError):

@@ -14,7 +14,7 @@
 #   from CONFIG_DIR, written to UNITS, checked with `systemd-analyze verify` where available;
 # - as root (unless --no-system-user): the system user USER that the units run as, and
 #   STATE_DIR owned by it.
-# Then: systemctl daemon-reload and enable the units this machine runs (see deploy/README.md).
+# Then: systemctl daemon-reload and enable the units this machine runs (see docs/deployment.md).
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)

@@ -13,13 +13,14 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import IO, NamedTuple
+from typing import IO, NamedTuple, Self
 
 __all__ = [
     "SIGNAL_ECHO_S",
     "STOP_SIGNALS",
     "ProcStat",
     "ProcessGroup",
+    "StartStop",
     "Stopped",
     "descendants",
     "fedstream_command",
@@ -72,6 +73,25 @@ def fedstream_command(*args: str) -> list[str]:
 #: A process as seen in /proc: its pid and its start time (clock ticks after boot), so that a
 #: pid reused by an unrelated process is never signalled.
 ProcessId = tuple[int, int]
+
+
+class StartStop:
+    """Something started and stopped (a broker, a fleet view) as a context manager: entering
+    calls ``start()`` (which returns it), leaving calls ``stop()``."""
+
+    def start(self) -> Self:
+        """Start it; return it."""
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """Stop it and release what it holds."""
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 class ProcStat(NamedTuple):

@@ -324,7 +324,7 @@ def test_resume_outside_a_checkout_asks_for_the_app_and_app_writes_one(
     assert written.exit_code == 0
     assert app["tool"]["flwr"]["app"]["components"] == {
         "serverapp": "aggregator.server_app:app",
-        "clientapp": "edge_client.runtime.client_app:app",
+        "clientapp": "edge_client.flower_app:app",
     }
     assert app["tool"]["flwr"]["app"]["config"]["num-rounds"] == 10
 

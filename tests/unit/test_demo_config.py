@@ -10,14 +10,11 @@ import pytest
 from typer.main import get_command
 
 from deploy.cli import app
-from deploy.demo import (
-    DemoConfig,
-    _infer_command,
-    _ingest_args,
-    _run_settings,
-    _source_args,
-    _write_shards,
-)
+from deploy.demo import DemoConfig, _run_settings
+from deploy.demo_streams import ingest_args as _ingest_args
+from deploy.demo_streams import source_args as _source_args
+from deploy.demo_streams import write_shards as _write_shards
+from deploy.demo_view import infer_command as _infer_command
 from edge_client.task.recordings import load_series
 from edge_client.wire.run_config import RunSettings
 

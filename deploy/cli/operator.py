@@ -1,0 +1,371 @@
+"""Commands of the operator: fleet, serve, stop, resume, models, report, app, run-config."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from rich.console import Console
+
+from deploy.cli.common import console, fail, parse_run_config, require, setup_logging
+from deploy.cli.options import (
+    DEFAULT_BROKER_URL,
+    NO_CREDENTIALS,
+    PORT,
+    BrokerOption,
+    ConnectionOption,
+    Credentials,
+    MetricsListenOption,
+    VerboseOption,
+    broker_options,
+    with_credentials,
+)
+from deploy.local import STOP_SIGNALS
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+__all__ = [
+    "fleet",
+    "models",
+    "report",
+    "resume",
+    "run_config_keys",
+    "serve",
+    "stop",
+    "write_app_dir",
+]
+
+
+@with_credentials
+def fleet(
+    broker: BrokerOption = DEFAULT_BROKER_URL,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="JSON instead of a table (with --watch: one line each).")
+    ] = False,
+    watch: Annotated[
+        bool, typer.Option("--watch", help="Keep the view current until Ctrl+C or SIGTERM.")
+    ] = False,
+    interval: Annotated[
+        float, typer.Option(help="Seconds between refreshes with --watch.", min=0.1)
+    ] = 2.0,
+    prometheus_port: Annotated[
+        int | None,
+        typer.Option(
+            "--prometheus-port",
+            help="Serve every device's status as Prometheus metrics on this port (/metrics) "
+            "until Ctrl+C or SIGTERM.",
+            click_type=PORT,
+        ),
+    ] = None,
+    metrics_listen: MetricsListenOption = "0.0.0.0",
+    credentials: Credentials = NO_CREDENTIALS,
+    connect_timeout: Annotated[
+        float,
+        typer.Option(
+            "--connect-timeout", help="Exit 1 (with the reason) if not connected by then.", min=0.1
+        ),
+    ] = 10.0,
+    verbose: VerboseOption = False,
+) -> None:
+    """Every device's retained status in one table: online, stream rate, fill, dropped,
+    refused by reason, last seen, drift."""
+    import time
+
+    from rich.live import Live
+
+    from deploy.fleet_status import FleetView, fleet_rows
+    from edge_client.runtime.signals import connected_or_raise
+    from edge_client.runtime.status_metrics import serve_statuses
+
+    setup_logging(verbose)
+    try:
+        url = broker_options(broker, credentials, connect_timeout)
+        view = FleetView(url)
+    except ValueError as err:
+        raise fail(str(err)) from err
+    with view:
+        try:
+            connected_or_raise(
+                view.wait_connected, view.connection, url, connect_timeout, view.stop
+            )
+        except ConnectionError as err:
+            raise fail(str(err), code=1) from err
+        view.wait_settled()
+        if prometheus_port is not None:
+            try:
+                serve_statuses(prometheus_port, view.snapshot, metrics_listen)
+            except OSError as err:
+                raise fail(str(err), code=1) from err
+            console.print(f"fleet metrics on http://{metrics_listen}:{prometheus_port}/metrics")
+        if not (watch or prometheus_port is not None):
+            _print_fleet(fleet_rows(view.snapshot(), time.time()), json_out, str(url))
+            return
+        stop = threading.Event()
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, lambda *_: stop.set())
+        if not watch:
+            stop.wait()
+        elif json_out:
+            while not stop.is_set():
+                print(json.dumps(fleet_rows(view.snapshot(), time.time())), flush=True)
+                stop.wait(interval)
+        else:
+            with Live(_fleet_table([], str(url)), console=Console(), auto_refresh=False) as live:
+                while not stop.is_set():
+                    rows = fleet_rows(view.snapshot(), time.time())
+                    live.update(_fleet_table(rows, str(url)), refresh=True)
+                    stop.wait(interval)
+
+
+def _print_fleet(rows: list[dict[str, Any]], json_out: bool, broker: str) -> None:
+    if json_out:
+        print(json.dumps(rows))
+        return
+    if not rows:
+        console.print(f"no device has published a status on {broker} yet")
+        return
+    Console().print(_fleet_table(rows, broker))
+
+
+def _fleet_table(rows: list[dict[str, Any]], broker: str) -> Table:
+    """``fedstream fleet``'s table of :func:`deploy.fleet_status.fleet_rows` (fill as a share of the
+    buffer's capacity)."""
+    from rich import box
+    from rich.table import Table
+
+    def num(value: Any, fmt: str = "{}") -> str:
+        return "-" if value is None else fmt.format(value)
+
+    table = Table(title=f"fleet on {broker}", box=box.SIMPLE_HEAD)
+    for column in ("device", "online", "rate/s", "fill", "dropped", "refused", "seen", "drift"):
+        table.add_column(column, justify="left" if column == "device" else "right")
+    table.add_column("error")
+    for row in rows:
+        reasons = ", ".join(f"{k} {v}" for k, v in sorted(row["refused-by-reason"].items()))
+        fill = num(row["fill"])
+        if row["capacity"] and row["fill"] is not None:
+            fill = f"{row['fill'] / row['capacity']:.0%}"
+        table.add_row(
+            row["device"],
+            "[green]yes[/green]" if row["online"] else "[red]no[/red]",
+            num(row["rate"], "{:.1f}"),
+            fill,
+            num(row["dropped"]),
+            num(row["refused"]) + (f" ({reasons})" if reasons else ""),
+            num(row["last-seen-s"], "{:.0f}s ago"),
+            num(row["drift"]),
+            row["error"] or "",
+        )
+    return table
+
+
+def models(
+    directory: Annotated[Path, typer.Argument(help="A model directory (export-dir, model-dir).")],
+    json_out: Annotated[bool, typer.Option("--json", help="One JSON list of manifests.")] = False,
+) -> None:
+    """List the versions of a model directory, oldest first."""
+    from rich.table import Table
+
+    from edge_client.task.manifest import SAMPLE_SHAPE
+    from edge_client.wire.artifact import list_versions
+
+    if not directory.is_dir():
+        raise fail(f"{directory}: not a directory")
+    versions = list_versions(directory)
+    if json_out:
+        print(json.dumps([{"path": str(v.path), **v.manifest} for v in versions], indent=1))
+        return
+    if not versions:
+        console.print(f"{directory}: no model versions")
+        return
+    table = Table(title=str(directory))
+    for column in ("version", "task", "output", "sample shape", "prequential", "format", "sha256"):
+        table.add_column(column)
+    for v in versions:
+        m = v.manifest
+        metric = str(m.get("metric", ""))
+        scores = m.get("prequential") or {}
+        score = scores.get(metric)
+        table.add_row(
+            str(v.version),
+            str(m.get("task-name", "")),
+            str(m.get("output", "")),
+            "x".join(str(d) for d in m.get(SAMPLE_SHAPE, [])),
+            "-" if score is None else f"{metric} {score:.4g}",
+            str(m.get("program-format", "")),
+            str(m.get("content-hash", ""))[:12],
+        )
+    Console().print(table)
+
+
+def stop(
+    directory: Annotated[Path, typer.Argument(help="The run's checkpoint-dir or out-dir.")],
+) -> None:
+    """Ask a run to stop after its current round (a continuous run, num-rounds = 0): it
+    checkpoints, exports, and exits; resume = true continues it."""
+    from aggregator.stopping import request_stop
+
+    path = request_stop(directory)
+    console.print(f"wrote {path}: the run stops after its current round")
+
+
+def report(
+    run: Annotated[
+        Path,
+        typer.Argument(
+            help="A run's out-dir (holding metrics.jsonl; a run Flower started keeps it in "
+            "$FEDSTREAM_HOME/runs/<run-id>, ~/.fedstream by default) or a metrics.jsonl file."
+        ),
+    ],
+    out: Annotated[
+        Path | None, typer.Option(help="Where summary.json and report.png go (default: the run's).")
+    ] = None,
+) -> None:
+    """Draw the plots and write the summary of any run from its metrics.jsonl (rotated files
+    included): a deployed run's, a simulation's, the demo's."""
+    from aggregator.round_log import read_rotated
+    from deploy.report import summarize, write_report
+
+    require("fedstream report", ("matplotlib",))
+
+    path = run / "metrics.jsonl" if run.is_dir() else run
+    if not path.exists():
+        raise fail(f"{path}: no metrics.jsonl (was out-dir = 'none' in the run config?)")
+    try:
+        records = read_rotated(path)
+    except ValueError as err:
+        raise fail(str(err)) from err
+    if not records:
+        raise fail(f"{path}: no rounds yet")
+    where = out or path.parent
+    where.mkdir(parents=True, exist_ok=True)
+    summary = summarize(records, records[-1].run_wall_s)
+    (where / "summary.json").write_text(json.dumps(summary, indent=2))
+    write_report(records, where / "report.png", f"fedstream run: {path.parent.name}")
+    last = records[-1]
+    console.print(
+        f"{len(records)} rounds (to round {last.round}), {last.metric} {summary['final_accuracy']} "
+        f"prequential, {summary['test_accuracy']} on eval-data; wrote {where / 'summary.json'} "
+        f"and {where / 'report.png'}",
+        soft_wrap=True,
+    )
+
+
+def write_app_dir(
+    directory: Annotated[Path, typer.Argument(help="Folder to write the app's pyproject.toml to.")],
+) -> None:
+    """Write fedstream's own Flower app (ServerApp, ClientApp, every run-config key) to a
+    folder, for `flwr run DIR <connection>` and `fedstream resume --app DIR` without a checkout.
+    """
+    from deploy.flower import write_app
+
+    try:
+        path = write_app(directory)
+    except OSError as err:
+        raise fail(f"cannot write the app to {directory}: {err}") from err
+    console.print(f"wrote {path}: flwr run {directory} <connection> submits it", soft_wrap=True)
+
+
+def run_config_keys(
+    toml: Annotated[
+        bool,
+        typer.Option("--toml", help="Print the tool.flwr.app.config block of pyproject.toml."),
+    ] = False,
+) -> None:
+    """List every run-config key: default, allowed values, what it does."""
+    from rich.table import Table
+
+    from edge_client.wire.run_config import knobs
+
+    declared = knobs()
+    if toml:
+        from deploy.flower import config_toml
+
+        print(config_toml(), end="")
+        return
+    table = Table(title="run config (flwr run --run-config 'key=value ...')")
+    table.add_column("key", no_wrap=True)
+    table.add_column("default", no_wrap=True)
+    table.add_column("allowed")
+    table.add_column("what it does")
+    for key, knob in declared.items():
+        table.add_row(key, json.dumps(knob["default"]), knob["allowed"], knob["help"])
+    Console().print(table)
+
+
+def _app_option(more: str = "") -> Any:
+    """``--app`` of ``resume`` and ``serve``: the Flower app to submit."""
+    return typer.Option(
+        "--app",
+        help="The Flower app (folder with pyproject.toml; default: the current directory, "
+        "when it holds one)." + more,
+    )
+
+
+def resume(
+    checkpoint_dir: Annotated[
+        Path, typer.Argument(help="The run's checkpoint-dir (holds state.json).")
+    ],
+    connection: ConnectionOption = None,
+    app_dir: Annotated[
+        Path | None,
+        _app_option(" deploy/install.sh writes fedstream's to /opt/fedstream/app."),
+    ] = None,
+) -> None:
+    """Continue a run after an aggregator crash, from its last checkpoint.
+
+    Submits the run config stored in the checkpoint again with resume=true: same rounds,
+    model and settings; the model, controller state and device map come from the checkpoint.
+    """
+    from deploy.flower import FlowerError, resume_run
+
+    try:
+        run_id, last, total = resume_run(checkpoint_dir, app_dir, connection)
+    except FlowerError as err:
+        raise fail(str(err)) from err
+    if total == 0:
+        console.print(f"resumed a continuous run after round {last} as run {run_id}")
+    elif last >= total:
+        console.print(
+            f"the checkpoint already holds all {total} rounds (run {run_id} ends at once)"
+        )
+    else:
+        console.print(f"resumed after round {last} of {total} as run {run_id}")
+    print(json.dumps({"run-id": run_id, "resumed-after": last, "num-rounds": total}))
+
+
+def serve(
+    checkpoint_dir: Annotated[
+        Path,
+        typer.Option(
+            "--checkpoint-dir", help="The run's checkpoints: resumed from when there is one."
+        ),
+    ],
+    run_config: Annotated[
+        str | None,
+        typer.Option(
+            "--run-config",
+            help="Run-config overrides of a new run, as flwr run takes them (num-rounds is 0).",
+        ),
+    ] = None,
+    connection: ConnectionOption = None,
+    app_dir: Annotated[Path | None, _app_option()] = None,
+    verbose: VerboseOption = False,
+) -> None:
+    """Keep a continuous run (num-rounds = 0) going on a SuperLink until SIGTERM; then stop it
+    after its current round and exit 0 (the aggregator's systemd unit runs this)."""
+    from deploy.aggregator_service import serve as serve_run
+    from deploy.flower import FlowerError, find_app
+
+    setup_logging(verbose)
+    try:
+        settings = parse_run_config(run_config)
+        code = serve_run(find_app(app_dir), checkpoint_dir, settings, connection)
+    except (FlowerError, ValueError) as err:
+        raise fail(str(err)) from err
+    raise typer.Exit(code)

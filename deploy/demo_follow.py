@@ -1,0 +1,125 @@
+"""Following a demo run to its end, and the faults it injects on the way: SuperNodes
+killed and restarted, the broker killed and started again, the aggregator killed and the
+run resumed from its checkpoint."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+
+from aggregator.round_log import read_metrics
+from deploy.constants import (
+    APP_DIR,
+    DEMO_BROKER_OUTAGE_S,
+    DEMO_STATUS_CHECK_S,
+    DEMO_STATUS_POLL_S,
+)
+from deploy.demo_config import DemoConfig
+from deploy.demo_streams import (
+    Streams,
+)
+from deploy.demo_view import (
+    progress_table,
+)
+from deploy.flower import FlowerDeployment
+from edge_client.runtime.node_config import NodeConfig
+
+__all__ = ["follow_run", "kill_and_resume"]
+
+
+def follow_run(
+    flower: FlowerDeployment,
+    run_id: str,
+    config: DemoConfig,
+    run_dir: Path,
+    console: Console,
+    node_configs: dict[str, NodeConfig],
+    streams: Streams,
+) -> tuple[dict[str, Any], list[str]]:
+    """Show progress until the run ends (or stalls past every round's timeout).
+
+    Injects the faults asked for: SuperNodes killed and restarted, the broker killed and
+    started again ``DEMO_BROKER_OUTAGE_S`` later (training goes on from the buffers), and the
+    aggregator (SuperLink with its ServerApp) killed, started again, and the run resumed from
+    its last checkpoint as ``fedstream resume`` would. Returns the last run's status and the run ids
+    submitted after the first.
+    """
+    rounds = config.settings.num_rounds
+    deadline = time.monotonic() + 120.0 + rounds * (config.settings.round_timeout + 30.0)
+    status: dict[str, Any] = {}
+    resumed: list[str] = []
+    with Live(console=console, refresh_per_second=2, transient=not config.live) as live:
+        shown = -1
+        doomed = dict(config.kill)
+        revived = dict(config.restart)
+        aggregator_fault = config.kill_aggregator
+        broker_fault = config.kill_broker
+        broker_back_at: float | None = None
+        next_check = 0.0
+        while time.monotonic() < deadline:
+            records = read_metrics(run_dir / "metrics.jsonl")
+            if time.monotonic() >= next_check or len(records) >= rounds:
+                status = flower.status(run_id)
+                next_check = time.monotonic() + DEMO_STATUS_CHECK_S
+            if streams.mosquitto is not None:
+                if broker_fault is not None and len(records) >= broker_fault:
+                    streams.mosquitto.kill()
+                    console.print(
+                        f"[yellow]killed the broker (SIGKILL) after round {broker_fault}[/]"
+                    )
+                    broker_fault, broker_back_at = None, time.monotonic() + DEMO_BROKER_OUTAGE_S
+                if broker_back_at is not None and time.monotonic() >= broker_back_at:
+                    streams.mosquitto.restart()
+                    console.print(
+                        f"[yellow]restarted the broker ({DEMO_BROKER_OUTAGE_S:.0f} s down)[/]"
+                    )
+                    broker_back_at = None
+            if aggregator_fault is not None and len(records) >= aggregator_fault:
+                run_id = kill_and_resume(flower, config, run_dir, console, len(records))
+                resumed.append(run_id)
+                aggregator_fault = None
+                continue
+            for dev, after in list(doomed.items()):
+                if len(records) >= after:  # fault injection: the device dies (SIGKILL)
+                    flower.kill_supernode(dev)
+                    console.print(f"[yellow]killed {dev}'s SuperNode after round {after}[/yellow]")
+                    del doomed[dev]
+            for dev, after in list(revived.items()):
+                if dev not in doomed and len(records) >= after:  # the device comes back
+                    flower.start_supernode(dev, node_configs[dev].to_node_config())
+                    console.print(f"[yellow]restarted {dev}'s SuperNode after round {after}[/]")
+                    del revived[dev]
+            if len(records) != shown:
+                shown = len(records)
+                table = progress_table(records, rounds, str(status.get("status", "")))
+                if config.live:
+                    live.update(table)
+                elif records:
+                    console.print(table)
+            if str(status.get("status", "")).startswith("finished"):
+                break
+            time.sleep(DEMO_STATUS_POLL_S)
+    (run_dir / "serverapp.log").write_text(flower.logs(run_id))
+    return status, resumed
+
+
+def kill_and_resume(
+    flower: FlowerDeployment, config: DemoConfig, run_dir: Path, console: Console, done: int
+) -> str:
+    """The aggregator host dies mid-round and comes back; the run resumes. New run id."""
+    flower.kill_superlink()
+    console.print(
+        f"[yellow]killed the aggregator (SuperLink + ServerApp, SIGKILL) after round {done}[/]"
+    )
+    flower.start_superlink()  # same port and state database, as systemd would restart it
+    flower.wait_nodes(config.devices)  # the SuperNodes reconnect on their own
+    run_id, last, total = flower.resume(run_dir / "checkpoint", APP_DIR)
+    console.print(
+        f"[yellow]resumed from the checkpoint of round {last} as run {run_id} "
+        f"(rounds {last + 1}..{total})[/]"
+    )
+    return run_id
