@@ -38,20 +38,12 @@ import torch
 
 from aggregator.checkpoint import load_checkpoint
 from aggregator.server_app import run_rounds
+from deploy.bench.common import SHORT_RUN
 from deploy.inprocess import InProcessGrid, VirtualDevice
 from edge_client.emulation.sources import pick_classes
 from edge_client.wire.run_config import RunSettings
 
-BASE: dict[str, Any] = {
-    "num_rounds": 4,
-    "local_steps": 5,
-    "global_batch": 64,
-    "b_min": 4,
-    "b_max": 64,
-    "eval_data": "synthetic",
-    "eval_samples": 500,
-    "seed": 0,
-}
+BASE: dict[str, Any] = {"num_rounds": 4, **SHORT_RUN, "seed": 0}
 
 
 def step_time(batch: int) -> float:

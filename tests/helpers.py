@@ -1,6 +1,6 @@
 """Builders the tests share: mock replies for strategy tests (as Flower's own strategy tests
-build them), commands run so that nothing they start outlives the test, and ``fedstream
-demo`` as a user runs it."""
+build them), round records, the types of the shared fixtures, commands run so that nothing
+they start outlives the test, and ``fedstream demo`` as a user runs it."""
 
 from __future__ import annotations
 
@@ -9,16 +9,24 @@ import json
 import os
 import signal
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from flwr.app import Message
 
+from aggregator.round_log import RoundRecord
+from deploy.inprocess import VirtualDevice
 from deploy.local import fedstream_command, stop_tree
 from edge_client.wire.codec import encode
 from edge_client.wire.records import DeviceReply, ReplyMetrics
+from edge_client.wire.run_config import RunSettings
+
+#: The ``fast`` fixture (tests/conftest.py): a short in-process run's settings, with overrides.
+Fast = Callable[..., RunSettings]
+#: The ``fleet`` fixture: virtual devices ``dev-0``, ``dev-1``, ... one per slowdown given.
+Fleet = Callable[..., list[VirtualDevice]]
 
 
 def mock_reply(
@@ -45,6 +53,19 @@ def mock_reply(
     }
     reply = DeviceReply(device, ReplyMetrics(**values), frame)
     return Message(reply.to_content(), reply_to=ask)
+
+
+def round_record(**fields: Any) -> RoundRecord:
+    """A round 1 in which nothing was planned, sent or timed (accuracy 0.5, loss 1.0, B = 8,
+    no devices, no bytes, no time), with ``fields`` set."""
+    values: dict[str, Any] = {
+        "round": 1, "accuracy": 0.5, "loss": 1.0, "global_batch": 8, "sum_b": 8, "lr_scale": 1.0,
+        "planned": {}, "devices": {}, "failed": {}, "rejected": {}, "rejected_reasons": {},
+        "compress": "none", "aggregation": "fedavg", "aggregated": [], "bytes_up": 0,
+        "broadcast_bytes": 0, "inject_picked": [], "inject_bytes": 0, "virtual_s": 0.0,
+        "wall_s": 0.0,
+    }  # fmt: skip
+    return RoundRecord(**{**values, **fields})
 
 
 #: Seconds a stopped command gets to stop what it started before all of it is killed: the

@@ -41,20 +41,7 @@ import numpy as np
 from matplotlib.axes import Axes
 
 from aggregator.round_log import RoundRecord
-from deploy.bench.common import (
-    SEEDS,
-    Panel,
-    Result,
-    StepCost,
-    footnote,
-    markdown_table,
-    mean_or_none,
-    run_fleet,
-    save_figure,
-    spread,
-    time_to_target,
-    verdict,
-)
+from deploy.bench import common
 from deploy.bench.hetero import measure_step_time, slowdowns
 from deploy.inprocess import VirtualDevice
 from edge_client.emulation.schedule import draw_rate
@@ -193,10 +180,10 @@ def accuracy_over(records: Sequence[RoundRecord], start_s: float, end_s: float) 
 Runs = dict[tuple[str, str, int], list[RoundRecord]]  # (scenario, method, seed) -> records
 
 
-def run(quick: bool = False) -> Result:
+def run(quick: bool = False) -> common.Result:
     """Every scenario x method over :data:`~deploy.bench.common.SEEDS` (the first only,
     and shorter, with ``quick``)."""
-    seeds = SEEDS[:1] if quick else SEEDS
+    seeds = common.SEEDS[:1] if quick else common.SEEDS
     rounds = QUICK_ROUNDS if quick else ROUNDS
     factors = DEADLINE_FACTORS[1:2] if quick else DEADLINE_FACTORS
     cost = measure_step_time()
@@ -224,7 +211,7 @@ def run(quick: bool = False) -> Result:
                 chosen[name] = min(factors, key=lambda f: _rank(tried[f], target, horizon))
                 tuning[name] = {
                     str(f): {
-                        "time-to-target": time_to_target(recs, target),
+                        "time-to-target": common.time_to_target(recs, target),
                         "accuracy": accuracy_at(recs, horizon),
                     }
                     for f, recs in tried.items()
@@ -236,7 +223,7 @@ def run(quick: bool = False) -> Result:
                 )
     entries = _entries(runs, horizons)
     goals = _goals(entries)
-    table = _table(entries, chosen) + footnote(
+    table = _table(entries, chosen) + common.footnote(
         f"{DEVICES} devices, run-config defaults (B=128, K=20, b in [8, 256], lr 0.05, "
         f"fednova); each scenario runs for the virtual time sync-dynamic takes for {rounds} "
         f"rounds; async: 2 updates per aggregation, staleness (1+s)^-0.5; sync-deadline: the "
@@ -250,7 +237,7 @@ def run(quick: bool = False) -> Result:
         f"waits until it is back. Step cost: {cost.describe()}",
         goals["text"],
     )
-    return Result(
+    return common.Result(
         "async",
         entries,
         table,
@@ -278,13 +265,13 @@ def _go(
     fleet: list[VirtualDevice],
     rounds: int,
     until: float | None,
-    cost: StepCost,
+    cost: common.StepCost,
     **grid_kw: Any,
 ) -> list[RoundRecord]:
     """One arm: ``rounds`` rounds, or until virtual time ``until`` (then at most 40 x as many
     rounds or versions: the horizon ends it)."""
     settings = _settings(method, seed, rounds if until is None else 40 * rounds)
-    return run_fleet(
+    return common.run_fleet(
         f"async-bench {name} {method} seed {seed}",
         [replace(d) for d in fleet],
         settings,
@@ -297,7 +284,7 @@ def _go(
 
 def _rank(records: list[RoundRecord], target: float, horizon: float) -> tuple[float, float]:
     """Order of deadlines: sooner to the target first, then higher accuracy at the end."""
-    t = time_to_target(records, target)
+    t = common.time_to_target(records, target)
     return (math.inf if t is None else t, -_nan_to(accuracy_at(records, horizon), 0.0))
 
 
@@ -322,7 +309,7 @@ def _entries(runs: Runs, horizons: dict[tuple[str, int], float]) -> list[dict[st
                 "seed": seed,
                 "target": target,
                 "horizon-s": horizon,
-                "time-to-target-s": time_to_target(records, target),
+                "time-to-target-s": common.time_to_target(records, target),
                 "accuracy-at-horizon": accuracy_at(records, horizon),
                 "accuracy-last-quarter": accuracy_over(records, 0.75 * horizon, horizon),
                 "aggregations": len(records),
@@ -374,15 +361,15 @@ def _table(entries: list[dict[str, Any]], chosen: dict[str, float]) -> str:
                 [
                     name,
                     label,
-                    spread(ttt),
-                    spread(_speedups(entries, name, method)),
-                    spread(acc, "{:.3f}"),
-                    spread(late, "{:.3f}"),
-                    spread(_select(entries, name, method, "aggregations"), "{:.0f}"),
-                    spread(stale, "{:.1f}") if any(s is not None for s in stale) else "-",
+                    common.spread(ttt),
+                    common.spread(_speedups(entries, name, method)),
+                    common.spread(acc, "{:.3f}"),
+                    common.spread(late, "{:.3f}"),
+                    common.spread(_select(entries, name, method, "aggregations"), "{:.0f}"),
+                    common.spread(stale, "{:.1f}") if any(s is not None for s in stale) else "-",
                 ]
             )
-    return markdown_table(
+    return common.markdown_table(
         [
             "scenario",
             "method",
@@ -398,16 +385,16 @@ def _table(entries: list[dict[str, Any]], chosen: dict[str, float]) -> str:
 
 
 def _goals(entries: list[dict[str, Any]]) -> dict[str, Any]:
-    straggler = mean_or_none(_speedups(entries, "straggler", "async"))
+    straggler = common.mean_or_none(_speedups(entries, "straggler", "async"))
     acc = {
-        m: mean_or_none(_select(entries, "straggler", m, "accuracy-at-horizon"))
+        m: common.mean_or_none(_select(entries, "straggler", m, "accuracy-at-horizon"))
         for m in ("async", "sync-dynamic")
     }
     classes = {  # over the last quarter: with unique classes on a slow device accuracy swings
-        m: mean_or_none(_select(entries, "straggler-classes", m, "accuracy-last-quarter"))
+        m: common.mean_or_none(_select(entries, "straggler-classes", m, "accuracy-last-quarter"))
         for m in ("async", "sync-deadline")
     }
-    hl8 = mean_or_none(_speedups(entries, "HL8", "async"))
+    hl8 = common.mean_or_none(_speedups(entries, "HL8", "async"))
     verdicts = {
         "straggler-speedup": straggler is not None and straggler >= GOALS["straggler_speedup"],
         "straggler-accuracy": None not in acc.values()
@@ -422,23 +409,25 @@ def _goals(entries: list[dict[str, Any]]) -> dict[str, Any]:
 
     text = (
         f"with the straggler, async reaches the target >= {GOALS['straggler_speedup']:g}x sooner "
-        f"than sync-dynamic ({fmt(straggler)}x: {verdict(verdicts['straggler-speedup'])}) and "
+        f"than sync-dynamic ({fmt(straggler)}x: {common.verdict(verdicts['straggler-speedup'])}) "
+        "and "
         f"ends within {GOALS['straggler_points'] * 100:g} point of its accuracy "
         f"({fmt(acc['async'], '{:.3f}')} vs {fmt(acc['sync-dynamic'], '{:.3f}')}: "
-        f"{verdict(verdicts['straggler-accuracy'])}); with the straggler holding classes "
+        f"{common.verdict(verdicts['straggler-accuracy'])}); with the straggler holding classes "
         f"{UNIQUE_CLASSES[0]} and {UNIQUE_CLASSES[1]}, async beats sync-deadline in accuracy "
         "(mean over the last quarter) "
         f"({fmt(classes['async'], '{:.3f}')} vs {fmt(classes['sync-deadline'], '{:.3f}')}: "
-        f"{verdict(verdicts['classes-beat-deadline'])}); at HL8 async is at least as fast as "
-        f"sync-dynamic ({fmt(hl8)}x: {verdict(verdicts['hl8-as-fast'])})"
+        f"{common.verdict(verdicts['classes-beat-deadline'])}); at HL8 async is at least as fast "
+        "as "
+        f"sync-dynamic ({fmt(hl8)}x: {common.verdict(verdicts['hl8-as-fast'])})"
     )
     return {"verdicts": verdicts, "text": text}
 
 
 def _plot(runs: Runs, horizons: dict[tuple[str, int], float], seed: int, out: Path) -> Path:
     names = list(SCENARIOS)
-    panels = [Panel("virtual seconds", "accuracy", title=n) for n in names]
-    panels.append(Panel("staleness (versions)", "updates", title="async: staleness"))
+    panels = [common.Panel("virtual seconds", "accuracy", title=n) for n in names]
+    panels.append(common.Panel("staleness (versions)", "updates", title="async: staleness"))
 
     def draw(axes: list[Axes]) -> None:
         for ax, name in zip(axes, names, strict=False):
@@ -454,4 +443,4 @@ def _plot(runs: Runs, horizons: dict[tuple[str, int], float], seed: int, out: Pa
                 keys = sorted(hist)
                 ax.plot(keys, [hist[k] for k in keys], marker="o", label=name)
 
-    return save_figure(out / "async.png", panels, draw, width=3.2)
+    return common.save_figure(out / "async.png", panels, draw, width=3.2)

@@ -31,6 +31,7 @@ from edge_client.wire.run_config import RunSettings
 __all__ = [
     "HOLD",
     "SEEDS",
+    "SHORT_RUN",
     "VIRTUAL_CLOCK_NOTE",
     "FleetRun",
     "Panel",
@@ -56,6 +57,17 @@ VIRTUAL_CLOCK_NOTE = (
     "Times are on the in-process runner's virtual clock (compute x slowdown + wait + "
     "bytes/bandwidth, a round = its slowest device), not wall time."
 )
+
+#: A short in-process run (RunSettings fields): a few steps on a small global batch, scored
+#: on 500 held-out samples of the built-in task (the resume check; ``dev/fingerprint.py``).
+SHORT_RUN: dict[str, Any] = {
+    "local_steps": 5,
+    "global_batch": 64,
+    "b_min": 4,
+    "b_max": 64,
+    "eval_data": "synthetic",
+    "eval_samples": 500,
+}
 
 
 @dataclass

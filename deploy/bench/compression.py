@@ -50,21 +50,7 @@ import numpy as np
 from matplotlib.axes import Axes
 
 from aggregator.round_log import RoundRecord
-from deploy.bench.common import (
-    SEEDS,
-    Panel,
-    Result,
-    footnote,
-    markdown_table,
-    mean_or_none,
-    measure_step_cost,
-    rounds_to_target,
-    run_fleet,
-    save_figure,
-    spread,
-    time_to_target,
-    verdict,
-)
+from deploy.bench import common
 from deploy.inprocess import VirtualDevice
 from edge_client.task.constants import DEFAULT_NUM_CLASSES, DEFAULT_SHAPE
 from edge_client.task.models import build_model
@@ -93,11 +79,7 @@ CASES: dict[str, dict[str, Any]] = {
     "adaptive-10%": {"compress": "adaptive", "compress_ratio": 0.1},
     "adaptive-1%": {"compress": "adaptive", "compress_ratio": 0.01},
     "int8+fp16-down": {"compress": "int8", "compress_broadcast": "fp16"},
-    "topk-1%+fp16-down": {
-        "compress": "topk",
-        "compress_ratio": 0.01,
-        "compress_broadcast": "fp16",
-    },
+    "topk-1%+fp16-down": {"compress": "topk", "compress_ratio": 0.01, "compress_broadcast": "fp16"},
 }
 
 
@@ -232,7 +214,7 @@ def bytes_to_target(
         ``(up, down)`` summed over the rounds up to and including that one; ``(None, None)``
         when the run never reached it.
     """
-    reached = rounds_to_target(records, target)
+    reached = common.rounds_to_target(records, target)
     if reached is None:
         return None, None
     upto = [r for r in records if r.round <= reached]
@@ -284,7 +266,7 @@ def _settings(case: ModelCase, mode: str, rounds: int, seed: int) -> RunSettings
     )
 
 
-def run(quick: bool = False, seeds: Sequence[int] | None = None) -> Result:
+def run(quick: bool = False, seeds: Sequence[int] | None = None) -> common.Result:
     """Train every mode of each model over the seeds; compare each with ``none``.
 
     Parameters
@@ -299,7 +281,7 @@ def run(quick: bool = False, seeds: Sequence[int] | None = None) -> Result:
     -------
     Result
     """
-    seeds = tuple(seeds) if seeds is not None else (SEEDS[:1] if quick else SEEDS)
+    seeds = tuple(seeds) if seeds is not None else (common.SEEDS[:1] if quick else common.SEEDS)
     # Streams always ahead of training: each round takes exactly its b x K fresh samples.
     fleet = [
         VirtualDevice(f"dev-{i}", slowdown=s, rate=math.inf, initial=0)
@@ -312,7 +294,7 @@ def run(quick: bool = False, seeds: Sequence[int] | None = None) -> Result:
     for case in MODELS:
         rounds = case.quick_rounds if quick else case.rounds
         modes = case.quick_modes if quick else case.modes
-        cost = measure_step_cost(
+        cost = common.measure_step_cost(
             build_model(case.model, DEFAULT_SHAPE, DEFAULT_NUM_CLASSES, width=case.width),
             DEFAULT_SHAPE,
             DEFAULT_NUM_CLASSES,
@@ -323,7 +305,7 @@ def run(quick: bool = False, seeds: Sequence[int] | None = None) -> Result:
         for mode in modes:
             for seed in seeds:
                 runs.setdefault(mode, []).append(
-                    run_fleet(
+                    common.run_fleet(
                         f"compression {case.name} {mode} seed {seed}",
                         fleet,
                         _settings(case, mode, rounds, seed),
@@ -354,7 +336,9 @@ def run(quick: bool = False, seeds: Sequence[int] | None = None) -> Result:
         "models": models,
         "codec_speed": speeds,
     }
-    return Result("compression", entries, table, meta, [lambda out: _plot(curves, seeds, out)])
+    return common.Result(
+        "compression", entries, table, meta, [lambda out: _plot(curves, seeds, out)]
+    )
 
 
 def _entry(
@@ -392,14 +376,14 @@ def _entry(
         "last5_accuracy_per_seed": [
             float(np.mean([r.test_accuracy for r in rs[-5:]])) for rs in runs
         ],
-        "rounds_to_target_per_seed": [rounds_to_target(rs, TARGET_ACCURACY) for rs in runs],
+        "rounds_to_target_per_seed": [common.rounds_to_target(rs, TARGET_ACCURACY) for rs in runs],
         "bytes_up_to_target_per_seed": [u for u, _ in to_target],
         "bytes_both_to_target_per_seed": [
             None if u is None or d is None else u + d for u, d in to_target
         ],
-        "time_to_target_s_per_seed": [time_to_target(rs, TARGET_ACCURACY) for rs in runs],
+        "time_to_target_s_per_seed": [common.time_to_target(rs, TARGET_ACCURACY) for rs in runs],
         "time_to_target_with_down_s_per_seed": [
-            time_to_target(with_downlink(rs, uplink), TARGET_ACCURACY) for rs in runs
+            common.time_to_target(with_downlink(rs, uplink), TARGET_ACCURACY) for rs in runs
         ],
         "topk_rounds_per_seed": [sum(r.compress == "topk" for r in rs) for rs in runs],
         "per_device_first_seed": traffic[0],
@@ -417,11 +401,13 @@ def _entry(
         ratio=statistics.mean(entry["ratio_per_seed"]),
         final_accuracy=statistics.mean(acc),
         accuracy_delta=statistics.mean(entry["accuracy_delta_per_seed"]),
-        rounds_to_target=mean_or_none(entry["rounds_to_target_per_seed"]),
-        bytes_up_to_target=mean_or_none(entry["bytes_up_to_target_per_seed"]),
-        bytes_both_to_target=mean_or_none(entry["bytes_both_to_target_per_seed"]),
-        time_to_target_s=mean_or_none(entry["time_to_target_s_per_seed"]),
-        time_to_target_with_down_s=mean_or_none(entry["time_to_target_with_down_s_per_seed"]),
+        rounds_to_target=common.mean_or_none(entry["rounds_to_target_per_seed"]),
+        bytes_up_to_target=common.mean_or_none(entry["bytes_up_to_target_per_seed"]),
+        bytes_both_to_target=common.mean_or_none(entry["bytes_both_to_target_per_seed"]),
+        time_to_target_s=common.mean_or_none(entry["time_to_target_s_per_seed"]),
+        time_to_target_with_down_s=common.mean_or_none(
+            entry["time_to_target_with_down_s_per_seed"]
+        ),
         topk_rounds=statistics.mean(entry["topk_rounds_per_seed"]),
     )
     goal = GOALS.get(mode)
@@ -483,18 +469,18 @@ def _table(entries: list[dict[str, Any]]) -> str:
             _kb(e["down_per_device_round"]),
             _kb(e["bytes_up"]),
             f"{e['ratio']:.1f}x",
-            spread([_kb_value(v) for v in e["bytes_up_to_target_per_seed"]], "{:,.0f}"),
-            spread([_kb_value(v) for v in e["bytes_both_to_target_per_seed"]], "{:,.0f}"),
-            spread(e["rounds_to_target_per_seed"], "{:.0f}"),
-            spread(e["time_to_target_with_down_s_per_seed"], "{:.1f}"),
-            spread(e["final_accuracy_per_seed"], "{:.3f}"),
+            common.spread([_kb_value(v) for v in e["bytes_up_to_target_per_seed"]], "{:,.0f}"),
+            common.spread([_kb_value(v) for v in e["bytes_both_to_target_per_seed"]], "{:,.0f}"),
+            common.spread(e["rounds_to_target_per_seed"], "{:.0f}"),
+            common.spread(e["time_to_target_with_down_s_per_seed"], "{:.1f}"),
+            common.spread(e["final_accuracy_per_seed"], "{:.3f}"),
             _signed(e["accuracy_delta_per_seed"]),
             f"{e['topk_rounds']:.0f}",
-            "-" if e["goal"] is None else f"{e['goal']}: {verdict(e['goal_met'])}",
+            "-" if e["goal"] is None else f"{e['goal']}: {common.verdict(e['goal_met'])}",
         ]
         for e in entries
     ]
-    return markdown_table(
+    return common.markdown_table(
         [
             "model (parameters)",
             "mode",
@@ -526,12 +512,12 @@ def _speed_table(speeds: list[dict[str, Any]]) -> str:
             f"{s['encode_mbps']:.0f}",
             f"{s['decode_mbps']:.0f}",
             f"{s['roundtrip_mbps']:.0f}",
-            f">= {SPEED_GOAL_MBPS:.0f}: {verdict(s['speed_goal_met'])}",
+            f">= {SPEED_GOAL_MBPS:.0f}: {common.verdict(s['speed_goal_met'])}",
         ]
         for s in speeds
     ]
     return "Codec speed (wall clock, one core, 1M float32 values, median of 5):\n\n" + (
-        markdown_table(["coding", "encode MB/s", "decode MB/s", "both MB/s", "goal"], rows)
+        common.markdown_table(["coding", "encode MB/s", "decode MB/s", "both MB/s", "goal"], rows)
     )
 
 
@@ -549,7 +535,7 @@ def _footnote(models: list[dict[str, Any]], seeds: Sequence[int], batch: int) ->
         if len(seeds) > 1
         else f"Seed {named} only"
     )
-    return footnote(
+    return common.footnote(
         f"4 devices (slowdowns 1/1/2/4), {LOCAL_STEPS} local steps, B={GLOBAL_BATCH} "
         f"(b={batch} each), fixed controller, streams always ahead, {EVAL_SAMPLES} held-out "
         f"samples; {described}. {over}. "
@@ -587,8 +573,10 @@ def _plot(
     panels = []
     for name in curves:
         panels += [
-            Panel("round", "accuracy", title=f"{name}: {of_seeds}"),
-            Panel("cumulative kB up", "accuracy", xscale="log", title=f"{name}: up"),
-            Panel("cumulative kB up + down", "accuracy", xscale="log", title=f"{name}: both ways"),
+            common.Panel("round", "accuracy", title=f"{name}: {of_seeds}"),
+            common.Panel("cumulative kB up", "accuracy", xscale="log", title=f"{name}: up"),
+            common.Panel(
+                "cumulative kB up + down", "accuracy", xscale="log", title=f"{name}: both ways"
+            ),
         ]
-    return save_figure(out / "compression.png", panels, draw, width=4.2)
+    return common.save_figure(out / "compression.png", panels, draw, width=4.2)

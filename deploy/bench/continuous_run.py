@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from deploy.bench.common import Result, footnote, markdown_table, verdict
 from deploy.inprocess import InProcessGrid, VirtualDevice
 from edge_client.wire.run_config import RunSettings
 
-__all__ = ["run"]
+__all__ = ["run", "samples_table"]
 
 DAY_S, QUICK_S = 86_400.0, 7_200.0
 SAMPLE_EVERY = 50
@@ -104,31 +105,7 @@ def run(quick: bool = False) -> Result:
     }
     disk_ok = all(s[k] <= v for s in samples for k, v in limits.items())
     met = growth <= MEMORY_GROWTH and disk_ok
-    rows = [
-        [
-            s["round"],
-            f"{s['virtual_h']:.1f}",
-            f"{s['rss_mb']:.0f}",
-            f"{s['checkpoint_mb']:.2f}",
-            f"{s['metrics_mb']:.2f}",
-            f"{s['exports_mb']:.2f}",
-            f"{s['buffers_mb']:.2f}",
-        ]
-        for s in [*samples[:: max(1, len(samples) // 8)], end]
-    ]
-    table = markdown_table(
-        [
-            "round",
-            "virtual hours",
-            "RSS MB",
-            "checkpoint MB",
-            "metrics MB",
-            "exports MB",
-            "buffers MB",
-        ],
-        rows,
-    )
-    table += footnote(
+    table = samples_table(samples) + footnote(
         f"One continuous run, {len(records)} records kept in memory of {end['round']} rounds, "
         f"{end['wall_s']:.0f} s of wall time; memory is the whole process's (runner, "
         "ServerApp and ClientApps in one)",
@@ -141,3 +118,32 @@ def run(quick: bool = False) -> Result:
         table,
         meta={"quick": quick, "virtual_s": until},
     )
+
+
+def samples_table(samples: Sequence[dict[str, Any]]) -> str:
+    """The results table: about eight of a run's samples, evenly spaced, and its last.
+
+    Parameters
+    ----------
+    samples : sequence of dict
+        The run's samples of memory and disk (``samples`` of the entry in ``service.json``).
+
+    Returns
+    -------
+    str
+        Round, virtual hours, RSS and each folder's size, as a markdown table.
+    """
+    rows = [
+        [
+            s["round"],
+            f"{s['virtual_h']:.1f}",
+            f"{s['rss_mb']:.0f}",
+            f"{s['checkpoint_mb']:.2f}",
+            f"{s['metrics_mb']:.2f}",
+            f"{s['exports_mb']:.2f}",
+            f"{s['buffers_mb']:.2f}",
+        ]
+        for s in [*samples[:: max(1, len(samples) // 8)], samples[-1]]
+    ]
+    headers = ["round", "virtual hours", "RSS MB", "checkpoint MB", "metrics MB", "exports MB"]
+    return markdown_table([*headers, "buffers MB"], rows)

@@ -47,17 +47,10 @@ from deploy.breakdown import PARTS, run_breakdown
 from deploy.demo import APP_DIR, STATUS_CHECK_S, DemoConfig, run_demo
 from deploy.flower import FlowerDeployment, FlowerError
 from deploy.local import ProcessGroup
+from edge_client.runtime import usage
 from edge_client.runtime.buffer import BufferStore
 from edge_client.runtime.constants import COMMIT_INTERVAL_S
 from edge_client.runtime.node_config import NodeConfig
-from edge_client.runtime.usage import (
-    children,
-    cpu_s,
-    disk_write_bytes,
-    parent,
-    peak_rss_bytes,
-    pss_bytes,
-)
 from edge_client.task.synthetic import SensorTask
 from edge_client.wire.frames import SampleBatch
 from edge_client.wire.mapping import kebab
@@ -93,6 +86,9 @@ PI_BYTES = 1 << 30
 
 @dataclass
 class _Seen:
+    """One sampled process: its role, its CPU seconds and bytes written when first seen, and
+    the largest CPU seconds, peak resident bytes and bytes written read since."""
+
     role: str
     cpu0: float
     cpu: float = 0.0
@@ -139,22 +135,22 @@ class ProcessSampler:
     def sample(self) -> None:
         """Read every live descendant of this process once."""
         together = 0
-        for pid in children(os.getpid()):
+        for pid in usage.children(os.getpid()):
             entry = self.seen.get(pid)
             if entry is None:
                 role = self._role(pid)
                 if role is None:
                     continue
-                if role == "superexec" and self._role(parent(pid)) != "supernode":
+                if role == "superexec" and self._role(usage.parent(pid)) != "supernode":
                     role = "superlink-superexec"  # the one that runs the ServerApp
                 entry = self.seen[pid] = _Seen(
-                    role, cpu_s(pid, reaped=False), written0=disk_write_bytes(pid)
+                    role, usage.cpu_s(pid, reaped=False), written0=usage.disk_write_bytes(pid)
                 )
-            entry.cpu = max(entry.cpu, cpu_s(pid, reaped=False))
-            entry.peak = max(entry.peak, peak_rss_bytes(pid))
-            entry.written = max(entry.written, disk_write_bytes(pid))
+            entry.cpu = max(entry.cpu, usage.cpu_s(pid, reaped=False))
+            entry.peak = max(entry.peak, usage.peak_rss_bytes(pid))
+            entry.written = max(entry.written, usage.disk_write_bytes(pid))
             if entry.role in (*DEVICE_ROLES, "clientapp"):
-                together += pss_bytes(pid)
+                together += usage.pss_bytes(pid)
         devices = sum(1 for e in self.seen.values() if e.role == "supernode")
         self.device_pss_peak = max(self.device_pss_peak, together // max(1, devices))
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -31,7 +32,7 @@ from edge_client.emulation.sources import SensorChange
 from edge_client.runtime.drift_watch import DEFAULT_DELTA, DriftWatch
 from edge_client.wire.run_config import RunSettings
 
-__all__ = ["detector_delays", "false_alarms", "recovery_rounds", "run"]
+__all__ = ["detector_delays", "false_alarms", "recovery_rounds", "results_tables", "run"]
 
 STATIONARY = 100_000
 ERROR_RATES = (0.05, 0.1, 0.2)
@@ -142,19 +143,46 @@ def run(quick: bool = False) -> Result:
     tripled = [d for d in delays[(0.1, 0.3)] if d is not None]
     met_alarms = worst_alarms <= GOAL_FALSE_ALARMS
     met_delay = len(tripled) == len(seeds) and max(tripled) <= GOAL_DELAY
-    rows = [
-        [
-            f"error rate {rate}, stationary",
-            f"{statistics.mean(v):.2f} (max {max(v)})",
-            "-",
-        ]
-        for rate, v in alarms.items()
-    ] + [[f"error rate {a} -> {b}", "-", spread(v, "{:.0f}")] for (a, b), v in delays.items()]
+    table = results_tables(entries) + footnote(
+        f"Detector: {len(seeds)} seed(s), {STATIONARY:,} windows per stationary stream. Fleet: "
+        f"{DEVICES} devices, B={B}, K={K}, fixed batches, {rounds} rounds, sensors flipped "
+        f"(gain -1) from round {CHANGE_ROUND}; recovery: back within {RECOVERY_MARGIN} of the "
+        "accuracy before, 2 rounds in a row",
+        f"at most {GOAL_FALSE_ALARMS} false alarm per 100k windows: {verdict(met_alarms)}; "
+        f"0.1 -> 0.3 detected within {GOAL_DELAY} windows: {verdict(met_delay)}",
+    )
+    return Result("drift", entries, table, meta={"quick": quick, "seeds": list(seeds)})
+
+
+def results_tables(entries: Sequence[dict[str, Any]]) -> str:
+    """The results tables: the detector's false alarms and delays, then the fleet's recovery
+    per scenario (the mean and spread over its seeds).
+
+    Parameters
+    ----------
+    entries : sequence of dict
+        :func:`run`'s entries (as in ``drift.json``): the detector's, then one per fleet run.
+
+    Returns
+    -------
+    str
+        The two markdown tables.
+    """
+    rows = []
+    for e in (e for e in entries if "detector" in e):
+        for rate, v in e["false_alarms_per_100k"].items():
+            rows.append(
+                [f"error rate {rate}, stationary", f"{statistics.mean(v):.2f} (max {max(v)})", "-"]
+            )
+        for change, v in e["delay_windows"].items():
+            before, after = change.split("->")
+            rows.append([f"error rate {before} -> {after}", "-", spread(v, "{:.0f}")])
     table = markdown_table(
         ["detector (ADWIN, 0/1 errors)", "false alarms per 100k", "delay, windows"], rows
     )
+    fleet = [e for e in entries if "changed" in e]
     fleet_rows = []
-    for changed, reaction in scenarios:
+    for changed, reaction in dict.fromkeys((e["changed"], e["reaction"]) for e in fleet):
         runs = [e for e in fleet if e["changed"] == changed and e["reaction"] == reaction]
         fleet_rows.append(
             [
@@ -165,22 +193,6 @@ def run(quick: bool = False) -> Result:
                 spread([len(e["detected"]) for e in runs], "{:.1f}"),
             ]
         )
-    table += "\n\n" + markdown_table(
-        [
-            "sensors flipped",
-            "drift-reaction",
-            "rounds to recover",
-            "changed devices' accuracy after the change (mean)",
-            "rounds with a detection",
-        ],
-        fleet_rows,
-    )
-    table += footnote(
-        f"Detector: {len(seeds)} seed(s), {STATIONARY:,} windows per stationary stream. Fleet: "
-        f"{DEVICES} devices, B={B}, K={K}, fixed batches, {rounds} rounds, sensors flipped "
-        f"(gain -1) from round {CHANGE_ROUND}; recovery: back within {RECOVERY_MARGIN} of the "
-        "accuracy before, 2 rounds in a row",
-        f"at most {GOAL_FALSE_ALARMS} false alarm per 100k windows: {verdict(met_alarms)}; "
-        f"0.1 -> 0.3 detected within {GOAL_DELAY} windows: {verdict(met_delay)}",
-    )
-    return Result("drift", entries, table, meta={"quick": quick, "seeds": list(seeds)})
+    headers = ["sensors flipped", "drift-reaction", "rounds to recover"]
+    headers += ["changed devices' accuracy after the change (mean)", "rounds with a detection"]
+    return table + "\n\n" + markdown_table(headers, fleet_rows)

@@ -23,6 +23,7 @@ from typing import Any
 from aggregator.checkpoint import load_checkpoint
 from aggregator.round_log import read_metrics
 from aggregator.server_app import run_rounds
+from deploy.bench.common import SHORT_RUN
 from deploy.brokers import BROKER_CONFIG_DIR, EmbeddedBroker, MosquittoBroker, mosquitto_available
 from deploy.inprocess import InProcessGrid, VirtualDevice
 from deploy.local import ProcessGroup, fedstream_command, wait_until
@@ -213,25 +214,17 @@ def resume_equivalence() -> dict[str, Any]:
     def fleet() -> list[VirtualDevice]:
         return [VirtualDevice(f"dev-{i}", slowdown=s) for i, s in enumerate((1, 3))]
 
-    base: dict[str, Any] = {
-        "local_steps": 5,
-        "global_batch": 64,
-        "b_min": 4,
-        "b_max": 64,
-        "eval_data": "synthetic",
-        "eval_samples": 500,
-    }
     with tempfile.TemporaryDirectory(prefix="fedstream-resume-") as name:
         tmp = Path(name)
         grid = InProcessGrid(fleet(), tmp / "a", step_time=step_time)
-        run_rounds(grid, RunSettings(**base, num_rounds=4, checkpoint_dir=str(tmp / "ca")))
+        run_rounds(grid, RunSettings(**SHORT_RUN, num_rounds=4, checkpoint_dir=str(tmp / "ca")))
         grid.close()
         for rounds, resume in ((2, False), (4, True)):
             grid = InProcessGrid(fleet(), tmp / "b", step_time=step_time)
             run_rounds(
                 grid,
                 RunSettings(
-                    **base, num_rounds=rounds, checkpoint_dir=str(tmp / "cb"), resume=resume
+                    **SHORT_RUN, num_rounds=rounds, checkpoint_dir=str(tmp / "cb"), resume=resume
                 ),
             )
             grid.close()

@@ -41,22 +41,7 @@ from matplotlib.axes import Axes
 
 from aggregator.checkpoint import load_checkpoint
 from aggregator.round_log import RoundRecord
-from deploy.bench.common import (
-    SEEDS,
-    Panel,
-    Result,
-    StepCost,
-    footnote,
-    markdown_table,
-    mean_or_none,
-    measure_step_cost,
-    rounds_to_target,
-    run_fleet,
-    save_figure,
-    spread,
-    time_to_target,
-    verdict,
-)
+from deploy.bench import common
 from deploy.inprocess import InProcessGrid, VirtualDevice
 from edge_client.emulation.sources import pick_classes
 from edge_client.task.constants import DEFAULT_NUM_CLASSES, DEFAULT_SHAPE
@@ -104,10 +89,10 @@ def ideal_speedup(level: str) -> float:
     return sum(cores) / (len(cores) * min(cores))
 
 
-def measure_step_time() -> StepCost:
+def measure_step_time() -> common.StepCost:
     """What a step of the default CNN costs on this machine (one thread), with its noise."""
     model = build_model("cnn", DEFAULT_SHAPE, DEFAULT_NUM_CLASSES)
-    return measure_step_cost(model, DEFAULT_SHAPE, DEFAULT_NUM_CLASSES)
+    return common.measure_step_cost(model, DEFAULT_SHAPE, DEFAULT_NUM_CLASSES)
 
 
 def _target(level: str) -> float:
@@ -168,7 +153,7 @@ def _fleet(level: str = "HL1", labels: int = 0) -> list[VirtualDevice]:
     ]
 
 
-def imbalance(record: RoundRecord, cost: StepCost, level: str) -> float:
+def imbalance(record: RoundRecord, cost: common.StepCost, level: str) -> float:
     """Slowest / fastest step time of a round's batches at a level (1.0 = balanced), from
     the noise-free cost line: what the plan achieves, not one round's timing noise."""
     slow = slowdowns(level)
@@ -178,7 +163,7 @@ def imbalance(record: RoundRecord, cost: StepCost, level: str) -> float:
     return float(max(steps) / min(steps))
 
 
-def slowest_step(record: RoundRecord, cost: StepCost, level: str) -> float:
+def slowest_step(record: RoundRecord, cost: common.StepCost, level: str) -> float:
     """The slowest device's step time at a round's batches (noise-free cost line)."""
     slow = slowdowns(level)
     return max(
@@ -186,7 +171,7 @@ def slowest_step(record: RoundRecord, cost: StepCost, level: str) -> float:
     )
 
 
-def best_step(level: str, cost: StepCost, b_min: int = 8) -> float:
+def best_step(level: str, cost: common.StepCost, b_min: int = 8) -> float:
     """The shortest slowest-device step time any split of B can reach at a level, with the
     cost line's fixed part (bisection on the step time T: device i takes
     ``(T / slowdown_i - a) / c`` samples, within ``[b_min, B]``)."""
@@ -205,7 +190,7 @@ def best_step(level: str, cost: StepCost, b_min: int = 8) -> float:
     return hi
 
 
-def achievable_speedup(level: str, cost: StepCost) -> float:
+def achievable_speedup(level: str, cost: common.StepCost) -> float:
     """The fixed split's step time over :func:`best_step`: what any controller could reach
     here, where the paper's ideal (:func:`ideal_speedup`) assumes steps cost nothing fixed."""
     fixed = max(s * cost.line(GLOBAL_BATCH // len(LEVELS[level])) for s in slowdowns(level))
@@ -229,15 +214,82 @@ def with_overhead(records: Sequence[RoundRecord], uplink_mbps: float) -> list[Ro
 
 
 Runs = dict[tuple[str, str, int], list[RoundRecord]]  # (level, arm, seed) -> rounds
+#: What an entry gives per seed (as ``<figure>_per_seed``), in the entry's order.
+PER_SEED = (
+    "ttt",
+    "ttt_overhead",
+    "rounds",
+    "reduction",
+    "reduction_overhead",
+    "efficiency",
+    "steady_efficiency",
+    "of_achievable",
+    "final",
+    "periods",
+)
 
 
-def run(quick: bool = False) -> Result:
+def run(quick: bool = False) -> common.Result:
     """Every level x controller, the schedule, the K = 1 fidelity check and the label-skew
     comparison, over :data:`~deploy.bench.common.SEEDS` (the first only with ``quick``)."""
-    seeds = SEEDS[:1] if quick else SEEDS
+    seeds = common.SEEDS[:1] if quick else common.SEEDS
     rounds = 16 if quick else 25
     phase = 3 if quick else 4
+    k1_rounds = 150 if quick else 300
     cost = measure_step_time()
+    runs, per_class = _run_arms(seeds, rounds, phase, k1_rounds, quick, cost)
+    entries = _entries(runs, phase, seeds, per_class, cost)
+    table_md = _table(entries)
+    goals = _goals(entries)
+    measured = ", ".join(f"b={b}: {t * 1e3:.2f} ms" for b, t in cost.table.items())
+    table_md += common.footnote(
+        f"4 devices, B={GLOBAL_BATCH}, {LOCAL_STEPS} local steps, b in [8, {GLOBAL_BATCH}], "
+        f"{rounds} rounds per level (rows '-digits': scikit-learn's 8x8 digits streamed as "
+        f"frames, 10 classes, target {DIGITS_TARGET:g}; 'HL8-K1': one step per round, "
+        f"{k1_rounds} rounds, lr {K1_LR:g}, target {K1_TARGET:g}; 'skew-HL8': one of "
+        f"{SKEW_CLASSES} classes per device, "
+        f"{rounds * 2} rounds, target {SKEW_TARGET:g}, and 'iid-HL8' the same on IID streams); "
+        f"schedule {' -> '.join(SCHEDULE)} at {phase} rounds each; seeds "
+        f"{', '.join(map(str, seeds))}, each figure the mean (min-max) over them. A target "
+        "counts once held for two evaluations. Reduction = 1 - time(controller) / time(fixed), "
+        "per seed; 'with overhead' adds to every round the model's download and "
+        f"{FLOWER_ROUND_S:g} s of Flower orchestration ({FLOWER_ROUND_NOTE}). Efficiency = "
+        "(time fixed / time controller) / ideal speedup (the paper's: sum of speeds / (n x "
+        "slowest), as if a step cost nothing fixed); achievable = the fixed split's slowest "
+        "step over the shortest slowest step any split of B reaches with the cost line below "
+        "(its fixed part pins slow devices at b-min); of achievable = the speedup over it; "
+        "steady = efficiency from mean round times after round 3. Rebalanced = the slowest "
+        f"step within {BALANCED}x of that best. Compute charged as "
+        f"{cost.describe()}, times the slowdown (measured minima: {measured})",
+        goals["text"],
+    )
+    return common.Result(
+        "hetero",
+        entries,
+        table_md,
+        meta={
+            "rounds": rounds,
+            "quick": quick,
+            "seeds": list(seeds),
+            "step_cost": {"a": cost.a, "c": cost.c, "table_ms": cost.table},
+            "flower_round_s": FLOWER_ROUND_S,
+            "balanced_within": BALANCED,
+            "goals": goals,
+        },
+        plots=[lambda out_dir: _plot(runs, seeds[0], cost, phase, out_dir)],
+    )
+
+
+def _run_arms(
+    seeds: Sequence[int],
+    rounds: int,
+    phase: int,
+    k1_rounds: int,
+    quick: bool,
+    cost: common.StepCost,
+) -> tuple[Runs, dict[tuple[str, str, int], list[float | None]]]:
+    """Run every arm for each seed: the levels, the digits (not ``quick``), the schedule, the
+    K = 1 check and the label skew; their rounds, and the skew arms' per-class accuracy."""
     runs: Runs = {}
     per_class: dict[tuple[str, str, int], list[float | None]] = {}
 
@@ -248,7 +300,7 @@ def run(quick: bool = False) -> Result:
         s: RunSettings,
         **kw: Any,
     ) -> None:
-        out = run_fleet(label, devices, s, key[2], step_time=cost.noisy(key[2]), **kw)
+        out = common.run_fleet(label, devices, s, key[2], step_time=cost.noisy(key[2]), **kw)
         runs[key] = out.records
 
     for seed in seeds:
@@ -276,7 +328,6 @@ def run(quick: bool = False) -> Result:
                 _settings(controller, phase * len(SCHEDULE), seed),
                 on_round=_switcher(phase),
             )
-        k1_rounds = 150 if quick else 300
         for controller in ("fixed", "dynamic"):
             fleet_run(
                 f"hetero HL8 K=1 {controller} seed {seed}",
@@ -304,46 +355,7 @@ def run(quick: bool = False) -> Result:
                         s,
                     )
                     per_class[(level, arm, seed)] = _per_class(s)
-    entries = _entries(runs, phase, seeds, per_class, cost)
-    table_md = _table(entries)
-    goals = _goals(entries)
-    measured = ", ".join(f"b={b}: {t * 1e3:.2f} ms" for b, t in cost.table.items())
-    table_md += footnote(
-        f"4 devices, B={GLOBAL_BATCH}, {LOCAL_STEPS} local steps, b in [8, {GLOBAL_BATCH}], "
-        f"{rounds} rounds per level (rows '-digits': scikit-learn's 8x8 digits streamed as "
-        f"frames, 10 classes, target {DIGITS_TARGET:g}; 'HL8-K1': one step per round, "
-        f"{k1_rounds} rounds, lr {K1_LR:g}, target {K1_TARGET:g}; 'skew-HL8': one of "
-        f"{SKEW_CLASSES} classes per device, "
-        f"{rounds * 2} rounds, target {SKEW_TARGET:g}, and 'iid-HL8' the same on IID streams); "
-        f"schedule {' -> '.join(SCHEDULE)} at {phase} rounds each; seeds "
-        f"{', '.join(map(str, seeds))}, each figure the mean (min-max) over them. A target "
-        "counts once held for two evaluations. Reduction = 1 - time(controller) / time(fixed), "
-        "per seed; 'with overhead' adds to every round the model's download and "
-        f"{FLOWER_ROUND_S:g} s of Flower orchestration ({FLOWER_ROUND_NOTE}). Efficiency = "
-        "(time fixed / time controller) / ideal speedup (the paper's: sum of speeds / (n x "
-        "slowest), as if a step cost nothing fixed); achievable = the fixed split's slowest "
-        "step over the shortest slowest step any split of B reaches with the cost line below "
-        "(its fixed part pins slow devices at b-min); of achievable = the speedup over it; "
-        "steady = efficiency from mean round times after round 3. Rebalanced = the slowest "
-        f"step within {BALANCED}x of that best. Compute charged as "
-        f"{cost.describe()}, times the slowdown (measured minima: {measured})",
-        goals["text"],
-    )
-    return Result(
-        "hetero",
-        entries,
-        table_md,
-        meta={
-            "rounds": rounds,
-            "quick": quick,
-            "seeds": list(seeds),
-            "step_cost": {"a": cost.a, "c": cost.c, "table_ms": cost.table},
-            "flower_round_s": FLOWER_ROUND_S,
-            "balanced_within": BALANCED,
-            "goals": goals,
-        },
-        plots=[lambda out_dir: _plot(runs, seeds[0], cost, phase, out_dir)],
-    )
+    return runs, per_class
 
 
 def _switcher(phase: int) -> Callable[[int, InProcessGrid], None]:
@@ -373,7 +385,7 @@ def _entries(
     phase: int,
     seeds: Sequence[int],
     per_class: dict[tuple[str, str, int], list[float | None]],
-    cost: StepCost,
+    cost: common.StepCost,
 ) -> list[dict[str, Any]]:
     entries = []
     arms = dict.fromkeys((level, arm) for level, arm, _ in runs)
@@ -383,35 +395,21 @@ def _entries(
         ideal = ideal_speedup(base) if base in LEVELS else _schedule_ideal(phase)
         achievable = achievable_speedup(base, cost) if base in LEVELS else None
         reference = "fixed/fedavg" if level.startswith("skew") else "fixed"
-        per_seed: dict[str, list[Any]] = {
-            k: []
-            for k in (
-                "ttt",
-                "ttt_overhead",
-                "rounds",
-                "reduction",
-                "reduction_overhead",
-                "efficiency",
-                "steady_efficiency",
-                "of_achievable",
-                "final",
-                "periods",
-            )
-        }
+        per_seed: dict[str, list[Any]] = {k: [] for k in PER_SEED}
         for seed in seeds:
             records = runs[(level, arm, seed)]
             uplink = RunSettings().uplink_mbps
-            ttt = time_to_target(records, target)
-            ttt_o = time_to_target(with_overhead(records, uplink), target)
+            ttt = common.time_to_target(records, target)
+            ttt_o = common.time_to_target(with_overhead(records, uplink), target)
             per_seed["ttt"].append(ttt)
             per_seed["ttt_overhead"].append(ttt_o)
-            per_seed["rounds"].append(rounds_to_target(records, target))
+            per_seed["rounds"].append(common.rounds_to_target(records, target))
             per_seed["final"].append(records[-1].test_accuracy)
             fixed = runs.get((level, reference, seed))
             if fixed is None:
                 continue
-            t_f = time_to_target(fixed, target)
-            t_fo = time_to_target(with_overhead(fixed, uplink), target)
+            t_f = common.time_to_target(fixed, target)
+            t_fo = common.time_to_target(with_overhead(fixed, uplink), target)
             per_seed["reduction"].append(1 - ttt / t_f if ttt and t_f else None)
             per_seed["reduction_overhead"].append(1 - ttt_o / t_fo if ttt_o and t_fo else None)
             per_seed["efficiency"].append(t_f / ttt / ideal if ttt and t_f else None)
@@ -430,11 +428,11 @@ def _entries(
             "achievable_speedup": achievable,
             "seeds": list(seeds),
             **{f"{k}_per_seed": v for k, v in per_seed.items()},
-            "reduction": mean_or_none(per_seed["reduction"]),
-            "reduction_overhead": mean_or_none(per_seed["reduction_overhead"]),
-            "efficiency": mean_or_none(per_seed["efficiency"]),
-            "steady_efficiency": mean_or_none(per_seed["steady_efficiency"]),
-            "of_achievable": mean_or_none(per_seed["of_achievable"]),
+            "reduction": common.mean_or_none(per_seed["reduction"]),
+            "reduction_overhead": common.mean_or_none(per_seed["reduction_overhead"]),
+            "efficiency": common.mean_or_none(per_seed["efficiency"]),
+            "steady_efficiency": common.mean_or_none(per_seed["steady_efficiency"]),
+            "of_achievable": common.mean_or_none(per_seed["of_achievable"]),
             "imbalance_last": [
                 imbalance(
                     runs[(level, arm, s)][-1],
@@ -453,7 +451,7 @@ def _entries(
         if (level, arm, seeds[0]) in per_class:
             classes = [per_class[(level, arm, s)] for s in seeds]
             entry["per_class_accuracy"] = [
-                mean_or_none([c[i] for c in classes]) for i in range(len(classes[0]))
+                common.mean_or_none([c[i] for c in classes]) for i in range(len(classes[0]))
             ]
         entries.append(entry)
     return entries
@@ -465,23 +463,23 @@ def _table(entries: list[dict[str, Any]]) -> str:
             e["level"],
             e["arm"],
             f"{e['target_accuracy']:g}",
-            spread(e["ttt_per_seed"], "{:.2f}"),
-            spread(e["rounds_per_seed"], "{:.0f}"),
+            common.spread(e["ttt_per_seed"], "{:.2f}"),
+            common.spread(e["rounds_per_seed"], "{:.0f}"),
             _pct_spread(e["reduction_per_seed"]),
             _pct_spread(e["reduction_overhead_per_seed"]),
             f"{e['ideal_speedup']:.2f}x",
             "-" if e["achievable_speedup"] is None else f"{e['achievable_speedup']:.2f}x",
-            spread(e["efficiency_per_seed"]),
-            spread(e["of_achievable_per_seed"]),
-            spread(e["steady_efficiency_per_seed"]),
-            spread(e["final_per_seed"], "{:.3f}"),
+            common.spread(e["efficiency_per_seed"]),
+            common.spread(e["of_achievable_per_seed"]),
+            common.spread(e["steady_efficiency_per_seed"]),
+            common.spread(e["final_per_seed"], "{:.3f}"),
             " / ".join("-" if a is None else f"{a:.2f}" for a in e.get("per_class_accuracy", []))
             or "-",
             e.get("periods_to_balance", "-"),
         ]
         for e in entries
     ]
-    return markdown_table(
+    return common.markdown_table(
         [
             "level",
             "arm",
@@ -506,7 +504,7 @@ def _table(entries: list[dict[str, Any]]) -> str:
 def _pct_spread(values: Sequence[float | None]) -> str:
     if not values:
         return "-"
-    return spread([None if v is None else v * 100 for v in values], "{:.0f}") + " %"
+    return common.spread([None if v is None else v * 100 for v in values], "{:.0f}") + " %"
 
 
 def _schedule_ideal(phase: int) -> float:
@@ -523,7 +521,9 @@ def _level_of(level: str, phase: int, rnd: int) -> str:
     return next(lv for lv in LEVELS if lv in level)
 
 
-def _periods_to_balance(records: list[RoundRecord], phase: int, cost: StepCost) -> int | None:
+def _periods_to_balance(
+    records: list[RoundRecord], phase: int, cost: common.StepCost
+) -> int | None:
     """Worst, over the schedule's switches, of rounds until the plan is balanced: its slowest
     step within :data:`BALANCED` of the best any split can reach at the new level (the round
     of the switch itself runs the old plan: it is where the change is measured)."""
@@ -564,14 +564,14 @@ def _goals(entries: list[dict[str, Any]]) -> dict[str, Any]:
         f"dynamic efficiency >= {GOALS['efficiency']} at HL2/4/8 (compute only, mean over "
         "seeds): "
         + "/".join(_ratio(v) for v in eff.values())
-        + f" ({verdict(met['efficiency'])}; of the achievable: "
+        + f" ({common.verdict(met['efficiency'])}; of the achievable: "
         + "/".join(_ratio(v) for v in achieved.values())
         + "); reduction >= 14 % at HL2: "
-        f"{_pct(red2)} ({verdict(met['reduction_hl2'])}), >= 60 % at HL8: "
-        f"{_pct(red8)} ({verdict(met['reduction_hl8'])}); rebalanced (slowest step within "
+        f"{_pct(red2)} ({common.verdict(met['reduction_hl2'])}), >= 60 % at HL8: "
+        f"{_pct(red8)} ({common.verdict(met['reduction_hl8'])}); rebalanced (slowest step within "
         f"{BALANCED}x of the best split's) within {GOALS['periods']} periods after each "
         "switch, worst seed: "
-        f"{periods} ({verdict(met['rebalance'])})"
+        f"{periods} ({common.verdict(met['rebalance'])})"
     )
     return {"met": met, "efficiency": eff, "text": text}
 
@@ -584,7 +584,7 @@ def _ratio(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
-def _plot(runs: Runs, seed: int, cost: StepCost, phase: int, out: Path) -> Path:
+def _plot(runs: Runs, seed: int, cost: common.StepCost, phase: int, out: Path) -> Path:
     schedule = runs[("schedule", "dynamic", seed)]
 
     def draw(axes: list[Axes]) -> None:
@@ -599,8 +599,10 @@ def _plot(runs: Runs, seed: int, cost: StepCost, phase: int, out: Path) -> Path:
             axes[2].plot([r.planned.get(dev, np.nan) for r in schedule], label=dev)
 
     panels = [
-        Panel("virtual seconds (compute only)", "accuracy"),
-        Panel("round (schedule HL1-2-4-8-8-4-2-1)", "slowest / fastest step time", yscale="log"),
-        Panel("round (schedule, dynamic)", "planned batch"),
+        common.Panel("virtual seconds (compute only)", "accuracy"),
+        common.Panel(
+            "round (schedule HL1-2-4-8-8-4-2-1)", "slowest / fastest step time", yscale="log"
+        ),
+        common.Panel("round (schedule, dynamic)", "planned batch"),
     ]
-    return save_figure(out / "hetero.png", panels, draw, width=5.3)
+    return common.save_figure(out / "hetero.png", panels, draw, width=5.3)

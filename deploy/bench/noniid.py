@@ -27,19 +27,8 @@ from typing import Any
 from matplotlib.axes import Axes
 
 from aggregator.round_log import RoundRecord
-from deploy.bench.common import (
-    SEEDS,
-    Panel,
-    Result,
-    footnote,
-    markdown_table,
-    mean_or_none,
-    rounds_to_target,
-    run_fleet,
-    save_figure,
-    spread,
-    verdict,
-)
+from deploy.bench import common
+from deploy.bench.common import run_fleet
 from deploy.inprocess import VirtualDevice
 from edge_client.emulation.sources import pick_classes
 from edge_client.runtime.constants import INJECT_POOL_CAPACITY
@@ -54,9 +43,12 @@ __all__ = [
     "Shares",
     "budget_cuts",
     "fleet",
+    "main_table",
     "pool_use",
     "round_traffic",
     "run",
+    "split_entries",
+    "sweep_table",
 ]
 
 DEVICES = 8
@@ -88,6 +80,20 @@ SWEEP: dict[str, dict[str, Any]] = {
 GOAL_METHOD, GOAL_INJECT, GOAL_FEDAVG = "inject-0.25-0.25", 0.9, 0.6
 GOAL_PARTITIONS = (*PARTITIONS, DIGITS_PARTITION)
 POOL_KEYS = ("pool_end", "pool_fraction", "draws_per_sample")  # see pool_use
+#: What an entry gives per seed (as ``<figure>_per_seed``), in the entry's order.
+PER_SEED = (
+    "final_accuracy",
+    "iid_fraction",
+    "rounds_to_target",
+    "queued_bytes_per_round",
+    "delivered_bytes_per_round",
+    "delivered_bytes_max_round",
+    "model_bytes_per_round",
+    "delivered_of_model_traffic",
+    "shares",
+    "shares_cut",
+    *POOL_KEYS,
+)
 
 
 @dataclass(frozen=True)
@@ -269,7 +275,10 @@ def fleet(
     return devices
 
 
-def run(quick: bool = False) -> Result:
+Runs = dict[tuple[str, str, int], list[RoundRecord]]  # (partition, method, seed) -> rounds
+
+
+def run(quick: bool = False) -> common.Result:
     """The IID references, then every method on every partition, for every seed; then (full
     run only) the injection sweep on the first seed.
 
@@ -285,8 +294,44 @@ def run(quick: bool = False) -> Result:
     Result
         One entry per (partition, method), its figures per seed and their means.
     """
-    seeds = SEEDS[:1] if quick else SEEDS
+    seeds = common.SEEDS[:1] if quick else common.SEEDS
     rounds = 10 if quick else 50
+    update_bytes = _update_bytes()
+    runs, settings_of = _run_all(seeds, rounds, quick)
+    entries = [
+        _entry(
+            runs,
+            name,
+            method,
+            settings_of[(name, method)],
+            update_bytes[name.endswith("digits")],
+        )
+        for name, method in settings_of
+    ]
+    goal = _goal(entries)
+    main, sweep = split_entries(entries)
+    table = main_table(main, rounds)
+    if not quick:
+        table += f"\n\nSweep: injection (0.25, 0.25) on {SWEEP_PARTITION}, seed {seeds[0]}.\n\n"
+        table += sweep_table(sweep, rounds)
+    inj = next(e for e in main if e["partition"] == "one-label" and e["method"] == GOAL_METHOD)
+    table += _footnote(rounds, seeds, update_bytes, inj, goal["text"])
+    meta = {
+        "rounds": rounds,
+        "quick": quick,
+        "seeds": list(seeds),
+        "chance": {"default": 1 / DEFAULT_NUM_CLASSES, "digits": 1 / DIGITS_CLASSES},
+        "goal": goal,
+    }
+    return common.Result("noniid", entries, table, meta, [lambda out: _plot(runs, seeds, out)])
+
+
+def _run_all(
+    seeds: Sequence[int], rounds: int, quick: bool
+) -> tuple[Runs, dict[tuple[str, str], RunSettings]]:
+    """For each seed the IID references and every method on every partition, then (not
+    ``quick``) the sweep on the first seed; the rounds of each, and each (partition,
+    method)'s settings."""
     methods = {m: v for m, v in METHODS.items() if not (quick and m.startswith("fedprox"))}
     base: dict[str, Any] = {
         "num_rounds": rounds,
@@ -305,14 +350,7 @@ def run(quick: bool = False) -> Result:
         "eval_data": "digits",
         "eval_samples": 400,
     }
-    update_bytes = {
-        False: 4
-        * sum(
-            p.numel() for p in build_model("cnn", DEFAULT_SHAPE, DEFAULT_NUM_CLASSES).parameters()
-        ),
-        True: 4 * sum(p.numel() for p in build_model("cnn", (8, 8), DIGITS_CLASSES).parameters()),
-    }
-    runs: dict[tuple[str, str, int], list[RoundRecord]] = {}
+    runs: Runs = {}
     settings_of: dict[tuple[str, str], RunSettings] = {}
 
     def one(
@@ -344,83 +382,133 @@ def run(quick: bool = False) -> Result:
     if not quick:
         for method, overrides in SWEEP.items():
             one(SWEEP_PARTITION, method, True, overrides, seeds[0])
+    return runs, settings_of
 
-    entries = [
-        _entry(
-            runs,
-            name,
-            method,
-            settings_of[(name, method)],
-            update_bytes[name.endswith("digits")],
-        )
-        for name, method in settings_of
-    ]
-    goal = _goal(entries)
+
+def _update_bytes() -> dict[bool, int]:
+    """One model update's float32 bytes, on the default task (False) and on digits (True)."""
+    return {
+        False: 4
+        * sum(
+            p.numel() for p in build_model("cnn", DEFAULT_SHAPE, DEFAULT_NUM_CLASSES).parameters()
+        ),
+        True: 4 * sum(p.numel() for p in build_model("cnn", (8, 8), DIGITS_CLASSES).parameters()),
+    }
+
+
+def split_entries(
+    entries: Sequence[dict[str, Any]],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The entries of the main table, and those of the injection sweep (the default
+    injection on the sweep's partition first, then the sweep's runs)."""
     main = [e for e in entries if e["method"] not in SWEEP]
-    table = markdown_table(
+    sweep = [e for e in entries if e["method"] == GOAL_METHOD and e["partition"] == SWEEP_PARTITION]
+    sweep += [e for e in entries if e["method"] in SWEEP]
+    return main, sweep
+
+
+def main_table(main: Sequence[dict[str, Any]], rounds: int) -> str:
+    """The results table: every (partition, method) but the sweep's.
+
+    Parameters
+    ----------
+    main : sequence of dict
+        Their entries (as in ``noniid.json``).
+    rounds : int
+        Rounds of each run (a target never reached reads ``> rounds``).
+
+    Returns
+    -------
+    str
+        Final accuracy, its fraction of IID, rounds to the target and the injection's traffic,
+        as a markdown table.
+    """
+    rows = [
         [
-            "partition",
-            "method",
+            e["partition"],
+            e["method"],
+            common.spread(e["final_accuracy_per_seed"], "{:.3f}"),
+            common.spread(e["iid_fraction_per_seed"]),
+            _rounds_text(e["rounds_to_target_per_seed"], rounds),
+            *(
+                [
+                    common.spread(e["delivered_bytes_per_round_per_seed"], "{:,.0f}"),
+                    common.spread(e["delivered_of_model_traffic_per_seed"]),
+                ]
+                if e["shares"]
+                else ["-", "-"]
+            ),
+        ]
+        for e in main
+    ]
+    headers = [
+        "partition",
+        "method",
+        "final accuracy",
+        "of IID",
+        f"rounds to {TARGET_ACCURACY:g}",
+        "injection delivered / round (B)",
+        "of the round's model traffic",
+    ]
+    return common.markdown_table(headers, rows)
+
+
+def sweep_table(sweep: Sequence[dict[str, Any]], rounds: int) -> str:
+    """The sweep's table: what the budget and the mix change (first seed).
+
+    Parameters
+    ----------
+    sweep : sequence of dict
+        The entries of the sweep's runs and of the default injection on its partition.
+    rounds : int
+        Rounds of each run.
+
+    Returns
+    -------
+    str
+        The markdown table.
+    """
+    return common.markdown_table(
+        [
+            "run",
+            "budget (B)",
+            "mix",
+            "queued / round (B)",
+            "delivered / round (B)",
+            "shares cut by the budget",
+            "pool share of samples trained",
             "final accuracy",
             "of IID",
             f"rounds to {TARGET_ACCURACY:g}",
-            "injection delivered / round (B)",
-            "of the round's model traffic",
         ],
         [
             [
-                e["partition"],
-                e["method"],
-                spread(e["final_accuracy_per_seed"], "{:.3f}"),
-                spread(e["iid_fraction_per_seed"]),
-                _rounds_text(e["rounds_to_target_per_seed"], rounds),
-                *(
-                    [
-                        spread(e["delivered_bytes_per_round_per_seed"], "{:,.0f}"),
-                        spread(e["delivered_of_model_traffic_per_seed"]),
-                    ]
-                    if e["shares"]
-                    else ["-", "-"]
-                ),
+                "default" if e["method"] == GOAL_METHOD else e["method"],
+                f"{e['inject_budget']:,}",
+                f"{e['inject_mix']:g}",
+                f"{e['queued_bytes_per_round_per_seed'][0]:,.0f}",
+                f"{e['delivered_bytes_per_round_per_seed'][0]:,.0f}",
+                f"{e['shares_cut_per_seed'][0]} of {e['shares_per_seed'][0]}",
+                f"{e['pool_fraction_per_seed'][0]:.2f}",
+                f"{e['final_accuracy_per_seed'][0]:.3f}",
+                f"{e['iid_fraction_per_seed'][0]:.2f}",
+                e["rounds_to_target_per_seed"][0] or f"> {rounds}",
             ]
-            for e in main
+            for e in sweep
         ],
     )
-    sweep = [e for e in entries if e["method"] == GOAL_METHOD and e["partition"] == SWEEP_PARTITION]
-    sweep += [e for e in entries if e["method"] in SWEEP]
-    if not quick:
-        table += f"\n\nSweep: injection (0.25, 0.25) on {SWEEP_PARTITION}, seed {seeds[0]}.\n\n"
-        table += markdown_table(
-            [
-                "run",
-                "budget (B)",
-                "mix",
-                "queued / round (B)",
-                "delivered / round (B)",
-                "shares cut by the budget",
-                "pool share of samples trained",
-                "final accuracy",
-                "of IID",
-                f"rounds to {TARGET_ACCURACY:g}",
-            ],
-            [
-                [
-                    "default" if e["method"] == GOAL_METHOD else e["method"],
-                    f"{e['inject_budget']:,}",
-                    f"{e['inject_mix']:g}",
-                    f"{e['queued_bytes_per_round_per_seed'][0]:,.0f}",
-                    f"{e['delivered_bytes_per_round_per_seed'][0]:,.0f}",
-                    f"{e['shares_cut_per_seed'][0]} of {e['shares_per_seed'][0]}",
-                    f"{e['pool_fraction_per_seed'][0]:.2f}",
-                    f"{e['final_accuracy_per_seed'][0]:.3f}",
-                    f"{e['iid_fraction_per_seed'][0]:.2f}",
-                    e["rounds_to_target_per_seed"][0] or f"> {rounds}",
-                ]
-                for e in sweep
-            ],
-        )
-    inj = next(e for e in main if e["partition"] == "one-label" and e["method"] == GOAL_METHOD)
-    table += footnote(
+
+
+def _footnote(
+    rounds: int,
+    seeds: Sequence[int],
+    update_bytes: dict[bool, int],
+    inj: dict[str, Any],
+    goals: str,
+) -> str:
+    """The setup under the table, with the injection's figures (``inj``: one-label's
+    injection entry) and the goals."""
+    return common.footnote(
         f"{DEVICES} devices ('-digits' rows: 10, one per digit, on scikit-learn's 8x8 digits "
         f"streamed as frames, against their own IID reference), {rounds} rounds x 20 local "
         f"steps, B=128, fixed controller; seeds {', '.join(map(str, seeds))}, each figure the "
@@ -438,16 +526,8 @@ def run(quick: bool = False) -> Result:
         f"{inj['pool_end']:,.0f} samples (cap {INJECT_POOL_CAPACITY:,}), which gave "
         f"{inj['pool_fraction']:.2f} of the samples trained, each pooled sample drawn "
         f"{inj['draws_per_sample']:.1f} times on average",
-        goal["text"],
+        goals,
     )
-    meta = {
-        "rounds": rounds,
-        "quick": quick,
-        "seeds": list(seeds),
-        "chance": {"default": 1 / DEFAULT_NUM_CLASSES, "digits": 1 / DIGITS_CLASSES},
-        "goal": goal,
-    }
-    return Result("noniid", entries, table, meta, [lambda out: _plot(runs, seeds, out)])
 
 
 def _rounds_text(values: Sequence[int | None], rounds: int) -> str:
@@ -455,7 +535,7 @@ def _rounds_text(values: Sequence[int | None], rounds: int) -> str:
     reached it."""
     if all(v is None for v in values):
         return f"> {rounds}"
-    return spread([None if v is None else float(v) for v in values], "{:.0f}")
+    return common.spread([None if v is None else float(v) for v in values], "{:.0f}")
 
 
 def _entry(
@@ -468,22 +548,7 @@ def _entry(
     """One (partition, method): its figures per seed that ran it, and their means."""
     seeds = sorted(s for p, m, s in runs if (p, m) == (partition, method))
     reference = "iid-digits" if partition.endswith("digits") else "iid"
-    per_seed: dict[str, list[Any]] = {
-        k: []
-        for k in (
-            "final_accuracy",
-            "iid_fraction",
-            "rounds_to_target",
-            "queued_bytes_per_round",
-            "delivered_bytes_per_round",
-            "delivered_bytes_max_round",
-            "model_bytes_per_round",
-            "delivered_of_model_traffic",
-            "shares",
-            "shares_cut",
-            *POOL_KEYS,
-        )
-    }
+    per_seed: dict[str, list[Any]] = {k: [] for k in PER_SEED}
     shares = Shares()
     for seed in seeds:
         records = runs[(partition, method, seed)]
@@ -493,7 +558,7 @@ def _entry(
         model = statistics.mean(t.model_bytes for t in traffic)
         per_seed["final_accuracy"].append(records[-1].test_accuracy)
         per_seed["iid_fraction"].append(records[-1].test_accuracy / iid)
-        per_seed["rounds_to_target"].append(rounds_to_target(records, TARGET_ACCURACY))
+        per_seed["rounds_to_target"].append(common.rounds_to_target(records, TARGET_ACCURACY))
         per_seed["queued_bytes_per_round"].append(statistics.mean(t.queued_bytes for t in traffic))
         per_seed["delivered_bytes_per_round"].append(delivered)
         per_seed["delivered_bytes_max_round"].append(max(t.delivered_bytes for t in traffic))
@@ -519,7 +584,7 @@ def _entry(
         **{f"{k}_per_seed": v for k, v in per_seed.items()},
         "final_accuracy": statistics.mean(per_seed["final_accuracy"]),
         "iid_fraction": statistics.mean(per_seed["iid_fraction"]),
-        "rounds_to_target": mean_or_none(per_seed["rounds_to_target"]),
+        "rounds_to_target": common.mean_or_none(per_seed["rounds_to_target"]),
         "delivered_bytes_per_round": statistics.mean(per_seed["delivered_bytes_per_round"]),
         "delivered_bytes_max_round": max(per_seed["delivered_bytes_max_round"]),
         "delivered_of_model_traffic": statistics.mean(per_seed["delivered_of_model_traffic"]),
@@ -561,13 +626,13 @@ def _goal(entries: list[dict[str, Any]]) -> dict[str, Any]:
         }
     text = "; ".join(
         f"{p}: injection {v['inject_iid_fraction']:.2f} of IID "
-        f"({verdict(v['inject_met'])} >= {GOAL_INJECT}; {v['inject_seeds_met']} of "
+        f"({common.verdict(v['inject_met'])} >= {GOAL_INJECT}; {v['inject_seeds_met']} of "
         f"{v['seeds']} seeds), FedAvg {v['fedavg_iid_fraction']:.2f} "
         f"({'below' if v['fedavg_below'] else 'NOT below'} {GOAL_FEDAVG}: the goal's premise), "
         f"IID reference {'reaches' if v['reference_trained'] else 'does NOT reach'} "
         f"{TARGET_ACCURACY:g}; injection delivered {v['delivered_bytes_per_round']:,.0f} B per "
         f"round = {v['delivered_updates_per_round']:.1f} model updates "
-        f"({verdict(v['bytes_met'])} < 1 in every round), "
+        f"({common.verdict(v['bytes_met'])} < 1 in every round), "
         f"{v['delivered_of_model_traffic']:.2f} of the round's model traffic"
         for p, v in verdicts.items()
     )
@@ -613,5 +678,7 @@ def _plot(
 
     titles = {p: f"{p} (mean of {len(seeds)} seeds)" for p in GOAL_PARTITIONS}
     titles["sweep"] = f"{SWEEP_PARTITION} injection sweep (seed {seeds[0]})"
-    panels = [Panel("round", "accuracy", title=titles[p], ylim=(0.0, 1.0)) for p in panels_of]
-    return save_figure(out / "noniid.png", panels, draw, width=5.0)
+    panels = [
+        common.Panel("round", "accuracy", title=titles[p], ylim=(0.0, 1.0)) for p in panels_of
+    ]
+    return common.save_figure(out / "noniid.png", panels, draw, width=5.0)

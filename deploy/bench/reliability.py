@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -259,44 +260,20 @@ def _samples(devs: dict[str, dict[str, Any]], faults: dict[str, Any]) -> dict[st
     return {k: sum(int(p[k]) for p in parts) for k in ("acknowledged", "accepted", "lost")}
 
 
+#: A fault's line in the summary: (fault, survived: None when skipped, its figures).
+Outcome = tuple[str, bool | None, str]
+
+
 def _fault_summary(soak_lost: int, faults: dict[str, Any]) -> tuple[int, int, list[list[str]]]:
     """(injected, survived, table rows) over every fault that ran (skipped ones say why)."""
-    outcomes: list[tuple[str, bool | None, str]] = [  # survived: None when skipped
+    outcomes: list[Outcome] = [
         ("ingest daemon kill -9 (soak)", soak_lost == 0, f"lost {soak_lost}")
     ]
-    broker = faults["broker"]
-    if "crash" in broker:
-        c, q = broker["crash"], broker["clean_restart_with_queue"]
-        outcomes.append(
-            (f"broker SIGKILL, {c['outage_s']:.0f} s down", c["lost"] == 0,
-             f"acked {c['acknowledged']:,}, accepted {c['accepted']:,}, lost {c['lost']}")
-        )  # fmt: skip
-        outcomes.append(
-            ("broker clean restart, daemon down", q["lost"] == 0,
-             f"queued {q['queued']}, accepted {q['accepted']}, lost {q['lost']}")
-        )  # fmt: skip
-    else:
-        outcomes.append(("broker faults", None, broker["skipped"]))
-    disk = faults["disk_full"]
-    if "lost" in disk:
-        outcomes.append(
-            (f"disk full for {disk['full_s']:.0f} s",
-             disk["lost"] == 0 and disk["daemon_stayed_up"] and disk["error_reported"],
-             f"status error {disk['error']!r}; acked {disk['acknowledged']:,}, "
-             f"accepted {disk['accepted']:,}, lost {disk['lost']}")
-        )  # fmt: skip
-    else:
-        outcomes.append(("disk full", None, disk["skipped"]))
-    agg = faults["aggregator"]
-    if "status" in agg:
-        outcomes.append(
-            ("aggregator SIGKILL after round 2, resumed",
-             agg["status"] == "finished:completed" and agg["rounds"] == [1, 2, 3, 4],
-             f"rounds {agg['rounds']} in {agg['flower_runs']} Flower runs, accuracy "
-             f"{agg['accuracy']}, round-3 plan {agg['planned_round_3']}")
-        )  # fmt: skip
-    else:
-        outcomes.append(("aggregator kill", None, agg["skipped"]))
+    outcomes += _ran_or_skipped(faults["broker"], "crash", "broker faults", _broker_outcomes)
+    outcomes += _ran_or_skipped(faults["disk_full"], "lost", "disk full", _disk_outcomes)
+    outcomes += _ran_or_skipped(
+        faults["aggregator"], "status", "aggregator kill", _aggregator_outcomes
+    )
     eq = faults["resume_equivalence"]
     outcomes.append(
         ("resumed vs uninterrupted model (in-process)", eq["identical"],
@@ -306,3 +283,39 @@ def _fault_summary(soak_lost: int, faults: dict[str, Any]) -> tuple[int, int, li
     verdict = {True: "yes", False: "NO", None: "skipped"}
     rows = [[name, verdict[ok], figures] for name, ok, figures in outcomes]
     return len(ran), sum(ran), rows
+
+
+def _ran_or_skipped(
+    fault: dict[str, Any], ran_key: str, name: str, read: Callable[[dict[str, Any]], list[Outcome]]
+) -> list[Outcome]:
+    """A fault's outcomes when it ran (its figures have ``ran_key``), else one line that
+    names it skipped and says why."""
+    return read(fault) if ran_key in fault else [(name, None, fault["skipped"])]
+
+
+def _broker_outcomes(broker: dict[str, Any]) -> list[Outcome]:
+    c, q = broker["crash"], broker["clean_restart_with_queue"]
+    return [
+        (f"broker SIGKILL, {c['outage_s']:.0f} s down", c["lost"] == 0,
+         f"acked {c['acknowledged']:,}, accepted {c['accepted']:,}, lost {c['lost']}"),
+        ("broker clean restart, daemon down", q["lost"] == 0,
+         f"queued {q['queued']}, accepted {q['accepted']}, lost {q['lost']}"),
+    ]  # fmt: skip
+
+
+def _disk_outcomes(disk: dict[str, Any]) -> list[Outcome]:
+    survived = disk["lost"] == 0 and disk["daemon_stayed_up"] and disk["error_reported"]
+    figures = (
+        f"status error {disk['error']!r}; acked {disk['acknowledged']:,}, "
+        f"accepted {disk['accepted']:,}, lost {disk['lost']}"
+    )
+    return [(f"disk full for {disk['full_s']:.0f} s", survived, figures)]
+
+
+def _aggregator_outcomes(agg: dict[str, Any]) -> list[Outcome]:
+    survived = agg["status"] == "finished:completed" and agg["rounds"] == [1, 2, 3, 4]
+    figures = (
+        f"rounds {agg['rounds']} in {agg['flower_runs']} Flower runs, accuracy "
+        f"{agg['accuracy']}, round-3 plan {agg['planned_round_3']}"
+    )
+    return [("aggregator SIGKILL after round 2, resumed", survived, figures)]

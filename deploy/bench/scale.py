@@ -18,7 +18,7 @@ import gc
 import statistics
 import time
 import tracemalloc
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,7 +36,16 @@ from edge_client.wire.codec import encode
 from edge_client.wire.records import CONFIG, DeviceReply, ReplyMetrics, RoundPlan
 from edge_client.wire.run_config import RunSettings
 
-__all__ = ["MODEL_SHAPES", "ROUNDS", "STEADY_FROM", "FleetRounds", "ReplyingGrid", "rounds", "run"]
+__all__ = [
+    "MODEL_SHAPES",
+    "ROUNDS",
+    "STEADY_FROM",
+    "FleetRounds",
+    "ReplyingGrid",
+    "results_table",
+    "rounds",
+    "run",
+]
 
 MODEL_SHAPES = {"w1": (256, 384), "b1": (256,), "w2": (6, 256), "b2": (6,)}  # 100,102 params
 GOALS = {"devices": 1000, "round_s": 2.0}
@@ -162,6 +171,10 @@ def rounds(
     return result
 
 
+#: Per (mode, fleet size): the steady rounds' wall seconds, CPU seconds and grid seconds.
+Steady = dict[tuple[str, int], list[float]]
+
+
 def run(quick: bool = False, seed: int = 0) -> Result:
     """Time and memory per steady-state round for growing fleets."""
     sizes = (10, 100, 1000) if quick else (10, 100, 1000, 10000)
@@ -186,10 +199,47 @@ def run(quick: bool = False, seed: int = 0) -> Result:
         ]
         for mode in modes
     }
-    reps = 1 if quick else 3
-    steady: dict[tuple[str, int], list[float]] = {(m, n): [] for m in modes for n in sizes}
-    steady_cpu: dict[tuple[str, int], list[float]] = {(m, n): [] for m in modes for n in sizes}
-    steady_grid: dict[tuple[str, int], list[float]] = {(m, n): [] for m in modes for n in sizes}
+    steady, steady_cpu, steady_grid, peaks = _measure(sizes, 1 if quick else 3, frames, arrays)
+    entries: list[dict[str, Any]] = []
+    for mode in modes:
+        for n in sizes:
+            round_s = statistics.median(steady[mode, n])
+            entries.append(
+                {
+                    "devices": n,
+                    "mode": mode,
+                    "round_s": round_s,
+                    "round_times_s": steady[mode, n],
+                    "cpu_s": statistics.median(steady_cpu[mode, n]),
+                    "round_cpu_s": steady_cpu[mode, n],
+                    "grid_s": statistics.median(steady_grid[mode, n]),
+                    "per_device_ms": round_s / n * 1e3,
+                    "peak_mb": peaks[mode, n] / 2**20,
+                    "frame_bytes": len(frames[mode][0]),
+                    "params": params,
+                }
+            )
+    goals = _goals(entries)
+    table = results_table(entries) + _footnote(quick, params, goals["text"])
+    meta = {
+        "quick": quick,
+        "goals": goals,
+        "rounds": ROUNDS,
+        "steady_from": STEADY_FROM,
+        "pull_batch": PULL_BATCH,
+    }
+    return Result("scale", entries, table, meta, [lambda out: _plot(entries, out)])
+
+
+def _measure(
+    sizes: Sequence[int], reps: int, frames: dict[str, list[bytes]], arrays: ArrayRecord
+) -> tuple[Steady, Steady, Steady, dict[tuple[str, int], int]]:
+    """Run every fleet size in every mode (of ``frames``) ``reps`` times; the steady rounds'
+    wall, CPU and grid seconds per (mode, size), and the traced round's peak memory."""
+    modes = tuple(frames)
+    steady: Steady = {(m, n): [] for m in modes for n in sizes}
+    steady_cpu: Steady = {(m, n): [] for m in modes for n in sizes}
+    steady_grid: Steady = {(m, n): [] for m in modes for n in sizes}
     peaks: dict[tuple[str, int], int] = {}
     # Sizes and modes alternate within each repetition, so that a load from another process
     # on this shared machine falls on all of them rather than on one. The first run of each
@@ -218,26 +268,22 @@ def run(quick: bool = False, seed: int = 0) -> Result:
                     + f" s; a round's peak {peaks[mode, n] / 2**20:.1f} MB",
                     flush=True,
                 )
-    entries: list[dict[str, Any]] = []
-    for mode in modes:
-        for n in sizes:
-            round_s = statistics.median(steady[mode, n])
-            entries.append(
-                {
-                    "devices": n,
-                    "mode": mode,
-                    "round_s": round_s,
-                    "round_times_s": steady[mode, n],
-                    "cpu_s": statistics.median(steady_cpu[mode, n]),
-                    "round_cpu_s": steady_cpu[mode, n],
-                    "grid_s": statistics.median(steady_grid[mode, n]),
-                    "per_device_ms": round_s / n * 1e3,
-                    "peak_mb": peaks[mode, n] / 2**20,
-                    "frame_bytes": len(frames[mode][0]),
-                    "params": params,
-                }
-            )
-    goals = _goals(entries)
+    return steady, steady_cpu, steady_grid, peaks
+
+
+def results_table(entries: Sequence[dict[str, Any]]) -> str:
+    """The results table: the steady rounds' figures per update mode and fleet size.
+
+    Parameters
+    ----------
+    entries : sequence of dict
+        :func:`run`'s entries (as in ``scale.json``).
+
+    Returns
+    -------
+    str
+        Round time, per device, round CPU, peak memory and frame bytes, as a markdown table.
+    """
     rows = [
         [
             e["mode"],
@@ -250,7 +296,7 @@ def run(quick: bool = False, seed: int = 0) -> Result:
         ]
         for e in entries
     ]
-    table = markdown_table(
+    return markdown_table(
         [
             "update",
             "devices",
@@ -262,12 +308,16 @@ def run(quick: bool = False, seed: int = 0) -> Result:
         ],
         rows,
     )
+
+
+def _footnote(quick: bool, params: int, goals: str) -> str:
+    """The setup under the table, and the goals."""
     runs = (
         "median of rounds 4 and 5 of one run"
         if quick
         else "median of rounds 4 and 5 of 3 runs (1 run at 10,000)"
     )
-    table += footnote(
+    return footnote(
         f"Steady-state rounds (of {ROUNDS}: the controller has fitted by round {STEADY_FROM}) "
         "of the aggregator's work through the ServerApp's exchange (plan, push, pull, decode, "
         "validate, aggregate, controller; the replies made by a stand-in SuperLink as they "
@@ -277,17 +327,9 @@ def run(quick: bool = False, seed: int = 0) -> Result:
         "the same rounds); a round's peak memory: tracemalloc over one more round, untimed, of "
         "what it allocates on top of what the aggregator held as it began (the model is "
         f"{params * 4 / 2**20:.2f} MB of float32)",
-        goals["text"],
+        goals,
         virtual_clock=False,
     )
-    meta = {
-        "quick": quick,
-        "goals": goals,
-        "rounds": ROUNDS,
-        "steady_from": STEADY_FROM,
-        "pull_batch": PULL_BATCH,
-    }
-    return Result("scale", entries, table, meta, [lambda out: _plot(entries, out)])
 
 
 def _goals(entries: list[dict[str, Any]]) -> dict[str, Any]:

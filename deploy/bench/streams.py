@@ -36,20 +36,7 @@ from typing import Any
 import numpy as np
 from matplotlib.axes import Axes
 
-from deploy.bench.common import (
-    SEEDS,
-    FleetRun,
-    Panel,
-    Result,
-    footnote,
-    markdown_table,
-    mean_or_none,
-    run_fleet,
-    save_figure,
-    spread,
-    time_to_target,
-    verdict,
-)
+from deploy.bench import common
 from deploy.bench.hetero import measure_step_time
 from deploy.inprocess import VirtualDevice
 from edge_client.emulation.schedule import draw_rate
@@ -112,20 +99,20 @@ def _arm(method: str, rate_list: list[float], seed: int) -> tuple[list[VirtualDe
     return fleet, settings
 
 
-def run(quick: bool = False) -> Result:
+def run(quick: bool = False) -> common.Result:
     """Every fixed batch and ScaDLES on each rate set, over the seeds."""
-    seeds = SEEDS[:1] if quick else SEEDS
+    seeds = common.SEEDS[:1] if quick else common.SEEDS
     cost = measure_step_time()
     methods = [f"fixed-{b}" for b in FIXED_BATCHES] + ["scadles", f"scadles-{DEVICES * 8}"]
     lengths = {k: v * (QUICK_FRACTION if quick else 1.0) for k, v in RUN_S.items()}
-    runs: dict[tuple[str, str, int], FleetRun] = {}
+    runs: dict[tuple[str, str, int], common.FleetRun] = {}
     drawn: dict[str, dict[int, list[float]]] = {}
     for seed in seeds:
         for rate_set in RATE_SETS:
             drawn.setdefault(rate_set, {})[seed] = rates(rate_set, seed)
             for method in methods:
                 fleet, settings = _arm(method, drawn[rate_set][seed], seed)
-                runs[(rate_set, method, seed)] = run_fleet(
+                runs[(rate_set, method, seed)] = common.run_fleet(
                     f"streams {rate_set} {method} seed {seed}",
                     fleet,
                     settings,
@@ -135,7 +122,7 @@ def run(quick: bool = False) -> Result:
                 )
     entries = _entries(runs, drawn, lengths, seeds, methods)
     goals = _goals(entries)
-    table = _table(entries) + footnote(
+    table = _table(entries) + common.footnote(
         f"{DEVICES} devices of equal speed, {LOCAL_STEPS} local steps; fixed-b: B = {DEVICES} "
         f"x b; scadles: B = {DEVICES * PAPER_BATCH}, scadles-{DEVICES * 8}: B = "
         f"{DEVICES * 8}; truncation at {TRUNCATION_CAP} samples; "
@@ -157,11 +144,11 @@ def run(quick: bool = False) -> Result:
         "rates": {k: {str(s): r for s, r in v.items()} for k, v in drawn.items()},
         "goals": goals,
     }
-    return Result("streams", entries, table, meta, [lambda out: _plot(runs, seeds[0], out)])
+    return common.Result("streams", entries, table, meta, [lambda out: _plot(runs, seeds[0], out)])
 
 
 def _entries(
-    runs: dict[tuple[str, str, int], FleetRun],
+    runs: dict[tuple[str, str, int], common.FleetRun],
     drawn: dict[str, dict[int, list[float]]],
     lengths: dict[str, float],
     seeds: tuple[int, ...],
@@ -174,7 +161,7 @@ def _entries(
             per: dict[str, list[Any]] = {k: [] for k in ("ttt", "acc", "peak", "dropped", "rounds")}
             for seed in seeds:
                 out = runs[(rate_set, method, seed)]
-                per["ttt"].append(time_to_target(out.records, TARGET_ACCURACY))
+                per["ttt"].append(common.time_to_target(out.records, TARGET_ACCURACY))
                 per["acc"].append(_accuracy_at(out, length))
                 per["peak"].append(max(f for rnd in out.fill_log for f in rnd.values()))
                 arrived = sum(b["arrived"] for b in out.buffers.values())
@@ -191,8 +178,8 @@ def _entries(
                     "rate_min": min(min(r) for r in rate_lists),
                     "rate_max": max(max(r) for r in rate_lists),
                     **{f"{k}_per_seed": v for k, v in per.items()},
-                    "time_to_target_s": mean_or_none(per["ttt"]),
-                    "accuracy_at_end": mean_or_none(per["acc"]),
+                    "time_to_target_s": common.mean_or_none(per["ttt"]),
+                    "accuracy_at_end": common.mean_or_none(per["acc"]),
                     "curve_seed0": [
                         r.test_accuracy for r in runs[(rate_set, method, seeds[0])].records
                     ],
@@ -221,19 +208,21 @@ def _compare(s: dict[str, Any], paper: dict[str, Any], best: dict[str, Any]) -> 
             t_b / t_s if t_b and t_s else None
             for t_b, t_s in zip(ref["ttt_per_seed"], s["ttt_per_seed"], strict=True)
         ]
-        s[f"speedup_vs_{name}"] = mean_or_none(s[f"speedup_vs_{name}_per_seed"])
+        s[f"speedup_vs_{name}"] = common.mean_or_none(s[f"speedup_vs_{name}_per_seed"])
         s[f"accuracy_delta_vs_{name}_per_seed"] = [
             a_s - a_b for a_b, a_s in zip(ref["acc_per_seed"], s["acc_per_seed"], strict=True)
         ]
-        s[f"accuracy_delta_vs_{name}"] = mean_or_none(s[f"accuracy_delta_vs_{name}_per_seed"])
+        s[f"accuracy_delta_vs_{name}"] = common.mean_or_none(
+            s[f"accuracy_delta_vs_{name}_per_seed"]
+        )
     s["buffer_reduction_per_seed"] = [
         p_b / max(1, p_s)
         for p_b, p_s in zip(paper["peak_per_seed"], s["peak_per_seed"], strict=True)
     ]
-    s["buffer_reduction"] = mean_or_none(s["buffer_reduction_per_seed"])
+    s["buffer_reduction"] = common.mean_or_none(s["buffer_reduction_per_seed"])
 
 
-def _accuracy_at(out: FleetRun, seconds: float) -> float:
+def _accuracy_at(out: common.FleetRun, seconds: float) -> float:
     """The last evaluated accuracy at or before ``seconds`` of virtual time."""
     clock, acc = 0.0, 0.0
     for r in out.records:
@@ -254,17 +243,17 @@ def _table(entries: list[dict[str, Any]]) -> str:
                 e["method"] + (f" (best fixed: {e['best_fixed']})" if scadles else ""),
                 f"{e['rate_min']:.0f}-{e['rate_max']:.0f}",
                 f"{e['run_s']:.0f} s",
-                spread(e["rounds_per_seed"], "{:.0f}"),
-                spread(e["ttt_per_seed"], "{:.0f}"),
-                spread(e["acc_per_seed"], "{:.3f}"),
-                spread(e["peak_per_seed"], "{:,.0f}"),
-                spread([d * 100 for d in e["dropped_per_seed"]], "{:.1f}") + " %",
-                spread(e["speedup_vs_best_per_seed"]) if scadles else "-",
-                spread(e["speedup_vs_paper_per_seed"]) if scadles else "-",
-                spread(e["buffer_reduction_per_seed"], "{:.1f}") if scadles else "-",
+                common.spread(e["rounds_per_seed"], "{:.0f}"),
+                common.spread(e["ttt_per_seed"], "{:.0f}"),
+                common.spread(e["acc_per_seed"], "{:.3f}"),
+                common.spread(e["peak_per_seed"], "{:,.0f}"),
+                common.spread([d * 100 for d in e["dropped_per_seed"]], "{:.1f}") + " %",
+                common.spread(e["speedup_vs_best_per_seed"]) if scadles else "-",
+                common.spread(e["speedup_vs_paper_per_seed"]) if scadles else "-",
+                common.spread(e["buffer_reduction_per_seed"], "{:.1f}") if scadles else "-",
             ]
         )
-    return markdown_table(
+    return common.markdown_table(
         [
             "rate set",
             "method",
@@ -297,11 +286,12 @@ def _goals(entries: list[dict[str, Any]]) -> dict[str, Any]:
     }
     text = (
         f"speedup >= 3.29x on S1p against the best fixed batch: {_x(best)} "
-        f"({verdict(met['speedup'])}; against ScaDLES' fixed-{PAPER_BATCH}: {_x(paper)}); "
+        f"({common.verdict(met['speedup'])}; against ScaDLES' fixed-{PAPER_BATCH}: {_x(paper)}); "
         "accuracy at the end of the run within 1 point of the best fixed batch: "
-        f"{'-' if delta is None else f'{delta * 100:+.1f}'} pt ({verdict(met['accuracy'])}); "
+        f"{'-' if delta is None else f'{delta * 100:+.1f}'} pt "
+        f"({common.verdict(met['accuracy'])}); "
         f"peak buffer >= 100x smaller than fixed-{PAPER_BATCH} with persistence (smallest over "
-        f"the sets, at these run lengths): {reduction:.1f}x ({verdict(met['buffer'])})"
+        f"the sets, at these run lengths): {reduction:.1f}x ({common.verdict(met['buffer'])})"
     )
     return {"met": met, "text": text}
 
@@ -310,7 +300,7 @@ def _x(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}x"
 
 
-def _plot(runs: dict[tuple[str, str, int], FleetRun], seed: int, out: Path) -> Path:
+def _plot(runs: dict[tuple[str, str, int], common.FleetRun], seed: int, out: Path) -> Path:
     def draw(axes: list[Axes]) -> None:
         for (rate_set, method, s), run_ in runs.items():
             if s != seed or method not in ("scadles", f"fixed-{PAPER_BATCH}", "fixed-8"):
@@ -322,7 +312,7 @@ def _plot(runs: dict[tuple[str, str, int], FleetRun], seed: int, out: Path) -> P
             axes[1].plot(clock, [max(f.values()) for f in run_.fill_log], style, label=label)
 
     panels = [
-        Panel("virtual seconds", "accuracy", xscale="log"),
-        Panel("virtual seconds", "largest buffer (samples)", xscale="log", yscale="log"),
+        common.Panel("virtual seconds", "accuracy", xscale="log"),
+        common.Panel("virtual seconds", "largest buffer (samples)", xscale="log", yscale="log"),
     ]
-    return save_figure(out / "streams.png", panels, draw)
+    return common.save_figure(out / "streams.png", panels, draw)

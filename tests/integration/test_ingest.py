@@ -12,6 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from deploy.brokers import EmbeddedBroker, MosquittoBroker
 from deploy.local import ProcessGroup, fedstream_command, wait_until
@@ -25,6 +26,14 @@ from edge_client.wire.frames import FrameError, decode_payload, encode_frame, en
 from edge_client.wire.topics import samples_topic, status_topic
 
 Broker = EmbeddedBroker | MosquittoBroker
+
+
+@pytest.fixture
+def buf(broker: Broker, procs: ProcessGroup, tmp_path: Path) -> Path:
+    """dev-a's buffer, with an ingest daemon (``procs``' "ingest") on ``broker`` writing it."""
+    path = tmp_path / "dev-a.sqlite"
+    start_ingest(procs, broker.url, path)
+    return path
 
 
 def test_counts_match_exactly_at_qos1(broker: Broker, procs: ProcessGroup, tmp_path: Path) -> None:
@@ -55,11 +64,9 @@ def test_counts_match_exactly_at_qos1(broker: Broker, procs: ProcessGroup, tmp_p
 
 
 def test_kill9_restart_loses_and_duplicates_nothing(
-    broker: Broker, procs: ProcessGroup, tmp_path: Path
+    broker: Broker, procs: ProcessGroup, buf: Path
 ) -> None:
     # Prepare: a stream of 4000 samples over ~8 s.
-    buf = tmp_path / "dev-a.sqlite"
-    start_ingest(procs, broker.url, buf)
     pub = start_publisher(
         procs, broker.url, "dev-a", "--count", "4000", "--rate", "500", "--batch", "4"
     )
@@ -83,10 +90,8 @@ def test_kill9_restart_loses_and_duplicates_nothing(
 
 
 def test_stream_rate_is_estimated_within_10_percent(
-    broker: Broker, procs: ProcessGroup, tmp_path: Path
+    broker: Broker, procs: ProcessGroup, buf: Path
 ) -> None:
-    buf = tmp_path / "dev-a.sqlite"
-    start_ingest(procs, broker.url, buf)
     pub = start_publisher(
         procs, broker.url, "dev-a", "--duration", "9", "--rate", "200", "--batch", "4"
     )
@@ -97,11 +102,9 @@ def test_stream_rate_is_estimated_within_10_percent(
 
 
 def test_hostile_input_is_counted_and_the_daemon_survives(
-    broker: Broker, procs: ProcessGroup, tmp_path: Path, frames
+    broker: Broker, procs: ProcessGroup, buf: Path, frames
 ) -> None:
     # Prepare
-    buf = tmp_path / "dev-a.sqlite"
-    start_ingest(procs, broker.url, buf)
     client = MqttProbe(broker.url, "hostile")
     assert client.wait_connected()
     topic = samples_topic("dev-a")

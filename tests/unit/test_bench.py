@@ -27,17 +27,20 @@ from deploy.bench.reliability import _fault_summary, _samples
 from deploy.bench.scale import MODEL_SHAPES, rounds
 from edge_client.task.recordings import series_windows
 from edge_client.wire.codec import encode
+from tests.helpers import round_record
 
 
 def record(round_: int, accuracy: float, virtual_s: float) -> RoundRecord:
     """A round with nothing but its held-out accuracy and its time on the virtual clock."""
-    return RoundRecord(
-        round=round_, accuracy=0.0, test_accuracy=accuracy, loss=0.0,
-        global_batch=64, sum_b=64, lr_scale=1.0,
-        planned={}, devices={}, failed={}, rejected={}, rejected_reasons={}, compress="none",
-        aggregation="fedavg", aggregated=[], bytes_up=0, broadcast_bytes=0, inject_picked=[],
-        inject_bytes=0, virtual_s=virtual_s, wall_s=0.0,
-    )  # fmt: skip
+    return round_record(
+        round=round_,
+        accuracy=0.0,
+        test_accuracy=accuracy,
+        loss=0.0,
+        global_batch=64,
+        sum_b=64,
+        virtual_s=virtual_s,
+    )
 
 
 def test_time_to_target_needs_the_target_held_for_two_evaluations() -> None:

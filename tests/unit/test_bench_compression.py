@@ -4,8 +4,6 @@ deciding by majority in a real run."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
 
 from aggregator.round_log import RoundRecord
@@ -17,12 +15,8 @@ from deploy.bench.compression import (
     per_device_traffic,
     with_downlink,
 )
-from deploy.inprocess import VirtualDevice
 from edge_client.wire.records import ReplyMetrics
-from edge_client.wire.run_config import RunSettings
-
-Fast = Callable[..., RunSettings]
-Fleet = Callable[..., list[VirtualDevice]]
+from tests.helpers import round_record
 
 
 def record(
@@ -32,13 +26,10 @@ def record(
     of ``up`` replied with frames of those sizes; 1 virtual second."""
     devices = {d: ReplyMetrics(num_examples=1, batch_size=1, step_s=0.0, train_loss=0.0,
                                bytes_up=n) for d, n in up.items()}  # fmt: skip
-    return RoundRecord(
-        round=round_, accuracy=0.0, test_accuracy=accuracy, loss=0.0,
-        global_batch=2, sum_b=2, lr_scale=1.0,
-        planned={d: 1 for d in planned}, devices=devices, failed={}, rejected={},
-        rejected_reasons={}, compress="none", aggregation="fedavg", aggregated=list(up),
-        bytes_up=sum(up.values()), broadcast_bytes=down, inject_picked=[], inject_bytes=0,
-        virtual_s=1.0, wall_s=0.0,
+    return round_record(
+        round=round_, accuracy=0.0, test_accuracy=accuracy, loss=0.0, global_batch=2, sum_b=2,
+        planned={d: 1 for d in planned}, devices=devices, aggregated=list(up),
+        bytes_up=sum(up.values()), broadcast_bytes=down, virtual_s=1.0,
     )  # fmt: skip
 
 

@@ -4,7 +4,8 @@ pool's use, and a whole (faked) run's tables, goals and files."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -17,19 +18,18 @@ from deploy.bench.common import FleetRun, write_result
 from deploy.inprocess import InProcessGrid, VirtualDevice
 from edge_client.wire.records import ReplyMetrics
 from edge_client.wire.run_config import RunSettings
+from tests.helpers import Fast, round_record
 
-Fast = Callable[..., RunSettings]
+#: A device that trained 20 steps of 16 and sent a 25 kB update.
+TRAINED = ReplyMetrics(
+    num_examples=320, batch_size=16, step_s=0.01, train_loss=1.0, local_steps=20, bytes_up=25_000
+)
 
 
 def metrics(opt_in: bool, shared: int = 0, samples: int = 0, used: int = 0) -> ReplyMetrics:
     """A device that trained 20 steps of 16 (``used`` of them from its pool)."""
-    return ReplyMetrics(
-        num_examples=320,
-        batch_size=16,
-        step_s=0.01,
-        train_loss=1.0,
-        local_steps=20,
-        bytes_up=25_000,
+    return replace(
+        TRAINED,
         inject_used=used,
         inject_opt_in=int(opt_in),
         inject_bytes=shared,
@@ -41,14 +41,12 @@ def record(
     round_: int, devices: dict[str, ReplyMetrics], picked: Sequence[str], accuracy: float = 0.5
 ) -> RoundRecord:
     """A round of these devices, every one messaged, the model 24,000 B down."""
-    return RoundRecord(
+    return round_record(
         round=round_, accuracy=0.0, test_accuracy=accuracy, loss=0.0,
-        global_batch=128, sum_b=128, lr_scale=1.0,
-        planned=dict.fromkeys(devices, 16), devices=devices, failed={}, rejected={},
-        rejected_reasons={}, compress="none", aggregation="fedavg", aggregated=list(devices),
-        bytes_up=sum(m.bytes_up for m in devices.values()), broadcast_bytes=24_000,
-        inject_picked=list(picked), inject_bytes=sum(m.inject_bytes for m in devices.values()),
-        virtual_s=1.0, wall_s=0.0,
+        global_batch=128, sum_b=128, planned=dict.fromkeys(devices, 16), devices=devices,
+        aggregated=list(devices), bytes_up=sum(m.bytes_up for m in devices.values()),
+        broadcast_bytes=24_000, inject_picked=list(picked),
+        inject_bytes=sum(m.inject_bytes for m in devices.values()), virtual_s=1.0,
     )  # fmt: skip
 
 

@@ -7,7 +7,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ import torch
 from aggregator.round_log import RoundRecord, RoundTiming
 from aggregator.server_app import run_rounds
 from deploy.breakdown import PARTS, round_breakdown, run_breakdown
-from deploy.inprocess import InProcessGrid, VirtualDevice
+from deploy.inprocess import InProcessGrid
 from edge_client.runtime.trainer import LocalSGD
 from edge_client.runtime.usage import (
     children,
@@ -30,10 +29,7 @@ from edge_client.runtime.usage import (
 )
 from edge_client.task.models import build_model
 from edge_client.wire.records import ReplyMetrics
-from edge_client.wire.run_config import RunSettings
-
-Fast = Callable[..., RunSettings]
-Fleet = Callable[..., list[VirtualDevice]]
+from tests.helpers import Fast, Fleet, round_record
 
 
 def test_the_aggregators_parts_and_the_devices_parts_add_up(
@@ -61,26 +57,9 @@ def _record(latency: dict[str, float], wall: float, **metrics: Any) -> RoundReco
     base = ReplyMetrics(num_examples=10, batch_size=1, step_s=0.1, train_loss=0.5)
     m = replace(base, **metrics)
     timing = RoundTiming(plan_s=0.1, replies_s=max(latency.values()), aggregate_s=0.2, eval_s=0.3)
-    return RoundRecord(
-        round=1,
-        accuracy=0.5,
-        loss=1.0,
-        global_batch=8,
-        sum_b=8,
-        lr_scale=1.0,
-        planned={},
+    return round_record(
         devices={d: m for d in latency},
-        failed={},
-        rejected={},
-        rejected_reasons={},
-        compress="none",
-        aggregation="fedavg",
         aggregated=list(latency),
-        bytes_up=0,
-        broadcast_bytes=0,
-        inject_picked=[],
-        inject_bytes=0,
-        virtual_s=0.0,
         wall_s=wall,
         timing=replace(timing, checkpoint_s=0.05),
         latency=latency,
@@ -89,18 +68,8 @@ def _record(latency: dict[str, float], wall: float, **metrics: Any) -> RoundReco
 
 def test_a_round_is_read_along_its_slowest_device() -> None:
     # Prepare: hand-computed; the slowest reply (dev-b, 9 s) ends the round
-    record = _record(
-        {"dev-a": 5.0, "dev-b": 9.0},
-        wall=9.65,
-        start_s=3.0,
-        setup_s=0.1,
-        wait_s=0.5,
-        take_s=0.1,
-        eval_s=0.2,
-        train_s=2.0,
-        encode_s=0.1,
-        handler_s=3.1,
-    )
+    handler = dict(setup_s=0.1, wait_s=0.5, take_s=0.1, eval_s=0.2, train_s=2.0, encode_s=0.1)
+    record = _record({"dev-a": 5.0, "dev-b": 9.0}, wall=9.65, start_s=3.0, **handler, handler_s=3.1)
     # Execute
     parts = round_breakdown(record)
     # Assert

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -35,9 +34,8 @@ from deploy.local import wait_until
 from edge_client.task.interface import Classification, init_model
 from edge_client.wire.artifact import list_versions
 from edge_client.wire.run_config import RunSettings
+from tests.helpers import Fast, Fleet, round_record
 
-Fast = Callable[..., RunSettings]
-Fleet = Callable[..., list[VirtualDevice]]
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -153,9 +151,7 @@ def test_rounds_without_enough_fresh_samples_are_skipped_and_counted(
 def test_metrics_are_rotated_past_their_size_and_the_oldest_dropped(tmp_path: Path) -> None:
     # Prepare
     path = tmp_path / "metrics.jsonl"
-    line = RoundRecord(
-        1, 0.5, 1.0, 8, 8, 1.0, {}, {}, {}, {}, {}, "none", "fedavg", [], 0, 0, [], 0, 0.0, 0.0
-    )
+    line = round_record()
     size = len(line.to_json()) + 1
     # Execute: 20 records, rotated past 3 lines' worth, 2 rotated files kept.
     for i in range(20):
@@ -174,15 +170,13 @@ def test_metrics_are_rotated_past_their_size_and_the_oldest_dropped(tmp_path: Pa
 def test_a_long_run_keeps_its_files_bounded(tmp_path: Path, fast: Fast, fleet: Fleet) -> None:
     # Prepare: many short rounds with every bound small; the run's files are counted after.
     dirs = {k: tmp_path / k for k in ("ckpt", "out", "exports")}
+    bounds = {"export_every": 2, "export_keep": 2, "metrics_max_mb": 0.02, "metrics_keep": 1}
     settings = fast(
         num_rounds=40,
         checkpoint_dir=str(dirs["ckpt"]),
         out_dir=str(dirs["out"]),
         export_dir=str(dirs["exports"]),
-        export_every=2,
-        export_keep=2,
-        metrics_max_mb=0.02,
-        metrics_keep=1,
+        **bounds,
         local_steps=1,
         controller_probe=0,
         eval_data="",

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -21,8 +21,7 @@ from edge_client.task.constants import DEFAULT_NUM_CLASSES, DEFAULT_SHAPE
 from edge_client.task.synthetic import SensorTask
 from edge_client.wire.records import RoundPlan
 from edge_client.wire.run_config import RunSettings
-
-Fast = Callable[..., RunSettings]
+from tests.helpers import Fast
 
 
 def step_time(b: int) -> float:
@@ -55,6 +54,13 @@ def _plan(batch: int, steps: int, policy: str = "wait", deadline: float = 1e6) -
         wait_policy=policy,
         deadline_s=deadline,
     )
+
+
+def _streaming(fast: Fast, rounds: int, batch: int, **kw: Any) -> RunSettings:
+    """``rounds`` rounds of 10 steps at a global batch of ``batch`` (also b-max), a short
+    evaluation and rounds bounded at 60 s; ``kw``: further settings."""
+    streaming = {"local_steps": 10, "eval_samples": 100, "round_timeout": 60.0}
+    return fast(**streaming, num_rounds=rounds, global_batch=batch, b_max=batch, **kw)
 
 
 def test_arrived_is_rate_times_elapsed_to_the_sample() -> None:
@@ -142,17 +148,7 @@ def test_arrivals_over_a_run_equal_rate_times_virtual_time(
         VirtualDevice("small", rate=90.0, initial=0, policy=policy, capacity=120),
         VirtualDevice("backlog", rate=25.0, initial=333, policy=policy),
     ]
-    settings = fast(
-        num_rounds=4,
-        local_steps=10,
-        global_batch=40,
-        b_min=1,
-        b_max=40,
-        controller="fixed",
-        wait_policy=wait_policy,
-        eval_samples=100,
-        round_timeout=60.0,
-    )
+    settings = _streaming(fast, 4, 40, b_min=1, controller="fixed", wait_policy=wait_policy)
     grid = InProcessGrid(devices, tmp_path / "buffers", settings, step_time=step_time)
     # Execute
     run_rounds(grid, settings)
@@ -173,16 +169,7 @@ def test_a_device_waiting_for_its_stream_gets_its_rate_not_double(
 ) -> None:
     # Prepare: one device at 10 samples/s that waits for b*K = 100 samples each round.
     device = VirtualDevice("d", rate=10.0, initial=0)
-    settings = fast(
-        num_rounds=5,
-        local_steps=10,
-        global_batch=10,
-        b_min=10,
-        b_max=10,
-        wait_policy="wait",
-        eval_samples=100,
-        round_timeout=60.0,
-    )
+    settings = _streaming(fast, 5, 10, b_min=10, wait_policy="wait")
     grid = InProcessGrid([device], tmp_path / "buffers", settings, step_time=step_time)
     # Execute
     records = run_rounds(grid, settings)
