@@ -1,4 +1,4 @@
-"""The deployment walkthrough of ``deploy/README.md``, run as written (about 3 minutes).
+"""The deployment walkthrough of ``docs/deployment.md``, run as written (about 3 minutes).
 
 Every ``bash`` block of the walkthrough runs verbatim, in order, as a non-root user, with its
 variables pointed into a temporary folder and at free ports, the aggregator, both devices and
@@ -38,7 +38,7 @@ from deploy.brokers import mosquitto_available
 from deploy.local import free_port, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[2]
-DOC = ROOT / "deploy" / "README.md"
+DOC = ROOT / "docs" / "deployment.md"
 SHIMS = ROOT / "tests" / "shims"
 DEVICES = ("pi-1", "pi-2")
 NOBODY = 65534
@@ -46,7 +46,7 @@ UNITS = (
     "fedstream-ingest@.service",
     "fedstream-supernode@.service",
     "fedstream-superlink.service",
-    "fedstream-aggregator.stopping",
+    "fedstream-aggregator.service",
 )
 
 
@@ -87,7 +87,7 @@ class Walkthrough:
         out = proc.stdout + proc.stderr
         if proc.returncode != 0:
             pytest.fail(
-                f"deploy/README.md's block at line {block.line} ({extra or 'once'}) exited "
+                f"docs/deployment.md's block at line {block.line} ({extra or 'once'}) exited "
                 f"{proc.returncode}:\n{block.code}\n{out[-4000:]}\n{self.unit_logs()}"
             )
         return out

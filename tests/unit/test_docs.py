@@ -1,0 +1,132 @@
+"""The README and the docs pages: the README short and opening with the two commands, every
+page it names there, every relative link resolving, and the benchmark tables of
+``docs/benchmarks.md`` equal to what ``dev/bench_tables.py`` renders from their JSON."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import shutil
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+SCRIPT = ROOT / "dev" / "bench_tables.py"
+
+#: The two set-up commands the README opens with (CI and newcomers run them as written).
+DEMO_COMMAND = (
+    "python3 -m venv .venv && . .venv/bin/activate && pip install -e '.[demo]' && fedstream demo"
+)
+TEST_COMMAND = "bash dev/test.sh"
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+@cache
+def bench_tables() -> ModuleType:
+    """``dev/bench_tables.py`` as a module (``dev`` is not a package)."""
+    spec = importlib.util.spec_from_file_location("bench_tables", SCRIPT)
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _relative_links(path: Path) -> list[str]:
+    """The link targets of a Markdown file that are neither URLs nor anchors on the page,
+    outside fenced code."""
+    text = re.sub(r"(?ms)^```.*?^```", "", path.read_text())
+    return [
+        target
+        for target in LINK.findall(text)
+        if not re.match(r"[a-z][a-z0-9+.-]*:", target) and not target.startswith("#")
+    ]
+
+
+def test_readme_is_short_and_opens_with_the_two_commands() -> None:
+    lines = README.read_text().splitlines()
+    assert len(lines) <= 250, f"README.md has {len(lines)} lines (at most 250)"
+    assert lines[0].startswith("# ")
+    fence = lines.index("```bash")
+    assert fence <= 3, "the commands come first"
+    assert lines[fence + 1].startswith(DEMO_COMMAND + "  #")
+    assert lines[fence + 2].startswith(TEST_COMMAND + " ")
+    assert lines[fence + 3] == "```"
+
+
+def test_at_least_five_docs_pages_all_linked_from_the_readme() -> None:
+    pages = sorted(p.name for p in DOCS.glob("*.md"))
+    assert len(pages) >= 5, pages
+    linked = {Path(t.split("#")[0]).name for t in _relative_links(README) if t.startswith("docs/")}
+    assert set(pages) <= linked, f"docs pages the README does not name: {set(pages) - linked}"
+
+
+def _anchors(path: Path) -> set[str]:
+    """The anchors GitHub makes of a Markdown file's headings."""
+    text = re.sub(r"(?ms)^```.*?^```", "", path.read_text())
+    headings = re.findall(r"(?m)^#+ (.*)$", text)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+def test_every_relative_link_resolves() -> None:
+    broken = []
+    for page in [README, *sorted(DOCS.glob("*.md"))]:
+        for target in _relative_links(page):
+            file, _, anchor = target.partition("#")
+            path = (page.parent / file).resolve()
+            if not path.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+            elif anchor and path.suffix == ".md" and anchor not in _anchors(path):
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+        text = re.sub(r"(?ms)^```.*?^```", "", page.read_text())
+        for anchor in re.findall(r"\]\(#([^)\s]+)\)", text):
+            if anchor not in _anchors(page):
+                broken.append(f"{page.relative_to(ROOT)}: #{anchor} (no such heading)")
+    assert not broken, "links that lead nowhere:\n" + "\n".join(broken)
+
+
+def test_the_benchmark_tables_match_their_json() -> None:
+    diff = bench_tables().check()
+    assert diff == "", "docs/benchmarks.md differs from bench/results/*.json:\n" + diff
+
+
+def test_every_benchmark_with_results_has_its_tables_on_the_page() -> None:
+    module = bench_tables()
+    text = module.DOC.read_text()
+    for name in module.RENDERERS:
+        assert (module.RESULTS / f"{name}.json").exists(), name
+        assert f"<!-- bench:{name} -->" in text and f"<!-- /bench:{name} -->" in text, name
+
+
+def _tamper(results: Path) -> None:
+    """Change one figure of the scale benchmark's JSON: the first row's round time."""
+    path = results / "scale.json"
+    doc: dict[str, Any] = json.loads(path.read_text())
+    doc["entries"][0]["round_s"] += 1.0
+    path.write_text(json.dumps(doc))
+
+
+def test_a_changed_json_figure_fails_the_check(tmp_path: Path) -> None:
+    module = bench_tables()
+    results = shutil.copytree(module.RESULTS, tmp_path / "results")
+    page = tmp_path / "benchmarks.md"
+    shutil.copy(module.DOC, page)
+    assert module.check(page, results) == ""
+    _tamper(results)
+    diff = module.check(page, results)
+    assert diff and "-| none | 10 |" in diff and "+| none | 10 |" in diff
+
+    # The script says so too: exit 1 and the diff; without --check it rewrites the table.
+    argv = [sys.executable, str(SCRIPT), "--doc", str(page), "--results", str(results)]
+    checked = subprocess.run([*argv, "--check"], capture_output=True, text=True, timeout=120)
+    assert checked.returncode == 1 and "+| none | 10 |" in checked.stdout
+    subprocess.run(argv, check=True, capture_output=True, timeout=120)
+    assert module.check(page, results) == ""
+    assert page.read_text() != module.DOC.read_text()
