@@ -5,8 +5,10 @@ function, and the packages each import loads on the way).
   runtime (trainer, buffer, ingest daemon) or the stream emulation (replay, publisher).
 - ``edge_client`` never imports the aggregator or the launchers.
 - The wire and task layers stand on their own: neither reaches the runtime or the emulation.
-- A device never loads the stream emulation: the runtime imports it only inside the
-  simulation engine's branch (a function-level import), never at module level.
+- A device never loads the stream emulation: the runtime never imports it (the emulation
+  builds on the runtime). The app Flower loads (``edge_client.flower_app``) provides the
+  simulation engine's virtual devices to the runtime's hook, importing the emulation only
+  at the first virtual node (a function-level import).
 """
 
 from __future__ import annotations
@@ -17,24 +19,10 @@ import subprocess
 import sys
 from collections import deque
 from functools import cache
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("edge_client", "aggregator", "deploy")
-
-
-@cache
-def modules() -> dict[str, Path]:
-    """Every project module by dotted name."""
-    found: dict[str, Path] = {}
-    for package in PACKAGES:
-        for path in (ROOT / package).rglob("*.py"):
-            parts = path.relative_to(ROOT).with_suffix("").parts
-            name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-            found[name] = path
-    return found
+from tests.source_walk import imported, modules
 
 
 @cache
@@ -42,21 +30,7 @@ def imports(module: str, eager_only: bool) -> frozenset[str]:
     """Project modules ``module`` imports (with the packages on their way); only those
     at module level when ``eager_only``."""
     tree = ast.parse(modules()[module].read_text())
-    nodes = tree.body if eager_only else list(ast.walk(tree))
-    out: set[str] = set()
-    for node in nodes:
-        names: list[str] = []
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
-        for name in names:
-            parts = name.split(".")
-            out.update(
-                ".".join(parts[:i])
-                for i in range(1, len(parts) + 1)
-                if ".".join(parts[:i]) in modules()
-            )
+    out = imported(tree.body if eager_only else ast.walk(tree))
     out.discard(module)
     return frozenset(out)
 
@@ -86,10 +60,10 @@ def offending(sources: str, forbidden: tuple[str, ...], eager_only: bool = False
 
 
 def test_the_walk_sees_imports_inside_functions_and_the_packages_on_the_way() -> None:
-    # The walk itself: the ClientApp's simulation branch is a function-level import.
-    client_app = "edge_client.runtime.client_app"
-    assert "edge_client.emulation.simulation" in imports(client_app, eager_only=False)
-    assert "edge_client.emulation.simulation" not in imports(client_app, eager_only=True)
+    # The walk itself: the app's simulation branch is a function-level import.
+    flower_app = "edge_client.flower_app"
+    assert "edge_client.emulation.simulation" in imports(flower_app, eager_only=False)
+    assert "edge_client.emulation.simulation" not in imports(flower_app, eager_only=True)
     assert {"edge_client", "edge_client.wire"} <= reach("edge_client.wire.records").keys()
 
 
@@ -122,6 +96,10 @@ def test_a_layer_never_imports_what_it_must_not(sources: str, forbidden: tuple[s
 
 def test_a_device_never_loads_the_stream_emulation() -> None:
     assert offending("edge_client.runtime", ("edge_client.emulation",), eager_only=True) == []
+    # nor inside a function: the emulation builds on the runtime, never the other way
+    assert offending("edge_client.runtime", ("edge_client.emulation",)) == []
+    # the app Flower loads provides the virtual devices without loading them on a device
+    assert offending("edge_client.flower_app", ("edge_client.emulation",), eager_only=True) == []
 
 
 PUBLIC = (
@@ -150,6 +128,8 @@ def test_every_package_says_what_it_holds_and_exports_its_names(package: str) ->
         # must not pay for torch or Flower, which the ClientApp in the same package needs.
         ("import edge_client.runtime.ingest, edge_client.emulation.publisher", "torch"),
         ("import edge_client.runtime.ingest, edge_client.emulation.publisher", "flwr"),
+        # A real device's ClientApp, as Flower loads it: the emulation only at a virtual node
+        ("import edge_client.flower_app", "edge_client.emulation"),
     ],
 )
 def test_importing_loads_only_what_is_used(imports: str, must_not_load: str) -> None:
