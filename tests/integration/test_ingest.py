@@ -32,14 +32,14 @@ Broker = EmbeddedBroker | MosquittoBroker
 def buf(broker: Broker, procs: ProcessGroup, tmp_path: Path) -> Path:
     """dev-a's buffer, with an ingest daemon (``procs``' "ingest") on ``broker`` writing it."""
     path = tmp_path / "dev-a.sqlite"
-    start_ingest(procs, broker.url, path)
+    start_ingest(procs, broker.url, path, connected=True)
     return path
 
 
 def test_counts_match_exactly_at_qos1(broker: Broker, procs: ProcessGroup, tmp_path: Path) -> None:
     # Prepare
     buf = tmp_path / "dev-a.sqlite"
-    start_ingest(procs, broker.url, buf, "dev-a", "--log-interval", "0.5")
+    start_ingest(procs, broker.url, buf, "dev-a", "--log-interval", "0.5", connected=True)
     # Execute
     pub = start_publisher(
         procs, broker.url, "dev-a", "--count", "3000", "--rate", "3000", "--batch", "5"

@@ -77,7 +77,7 @@ def test_mosquitto_pub_readings_are_windowed_exactly_once_across_kill9_and_train
         "--topic", "site/wrist-1/imu", "--fields", "acc.x,acc.y,az", "--window", str(w),
         "--stride", str(s), "--label-field", "activity", "--classes", ",".join(CLASSES),
     )  # fmt: skip
-    start_ingest(procs, broker.url, buf, "wrist-1", *options)
+    start_ingest(procs, broker.url, buf, "wrist-1", *options, connected=True)
     rng = np.random.default_rng(0)
     lines = [json.dumps(activity_reading(i, rng)) for i in range(n)]
     pub = subprocess.Popen(
@@ -134,12 +134,15 @@ def test_mosquitto_pub_readings_are_windowed_exactly_once_across_kill9_and_train
 
 
 def publish_in_order(url: str, messages: list[tuple[str, dict[str, Any] | bytes]]) -> None:
-    """Publish with a plain paho client at QoS 1, one connection, in order; wait for acks
-    (a dict goes as JSON, bytes as they are)."""
+    """Publish with a plain paho client at QoS 1, one connection, in order, once connected;
+    wait for acks (a dict goes as JSON, bytes as they are)."""
     client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=f"pub-{time.monotonic_ns()}")
     client.connect("127.0.0.1", int(port_of(url)))
     client.loop_start()
     try:
+        # Before its CONNACK paho queues what is published and, once connected, sends the
+        # queue while newer messages go straight out: wait, or the order is not kept.
+        assert wait_until(client.is_connected, 10), "the publisher did not connect"
         infos = [
             client.publish(topic, obj if isinstance(obj, bytes) else json.dumps(obj), qos=1)
             for topic, obj in messages
@@ -177,7 +180,7 @@ def test_two_topics_at_different_rates_align_and_late_labels_join_or_time_out(
         "--topic", "wrist/acc=ax,ay", "--topic", "wrist/gyro=g[0:3]", "--rate", "50",
         "--window", "50", "--stride", "25", "--max-gap", "0.1",
         "--label-topic", "wrist/label", "--label-field", "activity", "--classes", "walk,run",
-        "--label-wait", "4",
+        "--label-wait", "4", connected=True,
     )  # fmt: skip
     labels: list[tuple[str, dict[str, Any] | bytes]] = [
         ("wrist/label", {"ts": T0 + t, "activity": "walk" if t < 2.5 else "run"})
@@ -237,7 +240,7 @@ def test_a_label_free_series_from_mosquitto_pub_is_windowed_and_forecast_better_
     start_ingest(
         procs, broker.url, buf, "mauna-loa",
         "--topic", "noaa/mlo/co2", "--fields", "co2", "--window", str(w), "--stride", "1",
-        "--time-unit", "ms", "--max-gap", str(8 * 24 * 3600),
+        "--time-unit", "ms", "--max-gap", str(8 * 24 * 3600), connected=True,
     )  # fmt: skip
     lines = "".join(
         json.dumps({"ts": int(T0 * 1000) + (i - n) * week_ms, "co2": float(series[i])}) + "\n"
