@@ -248,6 +248,7 @@ class _AsyncLoop:
             UpdateInfo(c.device, c.base_version, c.staleness, c.weight, c.num_examples)
             for c in made.contributions
         ]
+        self.session.charge_server(self.grid, len(made.contributions))
         wall = time.monotonic() - self.since_wall
         virtual_s = virtual_time(self.grid) - self.since_clock if self.virtual else wall
         record = _aggregation_record(

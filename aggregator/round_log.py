@@ -31,6 +31,7 @@ __all__ = [
     "FORMAT_VERSION",
     "HOME_ENV",
     "METRICS_FILE",
+    "PROBE_ROUND",
     "RoundRecord",
     "RoundTiming",
     "UpdateInfo",
@@ -39,6 +40,7 @@ __all__ = [
     "read_metrics",
     "read_rotated",
     "rotate",
+    "rounds_only",
     "runs_home",
     "virtual_round_s",
 ]
@@ -48,6 +50,11 @@ FORMAT_VERSION = 2
 
 #: A run's records, in its ``out-dir``.
 METRICS_FILE = "metrics.jsonl"
+
+#: The ``round`` of the timing probe's record: the exchange before round 1 (the batch
+#: controller's probe of each device's step time), charged on the clock like a round, so
+#: that a run's time counts from 0. Only a fresh run that probes has one.
+PROBE_ROUND = 0
 
 #: Where runs Flower starts keep their ``out-dir`` by default: ``$FEDSTREAM_HOME/runs/<id>``.
 HOME_ENV = "FEDSTREAM_HOME"
@@ -183,7 +190,11 @@ class RoundRecord:
     inject_bytes : int
         Bytes they queued for sharing.
     virtual_s : float
-        The round on the virtual clock: the slowest device's compute + wait + transfer.
+        The round on the virtual clock: the slowest device's model download + wait +
+        compute + update upload, and the aggregator's aggregation and evaluation (on the
+        in-process runner, the grid's clock over the round; elsewhere the slowest reply's
+        compute + wait + upload). The timing probe's record (``round`` 0,
+        :data:`PROBE_ROUND`) holds the probe's time: the records of a run sum to its clock.
     wall_s, run_wall_s : float
         The round's wall time, and the run's so far.
     mode : str
@@ -420,6 +431,12 @@ def append_record(path: Path, record: RoundRecord, max_bytes: int = 0, keep: int
         rotate(path, keep)
     with path.open("a") as fh:
         fh.write(record.to_json() + "\n")
+
+
+def rounds_only(records: Iterable[RoundRecord]) -> list[RoundRecord]:
+    """The records of rounds (asynchronous mode: aggregations), the timing probe's left out:
+    what per-round series and counts are made of. Times summed over a run take them all."""
+    return [r for r in records if r.round != PROBE_ROUND]
 
 
 def read_rotated(path: Path) -> list[RoundRecord]:

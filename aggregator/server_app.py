@@ -109,7 +109,8 @@ def run_rounds(
     stop: Callable[[RoundRecord], bool] | None = None,
     task: Task | None = None,
 ) -> list[RoundRecord]:
-    """Run (or resume) the federated training; return the records of the rounds run.
+    """Run (or resume) the federated training; return the records of the rounds run, the
+    timing probe's first when one ran (``round`` 0: their times sum to the run's).
 
     Parameters
     ----------
@@ -127,12 +128,14 @@ def run_rounds(
     session = RunSession.open(settings, task)
     try:
         with session.watch_stop():
-            session.probe(grid)
+            probe = session.probe(grid)
             if settings.asynchrony.mode == "async":
                 records = run_async(grid, session, stop)
             else:
                 records = _sync_rounds(grid, session, stop)
             session.finish()
+        if probe is not None:
+            records.insert(0, probe)
     finally:
         session.close()
     return records
@@ -160,6 +163,7 @@ def _sync_rounds(
         t_aggregated = time.monotonic()
         test = session.evaluate(arrays)
         t_evaluated = time.monotonic()
+        session.charge_server(grid, len(report.aggregated))
         wall = t_evaluated - t0
         # The last reply's pull ends the wait (a round that timed out waited until the end)
         t_replied = (

@@ -17,12 +17,12 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from flwr.app import ArrayRecord
+from flwr.app import ArrayRecord, Message
 from flwr.serverapp import Grid
 from torch import nn
 
@@ -32,13 +32,20 @@ from aggregator.divergence import DivergenceWatch
 from aggregator.exchange import exchange, wait_for_nodes
 from aggregator.exports import ExportSchedule
 from aggregator.resume import DIVERGED_ROUNDS, DRIFT, SKIPPED, load_resume, save_round
-from aggregator.round_log import METRICS_FILE, RoundRecord, append_record, runs_home
+from aggregator.round_log import (
+    METRICS_FILE,
+    PROBE_ROUND,
+    RoundRecord,
+    append_record,
+    runs_home,
+)
 from aggregator.server_eval import ServerEvaluation
 from aggregator.sinks import RoundSink, open_sinks, write_all
 from aggregator.stopping import StopRequest
 from aggregator.strategy import DIVERGED, RoundReport, StreamStrategy
 from edge_client.task.interface import Scores, Task, init_model
 from edge_client.task.loading import load_task
+from edge_client.wire.records import ProbeReply, RecordError
 from edge_client.wire.run_config import RunSettings
 
 __all__ = [
@@ -243,25 +250,80 @@ class RunSession:
             self._model = self.task.build_model(learning.shape, learning.num_classes)
         return self._model
 
-    def probe(self, grid: Grid) -> None:
+    def probe(self, grid: Grid) -> RoundRecord | None:
         """Before the first round of a fresh run: time each device's steps so that the first
-        plan follows its speed."""
+        plan follows its speed.
+
+        Returns
+        -------
+        RoundRecord or None
+            The probe's record (``round`` 0, appended to ``metrics.jsonl``): its wall time
+            and its ``virtual-s``: on a virtual clock what the grid charged for it, so that
+            a run's records sum to its time from 0; on Flower's grids the slowest device's
+            probe compute (as a round's is its slowest reply's compute + wait + upload).
+            None when no probe ran (a resumed run, the ``fixed`` controller,
+            ``controller-probe`` 0).
+        """
         if self.start != 1:
-            return
+            return None
         timeouts = self.settings.exchange
         wait_for_nodes(grid, timeouts.min_nodes, timeouts.round_timeout)
         messages = self.strategy.configure_probe(grid)
         if not messages:
-            return
-        t0 = time.monotonic()
+            return None
+        t0, clock0 = time.monotonic(), virtual_time(grid)
         done = exchange(grid, messages, timeouts.round_timeout)
         probed = self.strategy.read_probe(done.replies, done.sent)
-        log.info(
-            "probed %d of %d devices' step times in %.1f s",
-            len(probed),
-            len(messages),
-            time.monotonic() - t0,
+        wall = time.monotonic() - t0
+        log.info("probed %d of %d devices' step times in %.1f s", len(probed), len(messages), wall)
+        fleet = self.strategy.fleet
+        record = RoundRecord(
+            round=PROBE_ROUND,
+            accuracy=math.nan,
+            loss=math.nan,
+            global_batch=self.settings.global_batch,
+            sum_b=0,
+            lr_scale=1.0,
+            planned={},
+            devices={},
+            failed=dict(fleet.failed),
+            rejected=dict(fleet.rejected),
+            rejected_reasons=dict(fleet.rejected_reasons),
+            compress="none",
+            aggregation=self.settings.aggregation_rule.aggregation,
+            aggregated=[],
+            bytes_up=0,
+            broadcast_bytes=0,
+            inject_picked=[],
+            inject_bytes=0,
+            virtual_s=round(
+                virtual_time(grid) - clock0
+                if is_virtual(grid)
+                else _probe_compute_s(done.replies, self.settings.controller_probe),
+                6,
+            ),
+            wall_s=round(wall, 3),
+            run_wall_s=round(time.monotonic() - self._started, 3),
+            metric=self.task.metric,
+            mode=self.settings.asynchrony.mode,
+            latency={fleet.device_of(done.sent[i]): round(v, 3) for i, v in done.arrived.items()},
         )
+        if self._out is not None:  # the rounds' sinks get rounds; the log gets every record
+            append_record(self._out / METRICS_FILE, record)
+        return record
+
+    def charge_server(self, grid: Grid, updates: int) -> None:
+        """On a virtual clock, charge the aggregator's own work after a round's (or an
+        asynchronous aggregation's) replies: combining ``updates`` updates and, when the run
+        has ``eval-data``, scoring the model on it. The in-process runner models their cost
+        (:class:`deploy.inprocess.ServerCost`); the wall clock's grids take what they take.
+        """
+        charge = getattr(grid, "charge_server", None) if is_virtual(grid) else None
+        if charge is None:
+            return
+        values = sum(math.prod(a.shape) for a in self.arrays.values())
+        samples = 0 if self._held_out is None else len(self._held_out.y)
+        charge(updates=updates, values=values, eval_samples=samples)
 
     def evaluate(self, arrays: ArrayRecord) -> Scores | None:
         """Score ``arrays`` on ``eval-data`` (None when the run has none)."""
@@ -392,3 +454,16 @@ class RunSession:
                 keep=rotation.metrics_keep,
             )
         write_all(self.sinks, record)
+
+
+def _probe_compute_s(replies: Iterable[Message], steps: int) -> float:
+    """The slowest device's probe compute among ``replies`` (0 when none answered)."""
+    slowest = 0.0
+    for msg in replies:
+        if msg.has_error():
+            continue
+        try:
+            slowest = max(slowest, ProbeReply.from_content(msg.content).compute_s(steps))
+        except RecordError:
+            continue
+    return slowest

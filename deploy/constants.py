@@ -60,3 +60,16 @@ DEMO_STATUS_POLL_S: Final = 1.0  # how often the progress table reads metrics.js
 # process of about 1 CPU-second, which the devices on a 2-core host would otherwise share.
 DEMO_STATUS_CHECK_S: Final = 10.0
 DEMO_BROKER_OUTAGE_S: Final = 5.0  # --kill-broker: how long the broker stays down
+
+# The in-process runner's model of the aggregator's own work per round (or asynchronous
+# aggregation), charged on the virtual clock: lines in the work done, fitted once by
+# ``python dev/server_cost.py`` on the 2-core x86_64 development machine (torch 2.13.0+cpu,
+# one thread), so that fixed-seed runs stay deterministic. Combining n updates of P values:
+# aggregate-s + aggregate-per-value-s x n x P; scoring S held-out samples on a model of P
+# parameters: evaluate-s + evaluate-per-sample-parameter-s x S x P.
+SERVER_COST: Final = {
+    "aggregate_s": 8.8e-6,
+    "aggregate_per_value_s": 8.9e-10,
+    "evaluate_s": 1.8e-4,
+    "evaluate_per_sample_parameter_s": 8.5e-11,
+}

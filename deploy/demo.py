@@ -23,7 +23,7 @@ from typing import Any
 from rich.console import Console
 from rich.live import Live
 
-from aggregator.round_log import RoundRecord, read_metrics
+from aggregator.round_log import RoundRecord, read_metrics, rounds_only
 from deploy.constants import (
     APP_DIR,
     DEMO_DRAIN_TIMEOUT_S,
@@ -241,14 +241,15 @@ def _report_training(
 ) -> bool:
     """Write ``summary.json`` and ``report.png`` of the run and say how it ended; True when
     it finished all its rounds."""
-    records, status = ended.records, ended.status
+    every, status = ended.records, ended.status
+    records = rounds_only(every)  # the timing probe's record counts in time, not as a round
     passes = source_passes(records, shards)
     diverged = run_diverged(records, settings)
     ok = status.get("status") == "finished:completed" and len(records) == settings.num_rounds
     export = final_export(settings) if ok else None
     serve = infer_command(config, settings) if export is not None else None
     summary = {
-        **summarize(records, ended.wall_s),
+        **summarize(every, ended.wall_s),
         "run_id": ended.runs[-1],
         "runs": ended.runs,  # more than one when the aggregator was killed and the run resumed
         "status": status.get("status"),
@@ -270,7 +271,10 @@ def _report_training(
         "source_passes": passes,
         "export": export,
         "infer_command": serve,
-        "note": "virtual_s: sum over rounds of the slowest device's compute + wait + transfer",
+        "note": (
+            "virtual_s: the timing probe's compute (probe_virtual_s) and, per round, the "
+            "slowest device's compute + wait + upload"
+        ),
     }
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     if records:
@@ -297,7 +301,7 @@ def _print_outcome(
 ) -> None:
     """The demo's last lines: its result and where the report and the model are, or why the
     run diverged or did not finish, and where its logs are."""
-    records = ended.records
+    records = rounds_only(ended.records)
     logs = f"Logs: {run_dir}/logs, {run_dir}/flwr/logs, {run_dir}/serverapp.log"
     if ok:
         last = records[-1]

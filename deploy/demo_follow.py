@@ -11,7 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.live import Live
 
-from aggregator.round_log import read_metrics
+from aggregator.round_log import read_metrics, rounds_only
 from deploy.constants import (
     APP_DIR,
     DEMO_BROKER_OUTAGE_S,
@@ -61,7 +61,7 @@ def follow_run(
         broker_back_at: float | None = None
         next_check = 0.0
         while time.monotonic() < deadline:
-            records = read_metrics(run_dir / "metrics.jsonl")
+            records = rounds_only(read_metrics(run_dir / "metrics.jsonl"))
             if time.monotonic() >= next_check or len(records) >= rounds:
                 status = flower.status(run_id)
                 next_check = time.monotonic() + DEMO_STATUS_CHECK_S

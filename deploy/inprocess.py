@@ -44,6 +44,7 @@ from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
 from aggregator.round_log import virtual_round_s
+from deploy.constants import SERVER_COST
 from edge_client.emulation.sources import (
     ChangingSource,
     SampleSource,
@@ -64,7 +65,7 @@ from edge_client.wire import records
 from edge_client.wire.mapping import kebab
 from edge_client.wire.run_config import RunSettings, default
 
-__all__ = ["InProcessGrid", "LocalGrid", "StaticGrid", "VirtualDevice"]
+__all__ = ["InProcessGrid", "LocalGrid", "ServerCost", "StaticGrid", "VirtualDevice", "model_bytes"]
 
 FIRST_NODE_ID = 100
 
@@ -205,6 +206,44 @@ class StaticGrid(LocalGrid):
         raise NotImplementedError("a StaticGrid runs no ClientApp")
 
 
+@dataclass(frozen=True)
+class ServerCost:
+    """The aggregator's own work on the virtual clock, per round (or asynchronous
+    aggregation): lines in the work done (:data:`deploy.constants.SERVER_COST`, measured
+    once by ``dev/server_cost.py``, so that fixed-seed runs stay deterministic).
+
+    Attributes
+    ----------
+    aggregate_s, aggregate_per_value_s : float
+        Combining ``n`` updates of ``P`` values: ``aggregate_s + aggregate_per_value_s *
+        n * P`` seconds (none without updates).
+    evaluate_s, evaluate_per_sample_parameter_s : float
+        Scoring ``S`` held-out samples on a model of ``P`` parameters: ``evaluate_s +
+        evaluate_per_sample_parameter_s * S * P`` seconds (none without ``eval-data``).
+    """
+
+    aggregate_s: float = SERVER_COST["aggregate_s"]
+    aggregate_per_value_s: float = SERVER_COST["aggregate_per_value_s"]
+    evaluate_s: float = SERVER_COST["evaluate_s"]
+    evaluate_per_sample_parameter_s: float = SERVER_COST["evaluate_per_sample_parameter_s"]
+
+    def seconds(self, updates: int, values: int, eval_samples: int) -> float:
+        """The virtual seconds of one aggregation of ``updates`` updates of ``values``
+        values each, then one evaluation on ``eval_samples`` samples."""
+        aggregate = self.aggregate_s + self.aggregate_per_value_s * updates * values
+        evaluate = self.evaluate_s + self.evaluate_per_sample_parameter_s * eval_samples * values
+        return (aggregate if updates > 0 else 0.0) + (evaluate if eval_samples > 0 else 0.0)
+
+
+def model_bytes(msg: Message) -> int:
+    """The bytes of the model a message carries down (its arrays; 0 for a probe)."""
+    return sum(
+        len(array.data)
+        for record in msg.content.array_records.values()
+        for array in record.values()
+    )
+
+
 class InProcessGrid(LocalGrid):
     """A Grid whose nodes are :class:`VirtualDevice` s served by a ClientApp in-process.
 
@@ -233,6 +272,9 @@ class InProcessGrid(LocalGrid):
     deadline_s : float, optional
         Synchronous rounds: virtual seconds after which a round stops waiting; later
         replies are dropped (error replies).
+    server_cost : ServerCost, optional
+        The aggregator's aggregation and evaluation on the virtual clock (default: the
+        measured lines); the ServerApp reports its work through :meth:`charge_server`.
     """
 
     #: Times are virtual: the ServerApp takes the cap's horizon from this clock.
@@ -248,6 +290,7 @@ class InProcessGrid(LocalGrid):
         step_time: Callable[[int], float] | None = None,
         on_round: Callable[[int, InProcessGrid], None] | None = None,
         deadline_s: float | None = None,
+        server_cost: ServerCost | None = None,
     ) -> None:
         super().__init__()
         if deadline_s is not None and not deadline_s > 0:
@@ -259,6 +302,8 @@ class InProcessGrid(LocalGrid):
         self.step_time = step_time
         self.on_round = on_round
         self.deadline_s = deadline_s
+        self.server_cost = server_cost or ServerCost()
+        self.server_s = 0.0  # virtual seconds charged for the aggregator's own work
         self.asynchronous = self.settings.asynchrony.mode == "async"
         self.missed = 0  # sync replies dropped at the deadline
         self.served = 0  # async messages served
@@ -367,11 +412,14 @@ class InProcessGrid(LocalGrid):
         self, msg: Message, node: int, dev: VirtualDevice, at: float
     ) -> tuple[Message, float]:
         """Run the device's ClientApp at virtual time ``at``; return the reply (its timings
-        charged on the virtual clock) and the virtual seconds it took (0 for a reply that
-        is not a device's). The buffer's fill once the wait is over is in
-        :attr:`last_fill`."""
+        charged on the virtual clock) and the virtual seconds it took: the model's download,
+        the wait, compute and the update's upload (0 for a reply that is not a device's).
+        The buffer's fill once the wait is over is in :attr:`last_fill`."""
         plan = records.RoundPlan.from_record(msg.content.config_records[records.CONFIG])
-        virtual_wait = self.streams[node].wait_for(plan, at)
+        # The model comes down first (at the uplink's speed: a symmetric link); the stream
+        # goes on arriving meanwhile, so the wait starts once it is in.
+        down_s = model_bytes(msg) * 8 / (self.settings.uplink_mbps * 1e6)
+        virtual_wait = self.streams[node].wait_for(plan, at + down_s)
         self.last_fill = self.stores[node].fill
         # The wait was charged on the virtual clock; the ClientApp must not sleep it again.
         msg.content.config_records[records.CONFIG][kebab("deadline_s")] = 0.0
@@ -383,9 +431,9 @@ class InProcessGrid(LocalGrid):
                 records.DeviceReply.from_content(reply.content), dev, virtual_wait
             )
         except records.RecordError:  # a reply the aggregator will refuse: left as it is
-            return reply, virtual_wait
+            return reply, down_s + virtual_wait
         reply.content.metric_records[records.METRICS] = charged.to_record()
-        return reply, virtual_round_s([charged], self.settings.uplink_mbps)
+        return reply, down_s + virtual_round_s([charged], self.settings.uplink_mbps)
 
     def _round(self, messages: list[Message]) -> list[Message]:
         """Run each device's ClientApp; charge the round on the virtual clock."""
@@ -440,13 +488,36 @@ class InProcessGrid(LocalGrid):
                     (self.step_time(b) if self.step_time is not None else t) * dev.slowdown
                     for b, t in zip(probe.batches, probe.step_s, strict=True)
                 ]
-                reply.content = replace(probe, step_s=step_s).to_content()
-                spent = max(spent, (steps + 1) * sum(step_s))
+                charged = replace(probe, step_s=step_s)
+                reply.content = charged.to_content()
+                spent = max(spent, charged.compute_s(steps))
             replies.append(reply)
         self.clock += spent
         for stream in self.streams.values():
             stream.advance_to(self.clock)
         return replies
+
+    def charge_server(self, updates: int, values: int, eval_samples: int) -> float:
+        """The ServerApp's own work after a round's replies (asynchronous mode: an
+        aggregation): ``updates`` updates of ``values`` values combined, then the model
+        scored on ``eval_samples`` held-out samples; charged on the clock by the
+        :class:`ServerCost` model. Synchronous rounds' streams go on arriving meanwhile;
+        asynchronous devices go on training (their messages are sent after it).
+
+        Returns
+        -------
+        float
+            The virtual seconds charged.
+        """
+        seconds = self.server_cost.seconds(updates, values, eval_samples)
+        self.clock += seconds
+        self.server_s += seconds
+        if self.round_times and not self.asynchronous:
+            self.round_times[-1] += seconds
+        if not self.asynchronous:
+            for stream in self.streams.values():
+                stream.advance_to(self.clock)
+        return seconds
 
     def _context(self, node: int, dev: VirtualDevice) -> Context:
         """The Context a device's ClientApp is called with."""

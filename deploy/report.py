@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from aggregator.round_log import RoundRecord
+from aggregator.round_log import RoundRecord, rounds_only
 from deploy.breakdown import run_breakdown
 from deploy.extras import require_extra
 
@@ -31,9 +31,11 @@ def summarize(records: Sequence[RoundRecord], wall_s: float) -> dict[str, Any]:
     with an error once that reaches ``max-diverged-rounds``).
     ``virtual_s`` sums each round's slowest device (compute + wait + transfer): the
     synchronous round time on the virtual clock, whatever the wall clock did (asynchronous
-    mode: the time between aggregations). In asynchronous mode ``rounds`` counts model
-    versions.
+    mode: the time between aggregations), and the timing probe's record before round 1
+    (``probe_virtual_s``, 0 without a probe) is in it; every per-round series is of rounds
+    only. In asynchronous mode ``rounds`` counts model versions.
     """
+    every, records = records, rounds_only(records)
     devices = sorted({d for r in records for d in r.devices})
     last = records[-1] if records else None
     return {
@@ -42,7 +44,10 @@ def summarize(records: Sequence[RoundRecord], wall_s: float) -> dict[str, Any]:
         "metric": last.metric if last else None,
         "rounds": len(records),
         "wall_s": round(wall_s, 2),
-        "virtual_s": round(sum(r.virtual_s for r in records), 4),
+        "virtual_s": round(sum(r.virtual_s for r in every), 4),
+        "probe_virtual_s": round(
+            sum(r.virtual_s for r in every) - sum(r.virtual_s for r in records), 4
+        ),
         "accuracy": [_number(r.accuracy) for r in records],
         "test_accuracy_per_round": [_number(r.test_accuracy) for r in records],
         "evaluated_samples": [r.eval_count for r in records],
@@ -94,6 +99,7 @@ def write_report(records: Sequence[RoundRecord], path: Path, title: str = "") ->
     require_extra("a run's plots", ("matplotlib",))
     from deploy.plots import Panel, save_figure
 
+    records = rounds_only(records)
     rounds = [r.round for r in records]
     devices = sorted({d for r in records for d in r.devices})
 

@@ -15,13 +15,15 @@ dynamic controller's input, and with it every plan, is exact):
   controller, 4 rounds.
 
 Each line: the run, a SHA-256 of its final weights (names and float32 bytes, sorted by
-name), and its per-round plans, accuracies, codec modes and aggregated devices. The hash is
+name), its per-round plans, accuracies, codec modes and aggregated devices, and every
+record's virtual seconds (the timing probe's, round 0, first). The hash is
 bit-exact on one machine and torch build; across CPUs or builds, compare the rest.
-``dev/fingerprint.jsonl`` holds the lines of the honest-seed-reproductions change (the
-virtual clock's stream accounting, the availability cap per step, the deadband on the spread
-of step times, the timing probe and ``fednova`` as the default changed every run on
-purpose; the lines of commit ab28955, which the layer split kept bit for bit, are in git
-history), made on the 2-core x86_64 development machine with torch 2.13.0+cpu.
+``dev/fingerprint.jsonl`` holds the lines of the charged-clock change (issue 34: the timing
+probe recorded and charged as round 0, the model's download charged per message, the
+aggregator's aggregation and evaluation charged by a measured cost line; the plans of
+``B-features``, whose availability cap reads the round time, changed with it, the others'
+weights did not), made on the 2-core x86_64 development machine with torch 2.13.0+cpu.
+Earlier lines (the honest-seed-reproductions change, commit ab28955) are in git history.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from typing import Any
 import torch
 
 from aggregator.checkpoint import load_checkpoint
+from aggregator.round_log import rounds_only
 from aggregator.server_app import run_rounds
 from deploy.bench.common import SHORT_RUN
 from deploy.inprocess import InProcessGrid, VirtualDevice
@@ -65,14 +68,16 @@ def fingerprint(name: str, devices: list[VirtualDevice], overrides: dict[str, An
     for key in sorted(weights):
         digest.update(key.encode())
         digest.update(weights[key].numpy().tobytes())
+    rounds = rounds_only(records)
     return json.dumps(
         {
             "run": name,
             "sha256": digest.hexdigest(),
-            "planned": [r.planned for r in records],
-            "accuracy": [r.test_accuracy for r in records],
-            "modes": [r.compress for r in records],
-            "aggregated": [r.aggregated for r in records],
+            "planned": [r.planned for r in rounds],
+            "accuracy": [r.test_accuracy for r in rounds],
+            "modes": [r.compress for r in rounds],
+            "aggregated": [r.aggregated for r in rounds],
+            "virtual_s": [r.virtual_s for r in records],  # the probe's (round 0) first
         }
     )
 
@@ -135,7 +140,7 @@ def main() -> None:
     differ = [
         f"{b['run']}: {key} differs"
         for b, n in zip(before, now, strict=True)
-        for key in ("sha256", "planned", "accuracy", "modes", "aggregated")
+        for key in ("sha256", "planned", "accuracy", "modes", "aggregated", "virtual_s")
         if b[key] != n[key]
     ]
     print("\n".join(differ) or f"identical to {args.compare}: {len(now)} runs")

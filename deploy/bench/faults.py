@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from aggregator.checkpoint import load_checkpoint
-from aggregator.round_log import read_metrics
+from aggregator.round_log import read_metrics, rounds_only
 from aggregator.server_app import run_rounds
 from deploy.bench.common import SHORT_RUN
 from deploy.brokers import BROKER_CONFIG_DIR, EmbeddedBroker, MosquittoBroker, mosquitto_available
@@ -192,7 +192,7 @@ def aggregator_kill() -> dict[str, Any]:
         wall = time.monotonic() - t0
         run_dir = next(out.glob("run-*"), None)
         summary = json.loads((run_dir / "summary.json").read_text()) if run_dir else {}
-        records = read_metrics(run_dir / "metrics.jsonl") if run_dir else []
+        records = rounds_only(read_metrics(run_dir / "metrics.jsonl")) if run_dir else []
     return {
         "exit_code": proc.returncode,
         "status": summary.get("status"),

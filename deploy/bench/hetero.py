@@ -9,10 +9,12 @@ noise ratio drawn from the measured step times (:class:`~deploy.bench.common.Ste
 times the device's slowdown: the controller sees noisy timings, as on a real device, and the
 comparison does not depend on what else the host runs. Streams never limit a batch here.
 
-Every time to target is given twice: compute only (each round: its slowest device's compute
-and update upload), and with what a real deployment adds to every round, whatever the batches:
-the model's download at the same link rate and Flower's per-round orchestration as measured
-on this machine (:data:`FLOWER_ROUND_S`).
+Every time to target counts from virtual time 0: the timing probe before round 1 (the
+static and dynamic arms'; the fixed split does not probe) is charged as its own record. It is
+given twice: on the in-process clock (each round: its slowest device's model download,
+compute and update upload, and the aggregator's aggregation and evaluation), and with what a
+real deployment adds to every exchange, the probe's included, whatever the batches: Flower's
+per-round orchestration as measured on this machine (:data:`FLOWER_ROUND_S`).
 
 Two further comparisons:
 
@@ -40,7 +42,7 @@ import numpy as np
 from matplotlib.axes import Axes
 
 from aggregator.checkpoint import load_checkpoint
-from aggregator.round_log import RoundRecord
+from aggregator.round_log import RoundRecord, rounds_only
 from deploy.bench import common
 from deploy.inprocess import InProcessGrid, VirtualDevice
 from edge_client.emulation.sources import pick_classes
@@ -202,15 +204,11 @@ def level_at(rnd: int, phase: int) -> str:
     return SCHEDULE[min((rnd - 1) // phase, len(SCHEDULE) - 1)]
 
 
-def with_overhead(records: Sequence[RoundRecord], uplink_mbps: float) -> list[RoundRecord]:
-    """The rounds as a deployment would time them: each also pays the model's download at the
-    uplink's rate and Flower's per-round orchestration (:data:`FLOWER_ROUND_S`)."""
-    return [
-        replace(
-            r, virtual_s=r.virtual_s + FLOWER_ROUND_S + r.broadcast_bytes * 8 / (uplink_mbps * 1e6)
-        )
-        for r in records
-    ]
+def with_overhead(records: Sequence[RoundRecord]) -> list[RoundRecord]:
+    """The records as a deployment would time them: each exchange (every round, and the
+    timing probe's before round 1) also pays Flower's per-round orchestration
+    (:data:`FLOWER_ROUND_S`); the model's download is on the virtual clock already."""
+    return [replace(r, virtual_s=r.virtual_s + FLOWER_ROUND_S) for r in records]
 
 
 Runs = dict[tuple[str, str, int], list[RoundRecord]]  # (level, arm, seed) -> rounds
@@ -252,8 +250,10 @@ def run(quick: bool = False) -> common.Result:
         f"schedule {' -> '.join(SCHEDULE)} at {phase} rounds each; seeds "
         f"{', '.join(map(str, seeds))}, each figure the mean (min-max) over them. A target "
         "counts once held for two evaluations. Reduction = 1 - time(controller) / time(fixed), "
-        "per seed; 'with overhead' adds to every round the model's download and "
-        f"{FLOWER_ROUND_S:g} s of Flower orchestration ({FLOWER_ROUND_NOTE}). Efficiency = "
+        "per seed, each time from 0 (the timing probe of the static and dynamic arms charged); "
+        "each round also pays the model's download and the aggregator's work; 'with "
+        f"overhead' adds to every exchange, the probe's too, {FLOWER_ROUND_S:g} s of Flower "
+        f"orchestration ({FLOWER_ROUND_NOTE}). Efficiency = "
         "(time fixed / time controller) / ideal speedup (the paper's: sum of speeds / (n x "
         "slowest), as if a step cost nothing fixed); achievable = the fixed split's slowest "
         "step over the shortest slowest step any split of B reaches with the cost line below "
@@ -398,9 +398,8 @@ def _entries(
         per_seed: dict[str, list[Any]] = {k: [] for k in PER_SEED}
         for seed in seeds:
             records = runs[(level, arm, seed)]
-            uplink = RunSettings().uplink_mbps
             ttt = common.time_to_target(records, target)
-            ttt_o = common.time_to_target(with_overhead(records, uplink), target)
+            ttt_o = common.time_to_target(with_overhead(records), target)
             per_seed["ttt"].append(ttt)
             per_seed["ttt_overhead"].append(ttt_o)
             per_seed["rounds"].append(common.rounds_to_target(records, target))
@@ -409,17 +408,17 @@ def _entries(
             if fixed is None:
                 continue
             t_f = common.time_to_target(fixed, target)
-            t_fo = common.time_to_target(with_overhead(fixed, uplink), target)
+            t_fo = common.time_to_target(with_overhead(fixed), target)
             per_seed["reduction"].append(1 - ttt / t_f if ttt and t_f else None)
             per_seed["reduction_overhead"].append(1 - ttt_o / t_fo if ttt_o and t_fo else None)
             per_seed["efficiency"].append(t_f / ttt / ideal if ttt and t_f else None)
-            steady = statistics.mean(r.virtual_s for r in records[3:])
-            fixed_steady = statistics.mean(r.virtual_s for r in fixed[3:])
+            steady = statistics.mean(r.virtual_s for r in rounds_only(records)[3:])
+            fixed_steady = statistics.mean(r.virtual_s for r in rounds_only(fixed)[3:])
             per_seed["steady_efficiency"].append(fixed_steady / steady / ideal)
             if achievable is not None:
                 per_seed["of_achievable"].append(t_f / ttt / achievable if ttt and t_f else None)
             if level == "schedule":
-                per_seed["periods"].append(_periods_to_balance(records, phase, cost))
+                per_seed["periods"].append(_periods_to_balance(rounds_only(records), phase, cost))
         entry: dict[str, Any] = {
             "level": level,
             "arm": arm,
@@ -437,7 +436,7 @@ def _entries(
                 imbalance(
                     runs[(level, arm, s)][-1],
                     cost,
-                    _level_of(level, phase, len(runs[(level, arm, s)])),
+                    _level_of(level, phase, len(rounds_only(runs[(level, arm, s)]))),
                 )
                 for s in seeds
             ],
@@ -585,14 +584,14 @@ def _ratio(value: float | None) -> str:
 
 
 def _plot(runs: Runs, seed: int, cost: common.StepCost, phase: int, out: Path) -> Path:
-    schedule = runs[("schedule", "dynamic", seed)]
+    schedule = rounds_only(runs[("schedule", "dynamic", seed)])
 
     def draw(axes: list[Axes]) -> None:
         for controller in CONTROLLERS:
             records = runs[("HL8", controller, seed)]
             clock = np.cumsum([r.virtual_s for r in records])
             axes[0].plot(clock, [r.test_accuracy for r in records], label=f"HL8 {controller}")
-            sched = runs[("schedule", controller, seed)]
+            sched = rounds_only(runs[("schedule", controller, seed)])
             spreads = [imbalance(r, cost, level_at(r.round, phase)) for r in sched]
             axes[1].plot([r.round for r in sched], spreads, label=controller)
         for dev in sorted(schedule[0].planned):

@@ -5,8 +5,9 @@ Each run is fedstream's own app submitted to a ``--simulation`` SuperLink with N
 SuperNodes: the default model, 5 local steps, a global batch of 8 per device, the default
 stream rates (``sim-rates``) and round timeout, every other key at its default (the timing
 probe included). Measured per round, from the run's ``metrics.jsonl`` and ``/proc``: wall
-time, the share of devices that replied, the memory of every process the run started (PSS,
-summed: the SuperLink, the ServerApp, Ray and its workers) and the disk its folders hold.
+time, the share of devices that replied having trained on at least one sample, the memory
+of every process the run started (PSS, summed: the SuperLink, the ServerApp, Ray and its
+workers) and the disk its folders hold.
 
 Runs: the lazy replay (``sim-buffers = "lazy"``, the default) at 100 and 1,000 devices
 (``--quick``) and 5,000 (the full run); side by side at 100 devices, the eager replay into a
@@ -28,7 +29,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from aggregator.round_log import read_metrics
+from aggregator.round_log import read_metrics, rounds_only
 from deploy.bench.common import Result
 from deploy.demo import APP_DIR
 from deploy.flower import FlowerDeployment
@@ -119,12 +120,13 @@ def simulate(
         status: dict[str, Any] = {}
         next_status = time.monotonic() + 30.0
         while time.monotonic() < deadline:
-            records = read_metrics(out / "metrics.jsonl")
+            records = rounds_only(read_metrics(out / "metrics.jsonl"))
             for record in records[len(per_round) :]:
+                trained = sum(m.num_examples > 0 for m in record.devices.values())
                 entry = {
                     "round": record.round,
                     "wall_s": record.wall_s,
-                    "replied": len(record.devices) / devices,
+                    "replied": trained / devices,  # replies that trained on a sample or more
                     "memory_bytes": memory[-1] if memory else 0,
                     "disk_bytes": _du(sim) + _du(where / "flwr"),
                 }

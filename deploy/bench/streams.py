@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 from matplotlib.axes import Axes
 
+from aggregator.round_log import rounds_only
 from deploy.bench import common
 from deploy.bench.hetero import measure_step_time
 from deploy.inprocess import VirtualDevice
@@ -168,7 +169,7 @@ def _entries(
                 per["dropped"].append(
                     sum(b["dropped"] for b in out.buffers.values()) / max(1, arrived)
                 )
-                per["rounds"].append(len(out.records))
+                per["rounds"].append(len(rounds_only(out.records)))
             rate_lists = drawn[rate_set].values()
             entries.append(
                 {
@@ -181,7 +182,8 @@ def _entries(
                     "time_to_target_s": common.mean_or_none(per["ttt"]),
                     "accuracy_at_end": common.mean_or_none(per["acc"]),
                     "curve_seed0": [
-                        r.test_accuracy for r in runs[(rate_set, method, seeds[0])].records
+                        r.test_accuracy
+                        for r in rounds_only(runs[(rate_set, method, seeds[0])].records)
                     ],
                 }
             )

@@ -353,6 +353,11 @@ class ProbeReply:
             raise RecordError("malformed", "ProbeReply: batches and step-s differ in length")
         return cls(tag.device_id, batches, step_s)
 
+    def compute_s(self, steps: int) -> float:
+        """The seconds the probe trained for on the device: at each batch, a warm-up step
+        and ``steps`` timed ones, at the median step time it reported."""
+        return (steps + 1) * sum(self.step_s)
+
 
 @dataclass(frozen=True)
 class _DeviceTag:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from aggregator.round_log import read_metrics
+from aggregator.round_log import read_metrics, rounds_only
 from tests.helpers import demo
 
 
@@ -49,7 +49,7 @@ def test_a_secure_run_survives_a_broker_crash_and_resumes_after_an_aggregator_ki
     assert "root-certificates" in flwr_config and "insecure" not in flwr_config
     superlink_log = (run_dir / "flwr" / "logs" / "superlink.log").read_text()
     assert superlink_log.count("Activated node_id") >= 2  # registered keys, signed requests
-    records = read_metrics(run_dir / "metrics.jsonl")
+    records = rounds_only(read_metrics(run_dir / "metrics.jsonl"))
     assert [r.round for r in records] == [1, 2, 3, 4]
     # The controller state came back: round 3 is planned from the timings of rounds 1-2.
     assert records[0].planned == {"dev-0": 64, "dev-1": 64}

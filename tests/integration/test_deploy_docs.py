@@ -33,7 +33,7 @@ from pathlib import Path
 
 import pytest
 
-from aggregator.round_log import read_metrics
+from aggregator.round_log import read_metrics, rounds_only
 from deploy.brokers import mosquitto_available
 from deploy.local import free_port, wait_for_port
 
@@ -345,7 +345,7 @@ def _walkthrough(tmp_path: Path) -> None:
     # checkpointed round, finished.
     assert resumed.get("num-rounds") == 3 and 1 <= int(resumed["resumed-after"]) < 3  # type: ignore[call-overload]
     assert final_status == "finished:completed"
-    records = read_metrics(run_dir / "metrics.jsonl")
+    records = rounds_only(read_metrics(run_dir / "metrics.jsonl"))
     assert [r.round for r in records] == [1, 2, 3]
     assert all(set(r.devices) == set(DEVICES) and not r.failed for r in records), [
         (r.round, sorted(r.devices), r.failed, r.wall_s) for r in records

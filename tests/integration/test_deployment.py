@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from aggregator.round_log import RoundRecord, read_metrics
+from aggregator.round_log import RoundRecord, read_metrics, rounds_only
 from deploy.bench.forecast import DATA as CO2
 from deploy.demo import APP_DIR
 from deploy.flower import FlowerDeployment
@@ -71,7 +71,8 @@ def test_demo_on_a_users_recording_learns_and_the_slower_device_gets_the_smaller
     assert batches["dev-1"]["batch_size"][-1] < batches["dev-0"]["batch_size"][-1]
     run_dir = next(tmp_path.glob("run-*"))
     assert (run_dir / "report.png").stat().st_size > 10_000
-    assert len((run_dir / "metrics.jsonl").read_text().splitlines()) == 3
+    probe, *records = read_metrics(run_dir / "metrics.jsonl")  # the timing probe's first
+    assert probe.round == 0 and [r.round for r in records] == [1, 2, 3]
 
 
 def simulate(tmp_path: Path, config: dict[str, object]) -> list[RoundRecord]:
@@ -93,7 +94,7 @@ def simulate(tmp_path: Path, config: dict[str, object]) -> list[RoundRecord]:
         status = flower.wait_finished(run_id, timeout=300)
         logs = flower.logs(run_id)
     assert status.get("status") == "finished:completed", (status, logs[-3000:])
-    return read_metrics(tmp_path / "out" / "metrics.jsonl")
+    return rounds_only(read_metrics(tmp_path / "out" / "metrics.jsonl"))
 
 
 def test_flwr_run_in_the_simulation_engine_trains_on_replayed_streams(tmp_path: Path) -> None:
@@ -161,7 +162,7 @@ def test_async_demo_does_not_wait_for_a_slow_supernode_and_resumes_its_version(
     assert rc == 0, out[-3000:]
     assert summary["status"] == "finished:completed" and summary["mode"] == "async"
     assert len(summary["runs"]) == 2  # the run, and its resumption
-    records = read_metrics(next(tmp_path.glob("run-*")) / "metrics.jsonl")
+    records = rounds_only(read_metrics(next(tmp_path.glob("run-*")) / "metrics.jsonl"))
     versions = [r.round for r in records]
     assert versions == sorted(set(versions)) and versions[-1] == 6 and len(versions) >= 5
     assert all(r.mode == "async" and len(r.updates) == 1 for r in records)

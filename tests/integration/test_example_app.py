@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from aggregator.round_log import HOME_ENV, METRICS_FILE, read_metrics
+from aggregator.round_log import HOME_ENV, METRICS_FILE, read_metrics, rounds_only
 from deploy.flower import FlowerDeployment
 from deploy.local import ProcessGroup, fedstream_command, free_port, wait_until
 from deploy.probes import scrape_metrics
@@ -91,7 +91,7 @@ def test_a_user_app_trains_its_own_model_through_flwr_run(tmp_path: Path) -> Non
     assert "MB up" in logs
     out = Path(flower.env[HOME_ENV]) / "runs" / run_id
     assert f"writes {out / METRICS_FILE}" in logs
-    records = read_metrics(out / METRICS_FILE)
+    records = rounds_only(read_metrics(out / METRICS_FILE))
     assert [r.round for r in records] == [1, 2, 3]
     for record in records:
         assert record.aggregated == ["watch-0", "watch-1"]

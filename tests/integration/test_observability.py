@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from aggregator.prometheus_sink import METRIC_NAMES as ROUND_METRICS
-from aggregator.round_log import RoundRecord
+from aggregator.round_log import RoundRecord, rounds_only
 from aggregator.server_app import run_rounds
 from deploy.brokers import EmbeddedBroker, MosquittoBroker
 from deploy.inprocess import InProcessGrid, VirtualDevice
@@ -172,7 +172,7 @@ def _run(
     devices = [VirtualDevice(f"dev-{i}", slowdown=s) for i, s in enumerate((1, 2))]
     grid = InProcessGrid(devices, tmp, settings)
     try:
-        return run_rounds(grid, settings, stop)
+        return rounds_only(run_rounds(grid, settings, stop))
     finally:
         grid.close()
 

@@ -8,7 +8,7 @@ import signal
 from pathlib import Path
 
 from aggregator.checkpoint import read_state
-from aggregator.round_log import read_metrics
+from aggregator.round_log import read_metrics, rounds_only
 from deploy.demo import APP_DIR
 from deploy.flower import CONNECTION, FlowerDeployment
 from deploy.local import ProcessGroup, fedstream_command, wait_until
@@ -35,7 +35,7 @@ def test_serve_stops_a_continuous_run_on_sigterm_and_the_next_start_resumes_it(
         log = tmp_path / "serve.log"
 
         def rounds() -> list[int]:
-            return [r.round for r in read_metrics(metrics)]
+            return [r.round for r in rounds_only(read_metrics(metrics))]
 
         # Execute 1: serve until 2 rounds are in, then SIGTERM (systemctl stop).
         first = group.start("serve", cmd, log_path=log, env=flower.env)

@@ -18,7 +18,7 @@ from flwr.app import Message
 
 from aggregator.asynchronous import FEDBUFF_STATE, default_buffer_size
 from aggregator.checkpoint import read_state
-from aggregator.round_log import RoundRecord, read_metrics
+from aggregator.round_log import RoundRecord, read_metrics, rounds_only
 from aggregator.server_app import run_rounds
 from deploy.inprocess import FIRST_NODE_ID, InProcessGrid, VirtualDevice
 from edge_client.wire.run_config import RunSettings
@@ -155,8 +155,10 @@ def test_a_sync_round_with_a_deadline_drops_the_late_reply(
     assert all(set(r.devices) == {"dev-0", "dev-1"} for r in records)
     assert records[-1].failed == {"node-102": 2}  # never replied: known by its node
     assert grid.missed == 2
-    assert all(r.virtual_s == pytest.approx(3 * fast_round) for r in records)  # waited it out
-    assert grid.clock == pytest.approx(2 * 3 * fast_round)  # each round waited the deadline
+    # each round waited the deadline out, then the aggregator did its part
+    server = grid.server_s / len(records)
+    assert all(r.virtual_s == pytest.approx(3 * fast_round + server, rel=1e-4) for r in records)
+    assert grid.clock == pytest.approx(2 * (3 * fast_round + server))
 
 
 def test_offline_devices_answer_sync_rounds_with_an_error(
@@ -179,7 +181,7 @@ def test_a_sync_round_with_every_device_off_lasts_until_one_is_back(
     # Execute
     records, _ = run(tmp_path, devices, fast(num_rounds=2, controller_probe=0))
     # Assert: round 1 had nobody and waited until 2.0 s; round 2 had dev-1 only
-    assert records[0].devices == {} and records[0].virtual_s == pytest.approx(2.0)
+    assert records[0].devices == {} and records[0].virtual_s == pytest.approx(2.0, abs=1e-2)
     assert set(records[1].devices) == {"dev-1"}
 
 
@@ -208,7 +210,8 @@ def test_codec_injection_and_the_stream_cap_keep_working_in_async_mode(
         wait_policy="adapt",
     )
     # Execute
-    records, grid = run(tmp_path, devices, settings)
+    every, grid = run(tmp_path, devices, settings)
+    records = rounds_only(every)
     # Assert: every version made of top-k frames; the cap held batches under what the
     # streams give; samples shared between devices; no reply refused
     assert [r.round for r in records] == list(range(1, 9))

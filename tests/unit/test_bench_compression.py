@@ -8,12 +8,10 @@ import pytest
 
 from aggregator.round_log import RoundRecord
 from deploy.bench import compression
-from deploy.bench.common import time_to_target
 from deploy.bench.compression import (
     ModelCase,
     bytes_to_target,
     per_device_traffic,
-    with_downlink,
 )
 from edge_client.wire.records import ReplyMetrics
 from tests.helpers import round_record
@@ -55,18 +53,6 @@ def test_bytes_to_target_stop_at_the_first_round_of_the_two_that_hold_it() -> No
     # Assert: rounds 1-4: frames 10+20+30+40 up, the model to two devices 4 times down.
     assert (up, down) == (100, 800)
     assert bytes_to_target(records, 0.99) == (None, None)
-
-
-def test_the_broadcast_is_charged_once_per_round_on_the_virtual_clock() -> None:
-    # Prepare: 1.25 MB down per round at 10 Mbit/s is 1 s per round.
-    records = [record(i, a, {"a": 1}, ["a", "b"], down=1_250_000) for i, a in
-               enumerate((0.5, 0.95, 0.95), 1)]  # fmt: skip
-    # Execute
-    charged = with_downlink(records, 10.0)
-    # Assert: both devices receive in parallel: 1 s more per round, not 2.
-    assert [r.virtual_s for r in charged] == pytest.approx([2.0, 2.0, 2.0])
-    assert time_to_target(charged, 0.9) == pytest.approx(4.0)
-    assert time_to_target(records, 0.9) == pytest.approx(2.0)  # the originals are untouched
 
 
 def test_a_short_run_of_the_scenario_reports_traffic_both_ways_per_model(

@@ -24,6 +24,7 @@ from aggregator.round_log import (
     append_record,
     read_metrics,
     read_rotated,
+    rounds_only,
 )
 from aggregator.server_app import run_rounds
 from aggregator.session import NO_OUT_DIR, with_run_dir
@@ -44,7 +45,7 @@ def _run(
 ) -> list[RoundRecord]:
     grid = InProcessGrid(devices, tmp, settings)
     try:
-        return run_rounds(grid, settings, **kw)  # type: ignore[arg-type]
+        return rounds_only(run_rounds(grid, settings, **kw))  # type: ignore[arg-type]
     finally:
         grid.close()
 

@@ -14,7 +14,7 @@ import torch
 from flwr.app import ArrayRecord
 
 from aggregator.checkpoint import RUN_CONFIG, Checkpoint, load_checkpoint, save_checkpoint
-from aggregator.round_log import FORMAT_VERSION, RoundRecord, read_metrics
+from aggregator.round_log import FORMAT_VERSION, RoundRecord, read_metrics, rounds_only
 from aggregator.server_app import run_rounds
 from deploy.inprocess import InProcessGrid, VirtualDevice
 from edge_client.task.constants import DEFAULT_SHAPE
@@ -35,14 +35,15 @@ def test_run_trains_with_per_device_plans(tmp_path: Path, fast: Fast, fleet: Fle
     grid = InProcessGrid(fleet(1, 1, 2, 4, rate=20_000), tmp_path / "buffers")
     settings = fast(num_rounds=6, local_steps=10, out_dir=str(tmp_path / "out"))
     # Execute
-    records = run_rounds(grid, settings)
-    # Assert
-    assert [r.round for r in records] == list(range(1, 7))
+    every = run_rounds(grid, settings)
+    records = rounds_only(every)
+    # Assert: the timing probe's record first (round 0), then the rounds
+    assert [r.round for r in every] == list(range(0, 7))
     assert all(r.sum_b == 64 for r in records)
     assert records[-1].accuracy > 1 / 6 + 0.15  # well above chance after 6 short rounds
     planned = records[-1].planned
     assert planned["dev-3"] < planned["dev-0"]  # the slowest device ends with a smaller batch
-    assert read_metrics(tmp_path / "out" / "metrics.jsonl") == records
+    assert read_metrics(tmp_path / "out" / "metrics.jsonl") == every
     assert set(records[-1].devices) == {f"dev-{i}" for i in range(4)}
     assert all(r.virtual_s > 0 for r in records)
 
@@ -54,7 +55,7 @@ def test_metrics_jsonl_holds_each_reply_as_the_device_reported_it(
     grid = InProcessGrid(fleet(1, 2), tmp_path / "buffers", step_time=step_time)
     # Execute
     run_rounds(grid, fast(num_rounds=1, out_dir=str(tmp_path / "out")))
-    line = json.loads((tmp_path / "out" / "metrics.jsonl").read_text())
+    line = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[-1])
     # Assert: the device entries carry the reply's own keys, nothing renamed on the way.
     entry = line["devices"]["dev-1"]
     assert {"num-examples", "batch-size", "step-s", "compute-s", "wait-s", "stream-rate"} <= set(
@@ -88,7 +89,7 @@ def test_a_metrics_file_resumed_across_an_upgrade_reads_as_one(
     grid = InProcessGrid(fleet(1), tmp_path / "buffers")
     run_rounds(grid, fast(num_rounds=1, out_dir=str(out)))
     # Execute
-    old, new = read_metrics(out / "metrics.jsonl")
+    old, new = rounds_only(read_metrics(out / "metrics.jsonl"))
     # Assert: the old line reads with today's names; a newer format is refused by name
     assert old.round == 1 and new.format_version == FORMAT_VERSION
     # Before prequential evaluation, a round's accuracy was the aggregator's own.
@@ -109,7 +110,7 @@ def test_a_device_that_drops_out_is_left_out_and_the_run_goes_on(
     devices[2].fail_rounds = {2, 3}
     grid = InProcessGrid(devices, tmp_path / "buffers")
     # Execute
-    records = run_rounds(grid, fast(num_rounds=4))
+    records = rounds_only(run_rounds(grid, fast(num_rounds=4)))
     # Assert
     assert set(records[1].devices) == {"dev-0", "dev-1"}
     assert records[1].failed == {"dev-2": 1}
@@ -124,7 +125,7 @@ def test_resume_continues_rounds_and_controller_state(
     ckpt = str(tmp_path / "ckpt")
     settings = fast(num_rounds=2, checkpoint_dir=ckpt, controller="static")
     grid = InProcessGrid(fleet(1, 3), tmp_path / "buffers", step_time=step_time)
-    first = run_rounds(grid, settings)
+    first = rounds_only(run_rounds(grid, settings))
     saved = json.loads((tmp_path / "ckpt" / "state.json").read_text())
     # Execute: the same run, 4 rounds, resumed.
     resumed = run_rounds(grid, replace(settings, num_rounds=4, resume=True))
@@ -141,7 +142,7 @@ def test_a_resumed_run_ends_with_the_model_of_an_uninterrupted_one(
 ) -> None:
     # Prepare
     grid = InProcessGrid(fleet(1, 3), tmp_path / "a", step_time=step_time)
-    whole = run_rounds(grid, fast(num_rounds=4, checkpoint_dir=str(tmp_path / "ca")))
+    whole = rounds_only(run_rounds(grid, fast(num_rounds=4, checkpoint_dir=str(tmp_path / "ca"))))
     grid.close()
     # Execute: the aggregator dies after round 2; a new one (new grid, new strategy) resumes
     # on the same devices, whose buffers lived on.
@@ -223,7 +224,7 @@ def test_starved_streams_cap_batches_and_scale_the_learning_rate(
     settings = fast(num_rounds=5, wait_policy="adapt")
     grid = InProcessGrid(fleet(1, 1, rate=50, initial=100), tmp_path / "buffers")
     # Execute
-    records = run_rounds(grid, settings)
+    records = rounds_only(run_rounds(grid, settings))
     # Assert: from round 2 on, no device is asked for more than its buffer held after the
     # last round plus what its stream brings in a round as long, over the K steps (b_min
     # aside); the learning rate follows the plan's total and each device's actual batch.
@@ -249,8 +250,8 @@ def test_wait_policy_waits_for_the_full_batch_and_adapt_does_not(
     adapting = InProcessGrid(fleet(1, 1, rate=400, initial=0), tmp_path / "a")
     base = fast(num_rounds=2)
     # Execute
-    waited = run_rounds(waiting, replace(base, wait_policy="wait"))
-    adapted = run_rounds(adapting, replace(base, wait_policy="adapt"))
+    waited = rounds_only(run_rounds(waiting, replace(base, wait_policy="wait")))
+    adapted = rounds_only(run_rounds(adapting, replace(base, wait_policy="adapt")))
     # Assert
     first_wait, first_adapt = waited[0], adapted[0]
     for dev, m in first_wait.devices.items():  # empty buffers: a real wait, then the full batch
@@ -286,7 +287,7 @@ def test_the_first_round_follows_the_speeds_a_probe_measured(
     probed = InProcessGrid(fleet(1, 4), tmp_path / "a", step_time=per_sample)
     blind = InProcessGrid(fleet(1, 4), tmp_path / "b", step_time=per_sample)
     # Execute
-    first = run_rounds(probed, settings)[0]
+    probe, first = run_rounds(probed, settings)
     equal = run_rounds(blind, replace(settings, controller_probe=0))[0]
     # Assert: without timings B is split equally; with the probe the slow device gets the
     # share its speed earns (step times within 10 %), and the probe's steps cost virtual time.
@@ -294,6 +295,7 @@ def test_the_first_round_follows_the_speeds_a_probe_measured(
     b0, b1 = first.planned["dev-0"], first.planned["dev-1"]
     assert b0 + b1 == 64 and b1 < b0
     assert per_sample(b1) * 4 / per_sample(b0) == pytest.approx(1.0, abs=0.1)
-    assert probed.clock > first.virtual_s
+    assert probe.round == 0 and probe.virtual_s > 0
+    assert probed.clock == pytest.approx(probe.virtual_s + first.virtual_s, rel=1e-4)
     probed.close()
     blind.close()
