@@ -85,6 +85,8 @@ _EXPORTS = {
     "InjectionPlanner": "injection",
     "RunDivergedError": "divergence",
     "read_metrics": "round_log",
+    "rounds_only": "round_log",
+    "PROBE_ROUND": "round_log",
     "robust_aggregate": "robust",
     "round_mode": "compression",
     "run_rounds": "server_app",
@@ -93,6 +95,7 @@ _EXPORTS = {
     "save_checkpoint": "checkpoint",
 }
 __all__ = [
+    "PROBE_ROUND",
     "Accumulator",
     "BatchController",
     "Checkpoint",
@@ -120,6 +123,7 @@ __all__ = [
     "read_metrics",
     "robust_aggregate",
     "round_mode",
+    "rounds_only",
     "run_async",
     "run_rounds",
     "save_checkpoint",

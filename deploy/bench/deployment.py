@@ -8,11 +8,19 @@ one ClientApp process per message, as deployed), one after the other:
   default model on a local array with ``torch.optim.SGD``, no fedstream code);
 - ``plain-flower-tuned``: the same with the optimizer's functional form (no
   ``torch._dynamo`` import per message: what fedstream does);
+- ``plain-flower-tuned-pull``: plain-flower-tuned whose grid pulls replies every
+  :data:`~aggregator.exchange.PULL_INTERVAL_S` seconds, as fedstream's ServerApp does, instead
+  of Flower's 3 s (like for like: the rest is ``Strategy.start`` as written);
 - ``fedstream-idle``: fedstream's app, its buffers filled before the run, no stream;
 - ``fedstream-live``: ``fedstream demo``'s path (broker, publishers, ingest daemons);
 - ``controller-fixed`` / ``controller-dynamic``: fedstream-idle with OmniLearn's
   heterogeneity (slowdowns 1, 1, 2, 4) and enough local work for compute to matter, with
   equal batches or with the proportional controller: time to an accuracy both reach.
+
+The comparison's variants (the tuned plain app both ways, fedstream-idle, fedstream-live)
+run :data:`REPETITIONS` times, alternated (one of each, then again), so that a slow spell of
+the shared host falls on every variant alike; each fedstream variant's ratio to each plain
+one is taken within a repetition, and reported with its spread over them.
 
 Same nodes, rounds, model, samples per step and central evaluation in each. Per round: the
 wall time (the first round, which also installs the app on each SuperNode, is left out of
@@ -41,7 +49,8 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 
-from aggregator.round_log import RoundRecord, read_metrics
+from aggregator.exchange import PULL_INTERVAL_S
+from aggregator.round_log import RoundRecord, read_metrics, rounds_only
 from deploy.bench.common import Result, markdown_table, spread
 from deploy.breakdown import PARTS, run_breakdown
 from deploy.demo import APP_DIR, STATUS_CHECK_S, DemoConfig, run_demo
@@ -72,6 +81,16 @@ CONTROLLER_STEPS, CONTROLLER_WIDTH = 100, 96
 CONTROLLER_SEEDS = (0, 1, 2)
 #: Test accuracies whose wall time to reach the controller runs report (and the one all reach).
 CONTROLLER_TARGETS = (0.85, 0.9)
+#: Alternated repetitions of the comparison's variants (the quick run: one).
+REPETITIONS = 3
+#: The variants whose rounds are compared side by side, in the order each repetition runs.
+COMPARED = ("plain-flower-tuned", "plain-flower-tuned-pull", "fedstream-idle", "fedstream-live")
+#: What fedstream's rounds are divided by (the entry's key for each): the plain app as
+#: written, and with fedstream's pulls.
+BASELINES = {
+    "plain-flower-tuned": "vs_plain_tuned",
+    "plain-flower-tuned-pull": "vs_plain_tuned_pull",
+}
 RUN_TIMEOUT_S = 900.0
 #: How often the sampler reads the processes.
 SAMPLE_S = 0.5
@@ -276,9 +295,12 @@ def _finish(flower: FlowerDeployment, run_id: str, done: Callable[[], bool]) -> 
         raise FlowerError(f"run {run_id} did not complete: {status}")
 
 
-def _plain(flower: FlowerDeployment, tmp: Path, rounds: int, optimizer: str) -> _Run:
-    """The plain Flower app on the deployment's SuperNodes."""
-    timing = tmp / f"plain-{optimizer}.json"
+def _plain(
+    flower: FlowerDeployment, tmp: Path, rounds: int, optimizer: str, pull_s: float = 0.0
+) -> _Run:
+    """The plain Flower app on the deployment's SuperNodes (``pull_s``: its grid pulls
+    every that many seconds; 0: Flower's own ``send_and_receive``)."""
+    timing = tmp / f"plain-{optimizer}-{pull_s:g}-{time.monotonic_ns()}.json"
     started = time.monotonic()
     # The plain app's own run config (its pyproject.toml), in Flower's kebab case.
     config = {
@@ -289,14 +311,17 @@ def _plain(flower: FlowerDeployment, tmp: Path, rounds: int, optimizer: str) -> 
         "model_width": WIDTH,
         "optimizer": optimizer,
         "timing_file": str(timing),
+        "pull_interval": pull_s,
     }
     run_id = flower.submit(PLAIN_APP, {kebab(k): v for k, v in config.items()})
     _finish(flower, run_id, timing.exists)  # the ServerApp writes it at the end
     total = time.monotonic() - started
     got = json.loads(timing.read_text())["rounds"]
     wall, cpu, start, train = ([r[kebab(key)] for r in got] for key in PLAIN_METRICS)
-    name = "plain-flower" if optimizer == "torch" else "plain-flower-tuned"
-    return _Run(name, wall, cpu, start, train, total_s=total)
+    name = ("plain-flower" if optimizer == "torch" else "plain-flower-tuned") + (
+        "-pull" if pull_s else ""
+    )
+    return _Run(name, wall, cpu, start, train, total_s=total, extra={"pull_interval_s": pull_s})
 
 
 def _fill_buffers(where: Path, devices: int, samples: int) -> dict[str, Path]:
@@ -340,20 +365,27 @@ def _idle(flower: FlowerDeployment, name: str, settings: RunSettings) -> _Run:
     started = time.monotonic()
     metrics = Path(settings.out_dir) / "metrics.jsonl"
     run_id = flower.submit(APP_DIR, settings.to_run_config())
-    _finish(flower, run_id, lambda: len(read_metrics(metrics)) >= settings.num_rounds)
-    records = read_metrics(metrics)
+    _finish(flower, run_id, lambda: len(rounds_only(read_metrics(metrics))) >= settings.num_rounds)
+    records = rounds_only(read_metrics(metrics))  # the probe's exchange is in run-wall-s
     return _fedstream_run(name, records, time.monotonic() - started)
 
 
-def _live(tmp: Path, devices: int, rounds: int, commit_interval: float = COMMIT_INTERVAL_S) -> _Run:
+def _live(
+    tmp: Path,
+    devices: int,
+    rounds: int,
+    commit_interval: float = COMMIT_INTERVAL_S,
+    rep: int = 0,
+) -> _Run:
     """``fedstream demo``'s path, no slowdowns, with the device processes sampled (the
-    ingest daemons committing every ``commit_interval`` seconds at most)."""
+    ingest daemons committing every ``commit_interval`` seconds at most); ``rep`` numbers
+    the repetition (its own folder)."""
     name = "fedstream-live" + (
         "" if commit_interval == COMMIT_INTERVAL_S else f"-commit-{commit_interval:g}s"
     )
     config = DemoConfig(
         devices=devices,
-        out=tmp / name,
+        out=tmp / f"{name}-{rep}",
         live=False,
         slowdowns=[1.0] * devices,
         commit_interval=commit_interval,
@@ -373,9 +405,9 @@ def _live(tmp: Path, devices: int, rounds: int, commit_interval: float = COMMIT_
     with sampler.running():
         ok = run_demo(config, Console(file=io.StringIO()))
     if not ok:
-        raise FlowerError(f"the live run did not finish; see its logs under {tmp / name}")
-    run_dir = next((tmp / name).glob("run-*"))
-    run = _fedstream_run(name, read_metrics(run_dir / "metrics.jsonl"), 0.0)
+        raise FlowerError(f"the live run did not finish; see its logs under {config.out}")
+    run_dir = next(config.out.glob("run-*"))
+    run = _fedstream_run(name, rounds_only(read_metrics(run_dir / "metrics.jsonl")), 0.0)
     run.total_s = time.monotonic() - started
     run.extra["commit_interval_s"] = commit_interval
     run.extra["footprint"] = _footprint(sampler, run.records, run_dir)
@@ -442,35 +474,43 @@ def _time_to(records: list[RoundRecord], target: float) -> float | None:
 
 
 def run(quick: bool = False, progress: Callable[[str], None] = print) -> Result:
-    """Every variant, one after the other; the table and the JSON entries.
+    """Every variant, the compared ones :data:`REPETITIONS` times alternated; the table and
+    the JSON entries (one per run, ``repetition`` numbering the compared ones).
 
-    The plain apps and fedstream-idle share one SuperLink and its SuperNodes, and the
-    controller pair another (its SuperNodes slowed down); the live runs are the demo's own.
-    ``quick``: 2 devices and 2 rounds everywhere (the controller pair: slowdowns 1 and 4),
-    without the plain app's untuned form and the old commit interval.
+    Each repetition starts a SuperLink and its SuperNodes for the plain apps and
+    fedstream-idle, then the live run (the demo's own processes); the controller pair gets
+    another (its SuperNodes slowed down). ``quick``: 2 devices and 2 rounds everywhere, one
+    repetition (the controller pair: slowdowns 1 and 4), without the plain app's untuned
+    form and the old commit interval.
     """
     devices, rounds = (2, 2) if quick else (4, 6)
     controller_rounds = 2 if quick else 8
     slowdowns = (1.0, 4.0) if quick else SLOWDOWNS
+    repetitions = 1 if quick else REPETITIONS
     runs: list[_Run] = []
 
-    def timed(label: str, step: Callable[[], _Run]) -> None:
+    def timed(label: str, step: Callable[[], _Run], repetition: int | None = None) -> None:
         began = time.monotonic()
         runs.append(step())
+        if repetition is not None:
+            runs[-1].extra["repetition"] = repetition
         progress(f"  {label}: {time.monotonic() - began:.0f} s")
 
     with tempfile.TemporaryDirectory(prefix="fedstream-bench-deploy-") as name:
         tmp = Path(name)
-        idle = _settings(devices, rounds, tmp / "idle")
-        buffers = _fill_buffers(tmp / "buffers", devices, _samples_for(idle))
-        with _deployment(tmp / "flwr", buffers) as flower:
-            for optimizer in ("functional",) if quick else ("torch", "functional"):
-                timed(
-                    f"plain ({optimizer})",
-                    functools.partial(_plain, flower, tmp, rounds, optimizer),
-                )
-            timed("fedstream-idle", functools.partial(_idle, flower, "fedstream-idle", idle))
-        timed("fedstream-live", functools.partial(_live, tmp, devices, rounds))
+        idle = [_settings(devices, rounds, tmp / f"idle-{k}") for k in range(repetitions)]
+        buffers = _fill_buffers(tmp / "buffers", devices, _samples_for(*idle))
+        for k in range(repetitions):
+            progress(f" repetition {k + 1} of {repetitions}")
+            with _deployment(tmp / f"flwr-{k}", buffers) as flower:
+                if k == 0 and not quick:  # the untuned form once: the optimizer's cost
+                    timed("plain (torch)", functools.partial(_plain, flower, tmp, rounds, "torch"))
+                for pull in (0.0, PULL_INTERVAL_S):
+                    plain = functools.partial(_plain, flower, tmp, rounds, "functional", pull)
+                    timed(f"plain (functional, pulls {pull or 3:g} s)", plain, k)
+                run_idle = functools.partial(_idle, flower, "fedstream-idle", idle[k])
+                timed("fedstream-idle", run_idle, k)
+            timed("fedstream-live", functools.partial(_live, tmp, devices, rounds, rep=k), k)
         if not quick:  # the ingest daemon's commits as they were before: every 10 ms
             timed(
                 "fedstream-live (10 ms commits)",
@@ -507,7 +547,6 @@ def run(quick: bool = False, progress: Callable[[str], None] = print) -> Result:
                 run_it = functools.partial(_idle, flower, label, settings)
                 timed(f"{label} (seed {seed})", run_it)
                 runs[-1].extra["seed"] = seed
-    by = {r.name: r for r in runs}
     compared = [r for r in runs if r.name.startswith("controller-")]
     # The accuracy every one of them reaches, besides the fixed targets.
     common = round(min(max(r.test_accuracy for r in x.records) for x in compared), 4)
@@ -521,11 +560,46 @@ def run(quick: bool = False, progress: Callable[[str], None] = print) -> Result:
         r.extra["compute_s_per_device"] = _compute_per_device(r.records)
         r.extra["batch_per_device"] = _batch_per_device(r.records)
     entries = [r.entry() for r in runs]
-    base = by["plain-flower-tuned"].entry()["round_wall_median_s"]
+    _add_ratios(entries)
+    meta = {
+        **_meta(quick, devices, rounds),
+        "repetitions": repetitions,
+        "ratios": _ratio_summary(entries),
+        "controllers": _controller_summary(entries),
+    }
+    return Result("deployment", entries, _table(entries, meta["ratios"]), meta)
+
+
+def _add_ratios(entries: list[dict[str, Any]]) -> None:
+    """Each entry's median round over each baseline's of the same repetition (the keys of
+    :data:`BASELINES`; entries outside the repetitions: over the first's)."""
+    medians = {
+        (e["variant"], e["repetition"]): e["round_wall_median_s"]
+        for e in entries
+        if "repetition" in e
+    }
     for e in entries:
-        e["vs_plain_tuned"] = round(e["round_wall_median_s"] / base, 3)
-    meta = {**_meta(quick, devices, rounds), "controllers": _controller_summary(entries)}
-    return Result("deployment", entries, _table(entries), meta)
+        k = e.get("repetition", 0)
+        for base, key in BASELINES.items():
+            e[key] = round(e["round_wall_median_s"] / medians[(base, k)], 3)
+
+
+def _ratio_summary(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per compared variant and baseline: the ratio in each repetition, and their mean, min
+    and max."""
+    out: dict[str, Any] = {}
+    for variant in COMPARED:
+        of = [e for e in entries if e["variant"] == variant and "repetition" in e]
+        out[variant] = {}
+        for base, key in BASELINES.items():
+            ratios = [e[key] for e in of]
+            out[variant][base] = {
+                "per_repetition": ratios,
+                "mean": round(statistics.mean(ratios), 3),
+                "min": min(ratios),
+                "max": max(ratios),
+            }
+    return out
 
 
 def _controller_summary(entries: list[dict[str, Any]]) -> dict[str, Any]:
@@ -569,16 +643,19 @@ def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
 
-def _table(entries: list[dict[str, Any]]) -> str:
+def _table(entries: list[dict[str, Any]], ratios: dict[str, Any] | None = None) -> str:
+    """One row per run; with ``ratios`` (the JSON's), their summary over the repetitions."""
     rows = []
     for e in entries:
         b = e.get("breakdown") or {}
         rows.append(
             [
                 e["variant"],
+                str(e.get("repetition", "-")),
                 f"{e['round_wall_median_s']:.2f} ({e['round_wall_min_s']:.2f}-"
                 f"{e['round_wall_max_s']:.2f})",
                 f"{e['vs_plain_tuned']:.2f}x",
+                f"{e['vs_plain_tuned_pull']:.2f}x" if "vs_plain_tuned_pull" in e else "-",
                 _num(e["clientapp_cpu_s_per_round"]),
                 _num(e["clientapp_start_s"]),
                 _num(e["clientapp_train_s"]),
@@ -587,11 +664,13 @@ def _table(entries: list[dict[str, Any]]) -> str:
                 _times(e),
             ]
         )
-    return markdown_table(
+    table = markdown_table(
         [
             "variant",
+            "repetition",
             "round wall s, median (range)",
             "vs plain tuned",
+            "vs plain tuned, 0.2 s pulls",
             "ClientApp CPU s",
             "process start s",
             "train s",
@@ -601,3 +680,23 @@ def _table(entries: list[dict[str, Any]]) -> str:
         ],
         rows,
     )
+    if ratios:
+        table += "\n\n" + ratio_table(ratios)
+    return table
+
+
+def ratio_table(ratios: dict[str, Any]) -> str:
+    """The median round of each compared variant over each baseline's, within each
+    repetition: mean (min-max) over them."""
+    rows = [
+        [
+            variant,
+            *(
+                f"{r['mean']:.2f}x ({r['min']:.2f}-{r['max']:.2f}, {len(r['per_repetition'])})"
+                for r in by_base.values()
+            ),
+        ]
+        for variant, by_base in ratios.items()
+    ]
+    headers = ["variant"] + [f"vs {base}, mean (min-max, repetitions)" for base in BASELINES]
+    return markdown_table(headers, rows)

@@ -228,7 +228,7 @@ def report(
 ) -> None:
     """Draw the plots and write the summary of any run from its metrics.jsonl (rotated files
     included): a deployed run's, a simulation's, the demo's."""
-    from aggregator.round_log import read_rotated
+    from aggregator.round_log import read_rotated, rounds_only
     from deploy.report import summarize, write_report
 
     require("fedstream report", ("matplotlib",))
@@ -240,7 +240,7 @@ def report(
         records = read_rotated(path)
     except ValueError as err:
         raise fail(str(err)) from err
-    if not records:
+    if not rounds_only(records):
         raise fail(f"{path}: no rounds yet")
     where = out or path.parent
     where.mkdir(parents=True, exist_ok=True)
@@ -249,7 +249,8 @@ def report(
     write_report(records, where / "report.png", f"fedstream run: {path.parent.name}")
     last = records[-1]
     console.print(
-        f"{len(records)} rounds (to round {last.round}), {last.metric} {summary['final_accuracy']} "
+        f"{summary['rounds']} rounds (to round {last.round}), {last.metric} "
+        f"{summary['final_accuracy']} "
         f"prequential, {summary['test_accuracy']} on eval-data; wrote {where / 'summary.json'} "
         f"and {where / 'report.png'}",
         soft_wrap=True,

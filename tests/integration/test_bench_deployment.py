@@ -36,12 +36,15 @@ def test_the_quick_deployment_benchmark_runs_and_its_breakdowns_add_up(tmp_path:
     by = {e["variant"]: e for e in doc["entries"]}
     assert set(by) == {
         "plain-flower-tuned",
+        "plain-flower-tuned-pull",
         "fedstream-idle",
         "fedstream-live",
         "controller-fixed",
         "controller-dynamic",
     }
     assert by["plain-flower-tuned"]["vs_plain_tuned"] == 1.0
+    assert by["plain-flower-tuned-pull"]["vs_plain_tuned_pull"] == 1.0
+    assert doc["repetitions"] == 1 and doc["ratios"]["fedstream-idle"]["plain-flower-tuned"]
     for e in by.values():
         assert e["rounds"] == 2 and all(w > 0 for w in e["round_wall_s"])
         assert e["clientapp_cpu_s_per_round"] > 0
