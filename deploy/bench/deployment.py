@@ -17,10 +17,10 @@ one ClientApp process per message, as deployed), one after the other:
   heterogeneity (slowdowns 1, 1, 2, 4) and enough local work for compute to matter, with
   equal batches or with the proportional controller: time to an accuracy both reach.
 
-The comparison's variants (the tuned plain app both ways, fedstream-idle, fedstream-live)
-run :data:`REPETITIONS` times, alternated (one of each, then again), so that a slow spell of
-the shared host falls on every variant alike; each fedstream variant's ratio to each plain
-one is taken within a repetition, and reported with its spread over them.
+Every variant runs :data:`REPETITIONS` times, alternated (one of each, then again: the
+controller pair over its seeds), so that a slow spell of the shared host falls on every
+variant alike; each variant's ratio to each plain one is taken within a repetition, and
+reported with its spread over them.
 
 Same nodes, rounds, model, samples per step and central evaluation in each. Per round: the
 wall time (the first round, which also installs the app on each SuperNode, is left out of
@@ -83,8 +83,6 @@ CONTROLLER_SEEDS = (0, 1, 2)
 CONTROLLER_TARGETS = (0.85, 0.9)
 #: Alternated repetitions of the comparison's variants (the quick run: one).
 REPETITIONS = 3
-#: The variants whose rounds are compared side by side, in the order each repetition runs.
-COMPARED = ("plain-flower-tuned", "plain-flower-tuned-pull", "fedstream-idle", "fedstream-live")
 #: What fedstream's rounds are divided by (the entry's key for each): the plain app as
 #: written, and with fedstream's pulls.
 BASELINES = {
@@ -503,19 +501,18 @@ def run(quick: bool = False, progress: Callable[[str], None] = print) -> Result:
         for k in range(repetitions):
             progress(f" repetition {k + 1} of {repetitions}")
             with _deployment(tmp / f"flwr-{k}", buffers) as flower:
-                if k == 0 and not quick:  # the untuned form once: the optimizer's cost
-                    timed("plain (torch)", functools.partial(_plain, flower, tmp, rounds, "torch"))
+                if not quick:  # the untuned form: what the optimizer's import costs
+                    untuned = functools.partial(_plain, flower, tmp, rounds, "torch")
+                    timed("plain (torch)", untuned, k)
                 for pull in (0.0, PULL_INTERVAL_S):
                     plain = functools.partial(_plain, flower, tmp, rounds, "functional", pull)
                     timed(f"plain (functional, pulls {pull or 3:g} s)", plain, k)
                 run_idle = functools.partial(_idle, flower, "fedstream-idle", idle[k])
                 timed("fedstream-idle", run_idle, k)
             timed("fedstream-live", functools.partial(_live, tmp, devices, rounds, rep=k), k)
-        if not quick:  # the ingest daemon's commits as they were before: every 10 ms
-            timed(
-                "fedstream-live (10 ms commits)",
-                functools.partial(_live, tmp, devices, rounds, 0.01),
-            )
+            if not quick:  # the ingest daemon's commits as they were before: every 10 ms
+                old = functools.partial(_live, tmp, devices, rounds, 0.01, rep=k)
+                timed("fedstream-live (10 ms commits)", old, k)
         # The dynamic controller probes each device's speed before round 1 (by default: one
         # more Flower exchange); without the probe, round 1 splits B equally, as fixed does.
         controllers = {"fixed": ("fixed", 3), "dynamic": ("dynamic", 3)}
@@ -538,7 +535,6 @@ def run(quick: bool = False, progress: Callable[[str], None] = print) -> Result:
             )
             for seed in ((0,) if quick else CONTROLLER_SEEDS)
             for name, (controller, probe) in controllers.items()
-            if seed == 0 or name != "dynamic-no-probe"
         ]
         needed = _samples_for(*(settings for _, _, settings in plans))
         buffers = _fill_buffers(tmp / "controller-buffers", devices, needed)
@@ -588,7 +584,7 @@ def _ratio_summary(entries: list[dict[str, Any]]) -> dict[str, Any]:
     """Per compared variant and baseline: the ratio in each repetition, and their mean, min
     and max."""
     out: dict[str, Any] = {}
-    for variant in COMPARED:
+    for variant in dict.fromkeys(e["variant"] for e in entries if "repetition" in e):
         of = [e for e in entries if e["variant"] == variant and "repetition" in e]
         out[variant] = {}
         for base, key in BASELINES.items():
