@@ -54,8 +54,10 @@ __all__ = [
 SEEDS = (0, 1, 2)
 
 VIRTUAL_CLOCK_NOTE = (
-    "Times are on the in-process runner's virtual clock (compute x slowdown + wait + "
-    "bytes/bandwidth, a round = its slowest device), not wall time."
+    "Times are on the in-process runner's virtual clock (per message: the model's download, "
+    "wait, compute x slowdown and the update's upload, a round = its slowest device, then the "
+    "aggregator's modelled aggregation and evaluation; the timing probe before round 1 "
+    "charged as its own record), not wall time."
 )
 
 #: A short in-process run (RunSettings fields): a few steps on a small global batch, scored
