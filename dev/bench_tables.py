@@ -12,6 +12,9 @@ Where a scenario module of :mod:`deploy.bench` renders its table from its JSON e
 (``_table``), that renderer is used, so that ``bench/results/NAME.md`` and the page agree by
 construction; the other scenarios build their tables inside their run, and their renderers
 are here (the same columns and formats as their ``NAME.md``).
+
+A marker named in :data:`FOLDER_RENDERERS` is drawn from several JSON files: ``results``, the
+page's ``## Results`` bullets (one per benchmark, ``dev/bench_results.py``).
 """
 
 from __future__ import annotations
@@ -25,11 +28,26 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:  # dev/ is not a package: its sibling module by its folder
+    sys.path.insert(0, str(HERE))
+
+import bench_results  # noqa: E402
+
+ROOT = HERE.parent
 RESULTS = ROOT / "bench" / "results"
 DOC = ROOT / "docs" / "benchmarks.md"
 
-__all__ = ["DOC", "RENDERERS", "RESULTS", "check", "render", "rendered", "update"]
+__all__ = [
+    "DOC",
+    "FOLDER_RENDERERS",
+    "RENDERERS",
+    "RESULTS",
+    "check",
+    "render",
+    "rendered",
+    "update",
+]
 
 MARKER = re.compile(
     r"(<!-- bench:(?P<name>[\w-]+) -->\n)(?P<body>.*?)(<!-- /bench:(?P=name) -->)", re.S
@@ -90,7 +108,7 @@ def _deployment(doc: Doc) -> str:
         ]
         for name, c in controllers.items()
     ]
-    table = deployment._table(doc["entries"])
+    table = deployment._table(doc["entries"], doc.get("ratios"))
     if rows:
         headers = ["controller", "seeds", "round wall s, median (range)"]
         headers += [f"wall s to test accuracy {t}" for t in targets]
@@ -267,14 +285,49 @@ RENDERERS: dict[str, Callable[[Doc], str]] = {
 }
 
 
+#: Blocks drawn from several JSON files: the results folder -> markdown.
+FOLDER_RENDERERS: dict[str, Callable[[Path], str]] = {
+    "results": bench_results.render,
+}
+
+
 def render(name: str, results: Path = RESULTS) -> str:
-    """The tables of benchmark ``name`` from ``results/NAME.json``."""
+    """The block of marker ``name``: a benchmark's tables from ``results/NAME.json``, or
+    (a name of :data:`FOLDER_RENDERERS`) what its renderer draws from the folder.
+
+    Parameters
+    ----------
+    name : str
+        The marker's name (``hetero`` for ``<!-- bench:hetero -->``).
+    results : Path
+        The folder of ``NAME.json`` files.
+
+    Returns
+    -------
+    str
+        The block's markdown.
+    """
+    if name in FOLDER_RENDERERS:
+        return FOLDER_RENDERERS[name](results)
     doc = json.loads((results / f"{name}.json").read_text())
     return RENDERERS[name](doc)
 
 
 def update(text: str, tables: dict[str, str]) -> str:
-    """``text`` with the body between each pair of markers replaced by its table."""
+    """``text`` with the body between each pair of markers replaced by its table.
+
+    Parameters
+    ----------
+    text : str
+        The page.
+    tables : dict of str to str
+        Each marker's block, by the marker's name.
+
+    Returns
+    -------
+    str
+        The page with every marked block replaced (``SystemExit`` for a marker without one).
+    """
 
     def body(match: re.Match[str]) -> str:
         name = match.group("name")
@@ -286,16 +339,44 @@ def update(text: str, tables: dict[str, str]) -> str:
 
 
 def rendered(text: str, results: Path = RESULTS) -> str:
-    """The page ``text`` with every marked table rendered afresh from ``results``."""
+    """The page ``text`` with every marked block rendered afresh from ``results``.
+
+    Parameters
+    ----------
+    text : str
+        The page.
+    results : Path
+        The folder of ``NAME.json`` files.
+
+    Returns
+    -------
+    str
+        The page, every block between markers rendered (``SystemExit`` where a renderer has
+        no marker on the page).
+    """
     names = [m.group("name") for m in MARKER.finditer(text)]
-    missing = sorted(set(RENDERERS) - set(names))
+    known = set(RENDERERS) | set(FOLDER_RENDERERS)
+    missing = sorted(known - set(names))
     if missing:
         raise SystemExit(f"no markers for: {', '.join(missing)}")
-    return update(text, {name: render(name, results) for name in names if name in RENDERERS})
+    return update(text, {name: render(name, results) for name in names if name in known})
 
 
 def check(doc: Path = DOC, results: Path = RESULTS) -> str:
-    """A unified diff of the page against its tables rendered from JSON ('' when they agree)."""
+    """A unified diff of the page against its blocks rendered from JSON.
+
+    Parameters
+    ----------
+    doc : Path
+        The page (``docs/benchmarks.md``).
+    results : Path
+        The folder of ``NAME.json`` files.
+
+    Returns
+    -------
+    str
+        The diff; ``''`` when every block agrees with its JSON.
+    """
     text = doc.read_text()
     fresh = rendered(text, results)
     diff = difflib.unified_diff(

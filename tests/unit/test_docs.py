@@ -1,6 +1,7 @@
 """The README and the docs pages: the README short and opening with the two commands, every
-page it names there, every relative link resolving, and the benchmark tables of
-``docs/benchmarks.md`` equal to what ``dev/bench_tables.py`` renders from their JSON."""
+page it names there, every relative link resolving, and the benchmark tables and the Results
+bullets of ``docs/benchmarks.md`` equal to what ``dev/bench_tables.py`` renders from their
+JSON (a changed figure fails the check, a missing key fails loudly)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
@@ -27,6 +30,9 @@ DEMO_COMMAND = (
 TEST_COMMAND = "bash dev/test.sh"
 
 LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+#: The deployment benchmark's variants compared over alternated repetitions.
+COMPARED = ("plain-flower-tuned", "plain-flower-tuned-pull", "fedstream-idle", "fedstream-live")
 
 
 @cache
@@ -103,6 +109,8 @@ def test_every_benchmark_with_results_has_its_tables_on_the_page() -> None:
     for name in module.RENDERERS:
         assert (module.RESULTS / f"{name}.json").exists(), name
         assert f"<!-- bench:{name} -->" in text and f"<!-- /bench:{name} -->" in text, name
+    for name in module.FOLDER_RENDERERS:
+        assert f"<!-- bench:{name} -->" in text and f"<!-- /bench:{name} -->" in text, name
 
 
 def _tamper(results: Path) -> None:
@@ -130,3 +138,105 @@ def test_a_changed_json_figure_fails_the_check(tmp_path: Path) -> None:
     subprocess.run(argv, check=True, capture_output=True, timeout=120)
     assert module.check(page, results) == ""
     assert page.read_text() != module.DOC.read_text()
+
+
+def _results_block(text: str) -> str:
+    """The body between the page's ``bench:results`` markers."""
+    match = re.search(r"<!-- bench:results -->\n(.*?)<!-- /bench:results -->", text, re.S)
+    assert match, "docs/benchmarks.md has no bench:results markers"
+    return match.group(1)
+
+
+def test_the_results_section_is_generated_from_the_json() -> None:
+    module = bench_tables()
+    results = module.bench_results
+
+    block = _results_block(module.DOC.read_text())
+
+    assert block == results.render(module.RESULTS) + "\n"
+    assert block.count("\n- **") + block.startswith("- **") == len(results.BULLETS)
+    assert "results" in module.FOLDER_RENDERERS and "results" not in module.RENDERERS
+
+
+def _straggler_speedup(doc: dict[str, Any]) -> float:
+    """Async's mean speedup over sync-dynamic with the straggler, as the Results quote it."""
+    ttt = {
+        (e["method"], e["seed"]): e["time-to-target-s"]
+        for e in doc["entries"]
+        if e["scenario"] == "straggler"
+    }
+    seeds = sorted({seed for _, seed in ttt})
+    ratios = [float(ttt[("sync-dynamic", s)]) / float(ttt[("async", s)]) for s in seeds]
+    return sum(ratios) / len(ratios)
+
+
+def test_a_changed_results_figure_fails_the_check(tmp_path: Path) -> None:
+    # Prepare: the page and a copy of the JSON whose straggler speedup (async) moves
+    module = bench_tables()
+    results = shutil.copytree(module.RESULTS, tmp_path / "results")
+    page = tmp_path / "benchmarks.md"
+    shutil.copy(module.DOC, page)
+    path = results / "async.json"
+    doc: dict[str, Any] = json.loads(path.read_text())
+    before = _straggler_speedup(doc)
+    for e in doc["entries"]:
+        if e["scenario"] == "straggler" and e["method"] == "async":
+            e["time-to-target-s"] /= 2
+    path.write_text(json.dumps(doc))
+    after = _straggler_speedup(doc)
+
+    # Execute
+    diff = module.check(page, results)
+
+    # Assert: the Results bullet's figure is the one that changed, both ways in the diff
+    removed = "".join(line for line in diff.splitlines() if line.startswith("-"))
+    added = "".join(line for line in diff.splitlines() if line.startswith("+"))
+    assert f"{before:.2f}x" in removed and f"{after:.2f}x" in added
+    assert f"{after:.2f}x" in _results_block(module.rendered(page.read_text(), results))
+
+
+def test_a_missing_json_key_fails_loudly(tmp_path: Path) -> None:
+    # Prepare: hetero.json without the orchestration figure its Results bullet quotes
+    module = bench_tables()
+    results = shutil.copytree(module.RESULTS, tmp_path / "results")
+    path = results / "hetero.json"
+    doc: dict[str, Any] = json.loads(path.read_text())
+    del doc["flower_round_s"]
+    path.write_text(json.dumps(doc))
+
+    # Execute / Assert: no bullet is made up without it
+    with pytest.raises(KeyError, match="flower_round_s"):
+        module.check(module.DOC, results)
+
+
+def _deployment_with_repetitions(doc: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` (deployment.json) as a run with alternated repetitions writes it: each
+    compared variant's ratios over both plain baselines."""
+    ratios = {
+        variant: {
+            base: {"per_repetition": [r, r + 0.1], "mean": r + 0.05, "min": r, "max": r + 0.1}
+            for base, r in (("plain-flower-tuned", 0.8), ("plain-flower-tuned-pull", 1.1))
+        }
+        for variant in COMPARED
+    }
+    return {**doc, "repetitions": 2, "ratios": ratios}
+
+
+def test_the_deployment_bullet_reads_both_formats() -> None:
+    # Prepare: the committed JSON, and the same as the repetitions' format writes it
+    module = bench_tables()
+    old: dict[str, Any] = json.loads((module.RESULTS / "deployment.json").read_text())
+    old = {k: v for k, v in old.items() if k not in ("repetitions", "ratios")}
+    new = _deployment_with_repetitions(old)
+
+    # Execute
+    one_run = " ".join(module.bench_results.deployment(old).split())
+    repeated = " ".join(module.bench_results.deployment(new).split())
+    table = module.RENDERERS["deployment"](new)
+
+    # Assert: the older JSON is said to be one run; the newer gives mean (min-max) twice
+    assert "one run per variant" in one_run and "0.2 s pull loop" in one_run
+    assert "2 alternated repetitions" in repeated and "one run" not in repeated
+    assert "0.85x (0.80-0.90)" in repeated and "1.15x (1.10-1.20)" in repeated
+    assert "goal <= 1.2x: met, met" in repeated
+    assert "vs plain-flower-tuned-pull, mean (min-max, repetitions)" in table
