@@ -18,6 +18,7 @@ from deploy.constants import (
 )
 from deploy.extras import require_extra
 from deploy.local import ProcessGroup, StartStop, free_port, wait_for_port
+from edge_client.runtime.constants import MQTT_5, MQTT_311
 
 if TYPE_CHECKING:  # the embedded broker is the demo extra's: imported where it is started
     from iotcore import Broker
@@ -116,7 +117,15 @@ def run_embedded_broker(port: int, listen: str = "127.0.0.1") -> None:
 
 
 class EmbeddedBroker(StartStop):
-    """The embedded broker in a child process, on a free port unless one is given."""
+    """The embedded broker in a child process, on a free port unless one is given.
+
+    It speaks MQTT 3.1.1 only (rumqttd's v4 listener; it closes an MQTT 5 connection
+    unanswered): its clients need ``--mqtt-version 3.1.1`` (:attr:`client_args`). It lets
+    each client have :data:`~deploy.constants.EMBEDDED_MAX_INFLIGHT` messages in flight.
+    """
+
+    #: The MQTT version its clients speak.
+    mqtt_version = MQTT_311
 
     def __init__(self, port: int | None = None, listen: str = "127.0.0.1") -> None:
         self.port = port or free_port()
@@ -127,6 +136,11 @@ class EmbeddedBroker(StartStop):
     def url(self) -> str:
         """``mqtt://host:port`` of the broker."""
         return f"mqtt://{self.host}:{self.port}"
+
+    @property
+    def client_args(self) -> list[str]:
+        """The options of a ``fedstream`` command that connects to it."""
+        return ["--broker", self.url, "--mqtt-version", self.mqtt_version]
 
     def start(self) -> Self:
         """Start and wait until it accepts connections."""
@@ -165,6 +179,9 @@ class MosquittoBroker(StartStop):
         does not: sessions and queued messages then outlive a restart, as in production.
     """
 
+    #: The MQTT version its clients speak (Mosquitto 2 speaks 5, 3.1.1 and 3.1).
+    mqtt_version = MQTT_5
+
     def __init__(
         self, config: Path | None = None, files_dir: Path | None = None, persist: bool = False
     ) -> None:
@@ -188,6 +205,11 @@ class MosquittoBroker(StartStop):
     def url(self) -> str:
         """``mqtt://127.0.0.1:<first port>``."""
         return f"mqtt://127.0.0.1:{self.port}"
+
+    @property
+    def client_args(self) -> list[str]:
+        """The options of a ``fedstream`` command that connects to it."""
+        return ["--broker", self.url, "--mqtt-version", self.mqtt_version]
 
     def start(self) -> Self:
         """Write the adapted config, start Mosquitto, wait for every listener."""

@@ -57,13 +57,17 @@ class Streams:
     url: str
     secrets: RunSecrets | None = None
     mosquitto: MosquittoBroker | None = None  # the demo's own, for broker fault injection
+    mqtt_version: str | None = None  # None: the clients' default (MQTT 5, or the environment's)
 
     def client_args(self, dev: str) -> tuple[list[str], dict[str, str]]:
         """Options and environment of ``fedstream publish|ingest`` for device ``dev``."""
+        args = ["--broker", self.url]
+        if self.mqtt_version is not None:
+            args += ["--mqtt-version", self.mqtt_version]
         if self.secrets is None:
-            return ["--broker", self.url], {}
+            return args, {}
         return (
-            ["--broker", self.url, "--username", dev, "--cafile", str(self.secrets.ca)],
+            [*args, "--username", dev, "--cafile", str(self.secrets.ca)],
             {"FEDSTREAM_MQTT_PASSWORD": self.secrets.password(dev)},  # not on command lines
         )
 
@@ -90,7 +94,7 @@ def demo_broker(
         return
     with EmbeddedBroker() as embedded:
         console.print(f"[bold]broker[/bold]: embedded broker (iotcore) on {embedded.url}")
-        yield Streams(embedded.url)
+        yield Streams(embedded.url, mqtt_version=embedded.mqtt_version)
 
 
 def read_stats(paths: dict[str, Path], stores: dict[str, BufferStore]) -> dict[str, dict[str, Any]]:

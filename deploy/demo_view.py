@@ -15,6 +15,7 @@ from deploy.constants import (
     DEFAULT_MQTT_PORT,
 )
 from deploy.demo_config import DemoConfig, device_ids
+from edge_client.runtime.constants import MQTT_311
 from edge_client.wire.run_config import RunSettings
 
 __all__ = [
@@ -108,10 +109,13 @@ def infer_command(config: DemoConfig, settings: RunSettings) -> str:
     """The ``fedstream infer`` command that serves the exported model on ``dev-0``'s stream,
     as the demo's devices publish it: sample frames, or a series' per-reading JSON cut into
     the run's windows (the demo's own broker is gone by now: the command names the one the
-    demo was given, else ``fedstream broker``'s default address)."""
-    broker = config.broker or f"mqtt://127.0.0.1:{DEFAULT_MQTT_PORT}"
+    demo was given, else ``fedstream broker``'s default address, which speaks MQTT 3.1.1)."""
     dev = device_ids(config.devices)[0]
-    args = ["--broker", broker, "--device-id", dev, "--model", settings.export_dir]
+    if config.broker is not None:
+        args = ["--broker", config.broker]
+    else:
+        args = ["--broker", f"mqtt://127.0.0.1:{DEFAULT_MQTT_PORT}", "--mqtt-version", MQTT_311]
+    args += ["--device-id", dev, "--model", settings.export_dir]
     if config.series is not None:
         args += ["--fields", ",".join(config.channels), "--window", str(config.window)]
         args += ["--stride", "1"]

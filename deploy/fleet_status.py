@@ -20,7 +20,13 @@ from typing import Any, Self
 import paho.mqtt.client as mqtt
 
 from deploy.local import StartStop
-from edge_client.runtime.mqtt import BrokerURL, Connection, connect_async, make_client
+from edge_client.runtime.mqtt import (
+    BrokerURL,
+    Connection,
+    Subscriptions,
+    connect_async,
+    make_client,
+)
 from edge_client.runtime.status_metrics import status_number
 from edge_client.wire.topics import STATUS_WILDCARD, device_of_topic
 
@@ -51,7 +57,9 @@ class FleetView(StartStop):
         self._last_message = time.monotonic()
         #: Status messages that were not a JSON object (ignored).
         self.malformed = 0
-        self._client = make_client(f"fedstream-fleet-{secrets.token_hex(4)}", broker)
+        # Not a device's process: an id of its own each time (a second view takes none over).
+        self._client = make_client(f"fedstream-fleet.{secrets.token_hex(4)}", broker)
+        self._subscriptions = Subscriptions((STATUS_WILDCARD,))
         self._client.on_connect = self._on_connect
         self._client.on_message = self._on_message
         self._client.on_subscribe = self._on_subscribe
@@ -92,11 +100,18 @@ class FleetView(StartStop):
         if rc.is_failure:
             self.connection.refused(self.broker, rc)
             return
-        client.subscribe(STATUS_WILDCARD, qos=1)
+        self._subscriptions.send(client)
 
-    def _on_subscribe(self, _c: mqtt.Client, _u: Any, _mid: int, _rc: Any, _p: Any) -> None:
-        self._last_message = time.monotonic()
-        self._connected.set()
+    def _on_subscribe(self, _c: mqtt.Client, _u: Any, mid: int, reasons: Any, _p: Any) -> None:
+        granted = self._subscriptions.acknowledged(mid, reasons, self.connection.v5)
+        if granted is False:
+            self.connection.last_error = (
+                f"the broker refused to subscribe: {self._subscriptions.describe_refusals()}"
+            )
+            log.error("%s", self.connection.last_error)
+        elif granted:
+            self._last_message = time.monotonic()
+            self._connected.set()
 
     def _on_message(self, _c: mqtt.Client, _u: Any, msg: mqtt.MQTTMessage) -> None:
         self._last_message = time.monotonic()
@@ -129,8 +144,11 @@ def fleet_rows(statuses: Mapping[str, Mapping[str, Any]], now: float) -> list[di
     -------
     list of dict
         Kebab-case keys: ``device``, ``online``, ``rate``, ``fill``, ``capacity``,
-        ``accepted``, ``dropped``, ``refused`` and ``refused-by-reason``, ``last-seen-s``
-        (None when never seen), ``drift`` (changes detected) (None where unknown), ``error``.
+        ``accepted``, ``dropped``, ``refused`` and ``refused-by-reason``,
+        ``messages-missing`` and ``readings-missing`` (what never arrived: gaps in
+        publishers' sequence numbers, readings missing at the declared rate),
+        ``last-seen-s`` (None when never seen), ``drift`` (changes detected),
+        ``mqtt-version``, ``error`` (each None where unknown).
     """
     rows = []
     for device, s in sorted(statuses.items()):
@@ -154,8 +172,11 @@ def fleet_rows(statuses: Mapping[str, Mapping[str, Any]], now: float) -> list[di
                 "dropped": _count(s.get("dropped")),
                 "refused": _count(s.get("rejected", sum(reasons.values()))),
                 "refused-by-reason": reasons,
+                "messages-missing": _count(s.get("messages-missing")),
+                "readings-missing": _count(s.get("readings-missing")),
                 "last-seen-s": None if ts is None else round(now - ts, 1),
                 "drift": _count(drift.get("changes")) if isinstance(drift, dict) else None,
+                "mqtt-version": None if s.get("mqtt-version") is None else str(s["mqtt-version"]),
                 "error": None if error is None else str(error),
             }
         )

@@ -25,7 +25,7 @@ from deploy.flower import FlowerDeployment
 from deploy.local import ProcessGroup, fedstream_command, wait_until
 from deploy.secure import RunSecrets, make_node_key
 from edge_client.runtime.buffer import BufferStore
-from edge_client.runtime.mqtt import BrokerOptions, BrokerURL, connect_async, make_client
+from edge_client.runtime.mqtt import BrokerOptions, connect_async, make_client
 from edge_client.runtime.node_config import NodeConfig
 from edge_client.wire.codec import encode, reseal
 
@@ -80,18 +80,20 @@ def scrape_metrics(port: int, timeout: float = 10.0) -> MetricSamples:
 
 class MqttProbe:
     """A plain paho client for checks: publish raw payloads, collect messages, see refusals
-    (``kw``: the credentials and TLS files of :class:`~edge_client.runtime.mqtt.BrokerOptions`,
-    and ``clean_session`` or ``manual_ack`` of :func:`~edge_client.runtime.mqtt.make_client`)."""
+    (``kw``: the credentials, TLS files and MQTT version of
+    :class:`~edge_client.runtime.mqtt.BrokerOptions`, and ``session_expiry`` or ``manual_ack``
+    of :func:`~edge_client.runtime.mqtt.make_client`)."""
 
     def __init__(self, url: str, client_id: str, **kw: Any) -> None:
         self.messages: list[mqtt.MQTTMessage] = []
         self.connected = False
         self.refused: Any = None
-        session = {k: kw.pop(k) for k in ("clean_session", "manual_ack") if k in kw}
-        self.client = make_client(client_id, BrokerOptions.of(url, **kw), **session)
+        session = {k: kw.pop(k) for k in ("session_expiry", "manual_ack") if k in kw}
+        options = BrokerOptions.of(url, **kw)
+        self.client = make_client(client_id, options, **session)
         self.client.on_connect = self._on_connect
         self.client.on_message = lambda _c, _u, m: self.messages.append(m)
-        connect_async(self.client, BrokerURL.parse(url))
+        connect_async(self.client, options)
 
     def _on_connect(self, _c: Any, _u: Any, _f: Any, rc: Any, _p: Any) -> None:
         if rc.is_failure:

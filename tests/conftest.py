@@ -34,6 +34,7 @@ import torch
 from deploy.brokers import EmbeddedBroker, MosquittoBroker, mosquitto_available
 from deploy.inprocess import VirtualDevice
 from deploy.local import ProcessGroup, descendants, pids, proc_stat, wait_until
+from edge_client.runtime.constants import MQTT_VERSION_ENV
 from edge_client.task.synthetic import SensorTask
 from edge_client.wire.frames import encode_frame
 from edge_client.wire.run_config import RunSettings
@@ -160,14 +161,17 @@ def fleet() -> Callable[..., list[VirtualDevice]]:
 
 
 @pytest.fixture
-def broker() -> Iterator[EmbeddedBroker | MosquittoBroker]:
+def broker(monkeypatch: pytest.MonkeyPatch) -> Iterator[EmbeddedBroker | MosquittoBroker]:
     """A broker on a free 127.0.0.1 port: Mosquitto's dev config if installed, else iotcore.
 
-    ``FEDSTREAM_TEST_BROKER=embedded`` forces the embedded broker.
+    ``FEDSTREAM_TEST_BROKER=embedded`` forces the embedded broker; it speaks MQTT 3.1.1 only,
+    so the test's clients (in process and the commands it starts) are told so through
+    ``FEDSTREAM_MQTT_VERSION``, as a user of that broker would.
     """
     choice = os.environ.get("FEDSTREAM_TEST_BROKER", "auto")
     use_mosquitto = choice == "mosquitto" or (choice == "auto" and mosquitto_available())
     b: EmbeddedBroker | MosquittoBroker = MosquittoBroker() if use_mosquitto else EmbeddedBroker()
+    monkeypatch.setenv(MQTT_VERSION_ENV, b.mqtt_version)
     with b:
         yield b
 

@@ -145,9 +145,9 @@ def disk_full() -> dict[str, Any]:
 def _disk_full(mount: Path) -> dict[str, Any]:
     buffer = mount / "dev-0.sqlite"
     with EmbeddedBroker() as broker, ProcessGroup() as group:
-        args = ["--broker", broker.url]
+        args = broker.client_args
         _ingest(group, args, "dev-0", buffer)
-        watcher = MqttProbe(broker.url, "watcher")
+        watcher = MqttProbe(broker.url, "watcher", mqtt_version=broker.mqtt_version)
         watcher.subscribe(status_topic("dev-0"))
         pub = _publish(group, args, "dev-0", "--rate", str(RATE), "--duration", "10")
         _wait_accepted(buffer, 400, 20)

@@ -107,12 +107,12 @@ def daemon_rate(tmp: Path, messages: int, rate: float | None = None) -> dict[str
         procs.start(
             "infer",
             fedstream_command(
-                "infer", "--broker", broker.url, "--device-id", "dev-a", "--model", str(models),
+                "infer", *broker.client_args, "--device-id", "dev-a", "--model", str(models),
                 "--drift", "none",
             ),
             log_path=log,
         )  # fmt: skip
-        probe = MqttProbe(broker.url, "bench-probe")
+        probe = MqttProbe(broker.url, "bench-probe", mqtt_version=broker.mqtt_version)
         probe.subscribe(predictions_topic("dev-a"))
         if not wait_until(lambda: "connected to" in log.read_text(), 60):
             raise RuntimeError(f"fedstream infer did not connect:\n{log.read_text()}")

@@ -35,8 +35,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from deploy.brokers import EmbeddedBroker, MosquittoBroker, mosquitto_available
 from deploy.local import ProcessGroup, fedstream_command
 from edge_client.runtime.buffer import BufferStore
+from edge_client.runtime.constants import INGEST_SESSION_EXPIRY_S
 from edge_client.runtime.ingest import IngestConfig, IngestDaemon
-from edge_client.runtime.mqtt import BrokerURL, connect_async, make_client
+from edge_client.runtime.mqtt import BrokerOptions, BrokerURL, connect_async, make_client
 from edge_client.runtime.windowing import WindowSpec
 from edge_client.task.synthetic import SensorTask
 from edge_client.wire.frames import encode_frame
@@ -63,7 +64,7 @@ def _connected_client(
 
 def make_session(url: BrokerURL, client_id: str) -> None:
     """Create a persistent session subscribed to the samples topic, then leave."""
-    client = _connected_client(url, client_id, clean_session=False)
+    client = _connected_client(url, client_id, session_expiry=INGEST_SESSION_EXPIRY_S)
     client.subscribe(samples_topic(DEVICE), qos=1)
     time.sleep(0.3)
     client.disconnect()
@@ -128,7 +129,7 @@ def drain_raw(url: BrokerURL, messages: int) -> float:
         if count == messages:
             done.set()
 
-    client = make_client("bench-raw", url, clean_session=False)
+    client = make_client("bench-raw", url, session_expiry=INGEST_SESSION_EXPIRY_S)
     client.on_message = on_message
 
     def on_connect(c: mqtt.Client, *_: Any) -> None:
@@ -235,7 +236,7 @@ def rss_kib(pid: int) -> int:
     return 0
 
 
-def memory_case(url: str, seconds: float, tmp: Path) -> dict[str, Any]:
+def memory_case(connect: list[str], seconds: float, tmp: Path) -> dict[str, Any]:
     """RSS of a live ``fedstream ingest`` (truncation) under a steady 64-sample stream."""
     buf = tmp / "mem.sqlite"
     samples: list[tuple[float, int]] = []
@@ -244,8 +245,7 @@ def memory_case(url: str, seconds: float, tmp: Path) -> dict[str, Any]:
             "ingest",
             fedstream_command(
                 "ingest",
-                "--broker",
-                url,
+                *connect,
                 "--device-id",
                 "mem",
                 "--buffer",
@@ -262,8 +262,7 @@ def memory_case(url: str, seconds: float, tmp: Path) -> dict[str, Any]:
             "pub",
             fedstream_command(
                 "publish",
-                "--broker",
-                url,
+                *connect,
                 "--device-id",
                 "mem",
                 "--rate",
@@ -311,7 +310,7 @@ def main() -> None:
     results: dict[str, Any] = {"broker": kind, "cores": os.cpu_count(), "cases": []}
     with broker, tempfile.TemporaryDirectory() as tmpdir:
         tmp = Path(tmpdir)
-        url = BrokerURL.parse(broker.url)
+        url = BrokerOptions.of(broker.url, mqtt_version=broker.mqtt_version)
         for per, n, shape, readings in cases:
             case = throughput_case(url, per, n, shape, reps, tmp, readings)
             results["cases"].append(case)
@@ -328,7 +327,7 @@ def main() -> None:
                 f"ingest/raw {case['ratio']:.2f}x",
                 flush=True,
             )
-        mem = memory_case(broker.url, seconds, tmp)
+        mem = memory_case(broker.client_args, seconds, tmp)
         results["memory"] = mem
         print(
             f"memory over {seconds:.0f} s (truncation, 20k samples/s in 64-sample messages): "

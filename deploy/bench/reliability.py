@@ -50,10 +50,13 @@ def _rss_kib(pid: int) -> int:
     return 0
 
 
-def _ingest(group: ProcessGroup, url: str, dev: str, tmp: Path) -> int:
+def _ingest(
+    group: ProcessGroup, broker: EmbeddedBroker | MosquittoBroker, dev: str, tmp: Path
+) -> int:
     proc = start_ingest(
-        group, url, tmp / f"{dev}.sqlite", dev, "--policy", "truncation",
-        "--capacity", str(CAPACITY), name=f"ingest-{dev}", status_interval=5.0,
+        group, broker.url, tmp / f"{dev}.sqlite", dev, "--policy", "truncation",
+        "--capacity", str(CAPACITY), "--mqtt-version", broker.mqtt_version,
+        name=f"ingest-{dev}", status_interval=5.0,
     )  # fmt: skip
     return proc.pid
 
@@ -67,15 +70,14 @@ def soak(seconds: float) -> dict[str, Any]:
         )
         with broker, ProcessGroup(grace=30.0) as group:
             devs = [f"dev-{i}" for i in range(DEVICES)]
-            pids = {d: _ingest(group, broker.url, d, tmp) for d in devs}  # each made its buffer
+            pids = {d: _ingest(group, broker, d, tmp) for d in devs}  # each made its buffer
             time.sleep(1.0)
             pubs = {
                 d: group.start(
                     f"pub-{d}",
                     fedstream_command(
                         "publish",
-                        "--broker",
-                        broker.url,
+                        *broker.client_args,
                         "--device-id",
                         d,
                         "--rate",
@@ -98,7 +100,7 @@ def soak(seconds: float) -> dict[str, Any]:
                 if not killed and now >= seconds / 3:  # the fault: kill -9, back 2 s later
                     group.kill(f"ingest-{VICTIM}")
                     time.sleep(2.0)
-                    pids[VICTIM] = _ingest(group, broker.url, VICTIM, tmp)
+                    pids[VICTIM] = _ingest(group, broker, VICTIM, tmp)
                     killed = True
                 for d in devs:
                     rss[d].append((now, _rss_kib(pids[d])))

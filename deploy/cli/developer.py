@@ -29,6 +29,7 @@ from deploy.constants import (
     DEMO_MAX_DEVICES,
     DEMO_SETTINGS,
 )
+from edge_client.runtime.constants import MQTT_311, MQTT_VERSION_ENV
 from edge_client.wire.mapping import kebab
 
 __all__ = ["bench", "broker", "demo"]
@@ -39,12 +40,16 @@ def broker(
     listen: Annotated[str, typer.Option(help="Bind address.")] = "127.0.0.1",
     verbose: VerboseOption = False,
 ) -> None:
-    """Run the embedded MQTT broker (iotcore / rumqttd) in the foreground."""
+    """Run the embedded MQTT broker (iotcore / rumqttd) in the foreground: MQTT 3.1.1 only
+    (give its clients --mqtt-version 3.1.1, or FEDSTREAM_MQTT_VERSION=3.1.1)."""
     from deploy.brokers import run_embedded_broker
 
     setup_logging(verbose)
     require("fedstream broker", ("iotcore",))
-    console.print(f"embedded MQTT broker on mqtt://{listen}:{port} (Ctrl+C stops it)")
+    console.print(
+        f"embedded MQTT broker on mqtt://{listen}:{port}, MQTT 3.1.1 only: give its clients "
+        f"--mqtt-version {MQTT_311} (or {MQTT_VERSION_ENV}={MQTT_311}) (Ctrl+C stops it)"
+    )
     try:
         with stoppable("the broker", normal_end=True):
             run_embedded_broker(port, listen)

@@ -25,6 +25,7 @@ from deploy.cli.options import (
     Credentials,
     DaemonConnectTimeoutOption,
     Distribution,
+    MaxPayloadOption,
     MetricsListenOption,
     MetricsPortOption,
     Policy,
@@ -42,12 +43,14 @@ from edge_client.runtime.constants import (
     COMMIT_INTERVAL_S,
     DEFAULT_CAPACITY,
     DEFAULT_LABEL_WAIT_S,
+    INGEST_SESSION_EXPIRY_S,
     MAX_COMMIT_INTERVAL_S,
     RATE_LOG_S,
     STATUS_INTERVAL_S,
 )
 from edge_client.runtime.drift_watch import DEFAULT_DELTA
 from edge_client.task.constants import DEFAULT_NUM_CLASSES, DEFAULT_SHAPE, DIGITS_SHAPE
+from edge_client.wire.constants import DEFAULT_MAX_PAYLOAD_BYTES
 
 if TYPE_CHECKING:
     from edge_client.emulation import PublisherConfig, SampleSource, SeriesReadings
@@ -170,6 +173,7 @@ def publish(
     topic: Annotated[
         str | None, typer.Option(help="Publish here instead of fedstream/v1/<id>/samples.")
     ] = None,
+    max_payload: MaxPayloadOption = DEFAULT_MAX_PAYLOAD_BYTES,
     verbose: VerboseOption = False,
 ) -> None:
     """Publish a sensor stream at a rate; prints the achieved rate at the end."""
@@ -201,6 +205,7 @@ def publish(
             qos=qos,
             seed=seed,
             topic=topic,
+            max_payload=max_payload,
         )
     except (ValueError, OSError) as err:
         raise fail(str(err)) from err
@@ -323,6 +328,7 @@ def _run_publisher(
         f"published {report.samples} samples in {report.messages} messages over "
         f"{report.elapsed_s:.1f} s: achieved {report.achieved_rate:.1f} samples/s "
         f"(target {report.target_rate:.1f}); {report.acknowledged} acknowledged"
+        + "".join(f"; {n} refused: {why}" for why, n in report.refused.items())
     )
 
 
@@ -363,6 +369,15 @@ def ingest(
             click_type=POSITIVE,
         ),
     ] = RATE_LOG_S,
+    session_expiry: Annotated[
+        int,
+        typer.Option(
+            "--session-expiry",
+            help="Seconds the broker keeps this daemon's session, and queues its messages, "
+            "while it is away (MQTT 5); 0: none.",
+            min=0,
+        ),
+    ] = INGEST_SESSION_EXPIRY_S,
     commit_interval: Annotated[
         float,
         typer.Option(
@@ -399,6 +414,14 @@ def ingest(
         float,
         reading_option("Seconds of stream time a sample waits for its label.", "--label-wait"),
     ] = DEFAULT_LABEL_WAIT_S,
+    seq_field: Annotated[
+        str | None,
+        reading_option(
+            "The sensor's reading counter, if it sends one: a jump counts readings that "
+            "never arrived (status readings-missing).",
+            "--seq-field",
+        ),
+    ] = None,
     connect_timeout: DaemonConnectTimeoutOption = None,
     metrics_port: MetricsPortOption = None,
     metrics_listen: MetricsListenOption = "0.0.0.0",
@@ -413,11 +436,12 @@ def ingest(
 
     setup_logging(verbose)
     try:
-        if readings["window"] is None and (label_field or label_topic or classes):
+        if readings["window"] is None and (label_field or label_topic or classes or seq_field):
             raise ValueError("per-reading JSON needs --window (readings per sample)")
         spec = _window_spec(
             device_id, readings, label_field=label_field, label_topic=label_topic,
             classes=classes, num_classes=num_classes or 0, label_wait=label_wait,
+            seq_field=seq_field,
         )  # fmt: skip
         url = broker_options(broker, credentials, connect_timeout)
         config = IngestConfig(
@@ -432,6 +456,7 @@ def ingest(
             status_interval=status_interval,
             log_interval=log_interval,
             commit_interval=commit_interval,
+            session_expiry=session_expiry,
             inject=inject,
             topics=tuple(readings["topic"] or ()) if spec is None else (),
             windowing=spec,
@@ -500,6 +525,7 @@ def infer(
     connect_timeout: DaemonConnectTimeoutOption = None,
     credentials: Credentials = NO_CREDENTIALS,
     readings: Readings = NO_READINGS,
+    max_payload: MaxPayloadOption = DEFAULT_MAX_PAYLOAD_BYTES,
     verbose: VerboseOption = False,
 ) -> None:
     """Run the newest model on every sample of the device's stream; publish predictions to
@@ -520,6 +546,7 @@ def infer(
                 windowing=spec,
                 drift=drift,
                 drift_delta=drift_delta,
+                max_payload=max_payload,
             )
         )
     except (ValueError, OSError) as err:

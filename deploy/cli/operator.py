@@ -142,7 +142,8 @@ def _fleet_table(rows: list[dict[str, Any]], broker: str) -> Table:
         return "-" if value is None else fmt.format(value)
 
     table = Table(title=f"fleet on {broker}", box=box.SIMPLE_HEAD)
-    for column in ("device", "online", "rate/s", "fill", "dropped", "refused", "seen", "drift"):
+    columns = ("device", "online", "rate/s", "fill", "dropped", "refused", "missing", "seen")
+    for column in (*columns, "drift"):
         table.add_column(column, justify="left" if column == "device" else "right")
     table.add_column("error")
     for row in rows:
@@ -157,11 +158,26 @@ def _fleet_table(rows: list[dict[str, Any]], broker: str) -> Table:
             fill,
             num(row["dropped"]),
             num(row["refused"]) + (f" ({reasons})" if reasons else ""),
+            _missing(row),
             num(row["last-seen-s"], "{:.0f}s ago"),
             num(row["drift"]),
             row["error"] or "",
         )
     return table
+
+
+def _missing(row: dict[str, Any]) -> str:
+    """The fleet table's ``missing`` cell: messages and readings that never arrived, in red
+    where any did."""
+    parts = [
+        f"{row[key]} {unit}"
+        for key, unit in (("messages-missing", "msgs"), ("readings-missing", "readings"))
+        if row[key]
+    ]
+    if parts:
+        return f"[red]{', '.join(parts)}[/red]"
+    known = row["messages-missing"] is not None or row["readings-missing"] is not None
+    return "0" if known else "-"
 
 
 def models(

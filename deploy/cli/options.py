@@ -1,8 +1,8 @@
 """Options that several commands share, and the choices of options.
 
 The broker's options (``--broker``, ``--username``, ``--password``, ``--cafile``,
-``--certfile``, ``--keyfile``, ``--connect-timeout``) are declared here once; a command hands
-what it was given to :func:`broker_options`, which makes one
+``--certfile``, ``--keyfile``, ``--mqtt-version``, ``--connect-timeout``) are declared here
+once; a command hands what it was given to :func:`broker_options`, which makes one
 :class:`~edge_client.runtime.mqtt.BrokerOptions` of them.
 """
 
@@ -23,6 +23,8 @@ from edge_client.runtime.constants import (
     DEFAULT_MAX_GAP_S,
     DEFAULT_MAX_SKEW_S,
     DEFAULT_POLICY,
+    MQTT_VERSION_ENV,
+    MQTT_VERSIONS,
     POLICIES,
 )
 from edge_client.wire.constants import RATE_SETS
@@ -48,6 +50,7 @@ __all__ = [
     "Distribution",
     "FieldsOption",
     "MaxGapOption",
+    "MaxPayloadOption",
     "MaxSkewOption",
     "MetricsListenOption",
     "MetricsPortOption",
@@ -104,6 +107,26 @@ CertfileOption = Annotated[
 KeyfileOption = Annotated[
     str | None, typer.Option(help="The key of --certfile (PEM), if not in the same file.")
 ]
+MqttVersionOption = Annotated[
+    str | None,
+    typer.Option(
+        "--mqtt-version",
+        envvar=MQTT_VERSION_ENV,
+        help="MQTT version: 5 (default; bursts wait in flight, not in the broker's queue) or "
+        "3.1.1 for brokers without MQTT 5 (the embedded one).",
+        click_type=click.Choice(MQTT_VERSIONS),
+        show_default=False,
+    ),
+]
+MaxPayloadOption = Annotated[
+    int,
+    typer.Option(
+        "--max-payload",
+        help="Largest message to publish, in bytes; bigger ones go as several (AWS IoT "
+        "Core takes 128 KB, Azure IoT Hub 256 KB).",
+        min=1024,
+    ),
+]
 ConnectionOption = Annotated[
     str | None,
     typer.Option(help="SuperLink connection in $FLWR_HOME/config.toml (default: its default)."),
@@ -156,8 +179,9 @@ Decorator = Callable[[Callable[..., None]], Callable[..., None]]
 #: What :data:`with_credentials` hands a command: its credential options by name.
 Credentials = dict[str, str | None]
 NO_CREDENTIALS: Credentials = {}
-#: The broker's credential and TLS options (``--username``, ``--password``, ``--cafile``,
-#: ``--certfile``, ``--keyfile``) in place of a command's parameter ``credentials``.
+#: The broker's credential, TLS and protocol options (``--username``, ``--password``,
+#: ``--cafile``, ``--certfile``, ``--keyfile``, ``--mqtt-version``) in place of a command's
+#: parameter ``credentials``.
 with_credentials = _grouped(
     "credentials",
     {
@@ -166,6 +190,7 @@ with_credentials = _grouped(
         "cafile": (CafileOption, None),
         "certfile": (CertfileOption, None),
         "keyfile": (KeyfileOption, None),
+        "mqtt_version": (MqttVersionOption, None),
     },
 )
 

@@ -6,6 +6,11 @@ number, so that the ingest daemon can drop QoS 1 redeliveries; or, from a
 sends it (told apart by their timestamps). paho keeps QoS 1 messages
 while the broker is away and resends them after it reconnects, so publishing goes on
 through broker restarts.
+
+No message is bigger than the broker takes (``max_payload``, AWS IoT Core's 128 KB by
+default): a batch that would be goes as several frames (or reading lists). Under MQTT 5 the
+broker says why it refuses a message (PUBACK reason codes: not authorised, quota exceeded,
+...); refusals are counted in the report and logged once per reason.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ import logging
 import secrets
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,9 +36,16 @@ from edge_client.emulation.constants import (
 from edge_client.emulation.reading_replay import SeriesReadings
 from edge_client.emulation.schedule import arrival_offsets
 from edge_client.emulation.sources import SampleSource
-from edge_client.runtime.mqtt import BrokerOptions, BrokerURL, connect_async, make_client
-from edge_client.wire.frames import encode_frame
-from edge_client.wire.topics import samples_topic
+from edge_client.runtime.mqtt import (
+    BrokerOptions,
+    BrokerURL,
+    connect_async,
+    describe_reason,
+    make_client,
+)
+from edge_client.wire.constants import DEFAULT_MAX_PAYLOAD_BYTES
+from edge_client.wire.frames import encode_frames, frame_capacity
+from edge_client.wire.topics import check_topic, client_id, samples_topic
 
 __all__ = ["PublishReport", "PublisherConfig", "run_publisher"]
 
@@ -60,6 +73,7 @@ class PublisherConfig:
     drain_timeout: float = 60.0
     publisher_id: str = field(default_factory=lambda: secrets.token_hex(6))
     topic: str | None = None  # default: the device's samples topic
+    max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES  # bytes: bigger batches go as several
 
     def __post_init__(self) -> None:
         if self.count is not None and self.duration is not None:
@@ -74,8 +88,10 @@ class PublisherConfig:
             raise ValueError(f"rate must be > 0, got {self.rate}")
         if self.qos not in (0, 1, 2):
             raise ValueError(f"qos must be 0, 1 or 2, got {self.qos}")
-        if self.topic is not None and (not self.topic or "+" in self.topic or "#" in self.topic):
-            raise ValueError(f"publish topic {self.topic!r} must be non-empty, without wildcards")
+        if self.topic is not None:
+            check_topic(self.topic)
+        if self.max_payload < 1:
+            raise ValueError(f"max payload must be >= 1 byte, got {self.max_payload}")
 
 
 @dataclass
@@ -89,6 +105,7 @@ class PublishReport:
     acknowledged: int
     elapsed_s: float
     target_rate: float
+    refused: dict[str, int] = field(default_factory=dict)  # by the broker's reason (MQTT 5)
 
     @property
     def achieved_rate(self) -> float:
@@ -106,6 +123,7 @@ class PublishReport:
             "elapsed-s": round(self.elapsed_s, 3),
             "target-rate": round(self.target_rate, 3),
             "achieved-rate": round(self.achieved_rate, 3),
+            "refused": dict(self.refused),
         }
 
 
@@ -116,6 +134,8 @@ class _Acks:
         self.count = 0
         self.connected = threading.Event()
         self.refused: str | None = None
+        #: Messages the broker acknowledged with a refusal (MQTT 5), by reason.
+        self.refusals: Counter[str] = Counter()
 
     def on_connect(self, client: mqtt.Client, _u: Any, _f: Any, rc: Any, _p: Any) -> None:
         if rc.is_failure:
@@ -130,8 +150,13 @@ class _Acks:
         if rc.is_failure:
             log.warning("lost the broker (%s); paho reconnects and resends", rc)
 
-    def on_publish(self, client: mqtt.Client, _u: Any, _mid: int, _rc: Any, _p: Any) -> None:
+    def on_publish(self, client: mqtt.Client, _u: Any, _mid: int, rc: Any, _p: Any) -> None:
         self.count += 1
+        if rc.is_failure:  # MQTT 5: acknowledged, but not taken (a 3.1.1 broker never says)
+            reason = describe_reason(rc, v5=True)
+            if not self.refusals[reason]:
+                log.error("the broker refused a message: %s (counted; logged once)", reason)
+            self.refusals[reason] += 1
 
 
 def run_publisher(
@@ -167,11 +192,15 @@ def run_publisher(
     ------
     ConnectionError
         If no connection is made within the broker's ``connect_timeout`` seconds.
+    ValueError
+        If one sample is bigger than ``max_payload`` (or a reading, when sent).
     """
     stop = stop or threading.Event()
+    if not isinstance(source, SeriesReadings):  # too big a sample: say so before connecting
+        frame_capacity(source.shape, config.publisher_id, config.max_payload)
     acks = _Acks()
     client = make_client(
-        f"fedstream-pub-{config.device_id}-{config.publisher_id}",
+        client_id(config.device_id, "publish", config.publisher_id),
         config.broker,
     )
     client.on_connect = acks.on_connect
@@ -232,14 +261,22 @@ def _publish_loop(
             pass
         n = config.batch if total is None else min(config.batch, total - sent)
         if isinstance(source, SeriesReadings):
-            payload = source.payload(n)
+            payloads = source.payloads(n, config.max_payload)
         else:
             x, y = source.next(n)
             ts = np.full(n, time.time())
-            payload = encode_frame(x, y, ts, publisher=config.publisher_id, seq=messages)
-        client.publish(topic, payload, qos=config.qos)
+            payloads = encode_frames(
+                x,
+                y,
+                ts,
+                publisher=config.publisher_id,
+                seq=messages,
+                max_payload=config.max_payload,
+            )
+        for payload in payloads:
+            client.publish(topic, payload, qos=config.qos)
         sent += n
-        messages += 1
+        messages += len(payloads)
         now = time.monotonic()
         if progress is not None and now >= next_report:
             progress[0](sent, acks.count, now - start)
@@ -255,6 +292,7 @@ def _publish_loop(
         acknowledged=acks.count if config.qos > 0 else messages,
         elapsed_s=elapsed,
         target_rate=config.rate,
+        refused=dict(acks.refusals),
     )
 
 

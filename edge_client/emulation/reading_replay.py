@@ -81,10 +81,42 @@ class SeriesReadings:
 
     def payload(self, n: int) -> bytes:
         """The next ``n`` readings: one JSON object, or a list of ``n`` of them."""
-        stamps, rows = [], []
+        return encode_readings(*self._next(n), self.names)
+
+    def payloads(self, n: int, max_payload: int) -> list[bytes]:
+        """The next ``n`` readings as few messages of at most ``max_payload`` bytes each
+        (one JSON list, or single objects, as :meth:`payload`), in order.
+
+        Raises
+        ------
+        ValueError
+            If one reading alone is bigger than ``max_payload``.
+        """
+        stamps, rows = self._next(n)
+        out: list[bytes] = []
+        parts = [(0, n)]
+        while parts:  # halve what does not fit, keeping the order
+            lo, hi = parts.pop(0)
+            payload = encode_readings(stamps[lo:hi], rows[lo:hi], self.names)
+            if len(payload) <= max_payload:
+                out.append(payload)
+            elif hi - lo == 1:
+                raise ValueError(
+                    f"one reading makes a {len(payload)}-byte message, more than the largest "
+                    f"message, {max_payload} bytes (--max-payload)"
+                )
+            else:
+                mid = (lo + hi) // 2
+                parts[:0] = [(lo, mid), (mid, hi)]
+        return out
+
+    def _next(self, n: int) -> tuple[list[float], list[list[float]]]:
+        """The next ``n`` readings' timestamps and values."""
+        stamps: list[float] = []
+        rows: list[list[float]] = []
         for _ in range(n):
             passes, i = divmod(self.sent, len(self.values))
             stamps.append(round(self.start + self.sent / self.rate + passes * REPLAY_GAP_S, 6))
-            rows.append(self.values[i])
+            rows.append(self.values[i].tolist())
             self.sent += 1
-        return encode_readings(stamps, rows, self.names)
+        return stamps, rows

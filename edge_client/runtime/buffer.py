@@ -13,6 +13,8 @@ Samples are stored one row per message ("chunk") with the features as a blob, so
 ``accepted``   samples stored
 ``dropped``    samples discarded by the policy (at arrival or by eviction)
 ``duplicates`` messages dropped as QoS 1 redeliveries
+``messages-missing`` messages of fedstream publishers that never arrived: gaps in their
+               sequence numbers (a late arrival takes its number off; in messages)
 ``rejected``   messages refused as malformed (``rejected:<reason>`` per reason)
 ``consumed``   samples taken by training
 ``fill``       samples in the buffer now (= accepted - evicted - consumed)
@@ -20,7 +22,8 @@ Samples are stored one row per message ("chunk") with the features as a blob, so
 Windowing a per-reading stream (:mod:`edge_client.runtime.windowing`) counts in readings
 instead: ``messages`` and ``rejected`` (messages refused whole, readings refused one by one),
 ``duplicates`` (redelivered readings), ``readings`` (taken into windows), ``readings-at-gaps``
-(given up at a gap before they filled a window); samples are windows, and
+(given up at a gap before they filled a window), ``readings-missing`` (missing inside a
+stream at the declared rate: what a broker dropped); samples are windows, and
 ``windows-dropped:<reason>`` counts windows that never got a label.
 
 Policies: ``truncation`` keeps the newest ``capacity`` samples and evicts the oldest;
@@ -67,7 +70,16 @@ __all__ = [
 ]
 
 
-COUNTERS = ("messages", "received", "accepted", "dropped", "duplicates", "rejected", "consumed")
+COUNTERS = (
+    "messages",
+    "received",
+    "accepted",
+    "dropped",
+    "duplicates",
+    "rejected",
+    "consumed",
+    "messages-missing",
+)
 
 
 class SampleBuffer(Protocol):
@@ -255,14 +267,17 @@ class BufferStore(SqliteStore):
         with self._write() as db:
             fill = self._counter(db, "fill")
             windows: dict[str, SeqWindow] = {}
+            missing_before = 0  # of the publishers met in this transaction
             start = 0
             for n, publisher, seq in zip(
                 arrivals.counts, arrivals.publishers, arrivals.seqs, strict=True
             ):
                 at, start = start, start + n
                 if publisher is not None:
-                    window = windows.get(publisher) or self._window(db, publisher, seq)
-                    windows[publisher] = window
+                    window = windows.get(publisher)
+                    if window is None:
+                        window = windows[publisher] = self._window(db, publisher, seq)
+                        missing_before += window.missing
                     if window.seen(seq):
                         duplicates += 1
                         continue
@@ -299,6 +314,7 @@ class BufferStore(SqliteStore):
                 "duplicates": duplicates,
                 "rejected": n_rejected,
                 "fill": accepted - evicted,
+                "messages-missing": sum(w.missing for w in windows.values()) - missing_before,
             }
             deltas.update({f"rejected:{k}": v for k, v in rejected.items()})
             for name, n in (counts or {}).items():
@@ -323,8 +339,8 @@ class BufferStore(SqliteStore):
     def _window(db: sqlite3.Connection, publisher: str, seq: int) -> SeqWindow:
         """The publisher's de-duplication window as stored (new: starting at ``seq``)."""
         row = db.execute(
-            "SELECT last_seq, bits FROM publishers LEFT JOIN seen_ahead USING (publisher) "
-            "WHERE publisher = ?",
+            "SELECT last_seq, bits, low, high, lost FROM publishers "
+            "LEFT JOIN seen_ahead USING (publisher) WHERE publisher = ?",
             (publisher,),
         ).fetchone()
         return SeqWindow.starting_at(seq) if row is None else SeqWindow.from_stored(*row)
@@ -332,9 +348,10 @@ class BufferStore(SqliteStore):
     @staticmethod
     def _save_windows(db: sqlite3.Connection, windows: Mapping[str, SeqWindow]) -> None:
         db.executemany(
-            "INSERT INTO publishers VALUES (?, ?) "
-            "ON CONFLICT(publisher) DO UPDATE SET last_seq = excluded.last_seq",
-            [(p, w.floor) for p, w in windows.items()],
+            "INSERT INTO publishers (publisher, last_seq, low, high, lost) VALUES (?, ?, ?, ?, ?) "
+            "ON CONFLICT(publisher) DO UPDATE SET last_seq = excluded.last_seq, "
+            "low = excluded.low, high = excluded.high, lost = excluded.lost",
+            [(p, w.floor, w.low, w.high, w.lost) for p, w in windows.items()],
         )
         ahead = [(p, w.to_bytes()) for p, w in windows.items()]
         db.executemany(  # an in-order stream has nothing ahead: usually no row at all
@@ -484,6 +501,7 @@ class BufferStore(SqliteStore):
             out["windows-dropped-by-reason"] = _by_reason(counters, "windows-dropped")
             out["readings"] = int(counters["readings"])
             out["readings-at-gaps"] = int(counters.get("readings-at-gaps", 0))
+            out["readings-missing"] = int(counters.get("readings-missing", 0))
             out["windows-held"] = int(
                 self._db.execute("SELECT count(*) FROM held_windows").fetchone()[0]
             )

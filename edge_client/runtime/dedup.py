@@ -11,6 +11,12 @@ numbers seen above it. An in-order stream keeps the bitmap empty. The bitmap nev
 more than ``DEDUP_WINDOW`` numbers: a gap further behind the newest message than any client
 can have messages in flight (MQTT message ids are 16 bit) is forgotten, and a hostile
 sequence number cannot make the state grow.
+
+The same state tells what never arrived: the numbers from the lowest stored to the highest
+stored that were not stored are missing (a broker dropped them, most likely), and a late
+arrival takes its number off again. Numbers the window forgets unseen stay counted
+(:attr:`SeqWindow.lost`; at most ``DEDUP_WINDOW`` per jump, so that a hostile number cannot
+inflate the count without bound).
 """
 
 from __future__ import annotations
@@ -32,10 +38,17 @@ class SeqWindow:
         Every number <= floor counts as seen.
     bits : int
         Bit i set: number ``floor + 1 + i`` was seen (0 for an in-order stream).
+    low, high : int or None
+        The lowest and highest numbers stored (None: none yet).
+    lost : int
+        Numbers between ``low`` and ``high`` that the window forgot without seeing them.
     """
 
     floor: int
     bits: int = 0
+    low: int | None = None
+    high: int | None = None
+    lost: int = 0
 
     @classmethod
     def starting_at(cls, seq: int) -> SeqWindow:
@@ -44,7 +57,7 @@ class SeqWindow:
         Up to ``DEDUP_WINDOW`` earlier numbers may still come (a queue delivered out of
         order); anything older counts as seen.
         """
-        return cls(max(-1, seq - 1 - DEDUP_WINDOW))  # numbers start at 0
+        return cls(max(-1, seq - 1 - DEDUP_WINDOW))  # numbers start at 0; add() sets the span
 
     def seen(self, seq: int) -> bool:
         """True when ``seq`` was stored already (a redelivery) or is too old to be new."""
@@ -54,11 +67,31 @@ class SeqWindow:
         """Record ``seq`` as stored; raise the floor over every gap that closed."""
         if self.seen(seq):
             return
+        self.low = seq if self.low is None else min(self.low, seq)
+        self.high = seq if self.high is None else max(self.high, seq)
         if seq - self.floor > DEDUP_WINDOW:  # slide: forget gaps that far behind
-            self._raise_floor(seq - DEDUP_WINDOW)
+            floor = seq - DEDUP_WINDOW
+            self.lost += min(self._unseen(floor), DEDUP_WINDOW)
+            self._raise_floor(floor)
         self.bits |= 1 << (seq - self.floor - 1)
         ones = (~self.bits & (self.bits + 1)).bit_length() - 1  # trailing set bits
         self._raise_floor(self.floor + ones)
+
+    @property
+    def missing(self) -> int:
+        """Numbers from the lowest stored to the highest stored that were never stored."""
+        if self.high is None:
+            return self.lost
+        return self.lost + self._unseen(self.high)
+
+    def _unseen(self, upto: int) -> int:
+        """Numbers above the floor (and not below ``low``) up to ``upto`` not seen."""
+        start = self.floor if self.low is None else max(self.floor, self.low - 1)
+        if upto <= start:
+            return 0
+        span = upto - self.floor  # bits 0 .. span-1 are the numbers up to ``upto``
+        seen = self.bits if span >= self.bits.bit_length() else self.bits & ((1 << span) - 1)
+        return (upto - start) - seen.bit_count()
 
     def _raise_floor(self, floor: int) -> None:
         shift = floor - self.floor
@@ -71,6 +104,17 @@ class SeqWindow:
         return self.bits.to_bytes((self.bits.bit_length() + 7) // 8, "little")
 
     @classmethod
-    def from_stored(cls, floor: int, bits: bytes | None) -> SeqWindow:
-        """The window as :meth:`to_bytes` and its floor stored it."""
-        return cls(floor, int.from_bytes(bits or b"", "little"))
+    def from_stored(
+        cls,
+        floor: int,
+        bits: bytes | None,
+        low: int | None = None,
+        high: int | None = None,
+        lost: int = 0,
+    ) -> SeqWindow:
+        """The window as :meth:`to_bytes`, its floor and its span stored it (a buffer file of
+        a layout before loss counting has no span: counting starts above the floor)."""
+        ahead = int.from_bytes(bits or b"", "little")
+        if low is None or high is None:
+            low, high = floor + 1, floor + ahead.bit_length()
+        return cls(floor, ahead, low, high, lost)

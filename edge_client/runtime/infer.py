@@ -28,7 +28,9 @@ buffer file when ``--buffer`` is given (so the ingest status and the ClientApp's
 report it). A forecasting task's predictions are for the ``H`` readings after each sample.
 
 The broker connection is paho's: it reconnects with back-off after the broker goes away and
-subscribes again on every connect.
+subscribes again on every connect (a clean session: predictions are for live samples). A
+predictions message is never bigger than ``max_payload`` (a broker's largest message): a
+batch whose predictions would be goes as several messages.
 """
 
 from __future__ import annotations
@@ -50,7 +52,13 @@ import torch
 
 from edge_client.runtime.constants import INFER_BATCH_MAX, INFER_STATUS_S, MODEL_POLL_S
 from edge_client.runtime.drift_watch import DEFAULT_DELTA, DETECTORS, DriftWatch, errors_of
-from edge_client.runtime.mqtt import BrokerURL, connect_async, make_client
+from edge_client.runtime.mqtt import (
+    BrokerURL,
+    Subscriptions,
+    connect_async,
+    describe_reason,
+    make_client,
+)
 from edge_client.runtime.signals import Subscribed, run_connected
 from edge_client.runtime.windowing import WindowAssembler, WindowSpec
 from edge_client.task.manifest import SAMPLE_SHAPE
@@ -61,8 +69,9 @@ from edge_client.wire.artifact import (
     latest_version,
     load_version,
 )
+from edge_client.wire.constants import DEFAULT_MAX_PAYLOAD_BYTES
 from edge_client.wire.frames import decode_messages
-from edge_client.wire.topics import predictions_topic, samples_topic
+from edge_client.wire.topics import client_id, predictions_topic, samples_topic
 
 __all__ = ["InferConfig", "InferenceDaemon"]
 
@@ -98,6 +107,8 @@ class InferConfig:
         ADWIN's confidence.
     poll_interval : float
         Seconds between looks for a newer model version.
+    max_payload : int
+        Bytes a predictions message may take at most (more predictions go as several).
     """
 
     broker: BrokerURL
@@ -109,6 +120,7 @@ class InferConfig:
     drift: str = "adwin"
     drift_delta: float = DEFAULT_DELTA
     poll_interval: float = MODEL_POLL_S
+    max_payload: int = DEFAULT_MAX_PAYLOAD_BYTES
 
     def __post_init__(self) -> None:
         if self.drift not in DETECTORS:
@@ -117,6 +129,8 @@ class InferConfig:
             raise ValueError(f"drift delta must lie in (0, 1), got {self.drift_delta}")
         if self.poll_interval <= 0:
             raise ValueError(f"poll interval must be > 0, got {self.poll_interval}")
+        if self.max_payload < 1:
+            raise ValueError(f"max payload must be >= 1 byte, got {self.max_payload}")
         if self.windowing is not None and self.windowing.labelled:
             raise ValueError(
                 "inference predicts every window as it forms: give no --label-field or "
@@ -168,14 +182,13 @@ class InferenceDaemon(Subscribed):
         self._watch: DriftWatch | None = None
         self._standardizer: ChannelStandardizer | None = None
         self._next_poll = 0.0
-        self._client = make_client(
-            f"fedstream-infer-{config.device_id}",
-            config.broker,
-            clean_session=True,  # predictions are for live samples: nothing to catch up on
-        )
+        # A clean session: predictions are for live samples, there is nothing to catch up on.
+        self._client = make_client(client_id(config.device_id, "infer"), config.broker)
+        self._subscriptions = Subscriptions(config.subscriptions)
         self._client.on_connect = self._on_connect
         self._client.on_disconnect = self._on_disconnect
         self._client.on_message = self._on_message
+        self._client.on_subscribe = self._on_subscribe
         self._worker = threading.Thread(target=self._loop, name="infer", daemon=True)
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -216,14 +229,27 @@ class InferenceDaemon(Subscribed):
         if rc.is_failure:
             self.connection.refused(self.config.broker, rc)
             return
-        client.subscribe([(topic, 1) for topic in self.config.subscriptions])
-        log.info("connected to %s", self.config.broker)
-        self._connected.set()
+        self._subscriptions.send(client)
+
+    def _on_subscribe(self, _c: mqtt.Client, _u: Any, mid: int, reasons: Any, _p: Any) -> None:
+        granted = self._subscriptions.acknowledged(mid, reasons, self.connection.v5)
+        if granted is False:
+            self.connection.last_error = (
+                f"the broker refused to subscribe: {self._subscriptions.describe_refusals()}"
+            )
+            log.error("%s", self.connection.last_error)
+        elif granted:
+            log.info("connected to %s", self.config.broker)
+            self._connected.set()
 
     def _on_disconnect(self, _c: mqtt.Client, _u: Any, _f: Any, rc: Any, _p: Any) -> None:
         self._connected.clear()
         if not self._stopping.is_set():
-            log.warning("disconnected from %s (%s); reconnecting", self.config.broker, rc)
+            log.warning(
+                "disconnected from %s (%s); reconnecting",
+                self.config.broker,
+                describe_reason(rc, self.connection.v5),
+            )
 
     def _on_message(self, _c: mqtt.Client, _u: Any, msg: mqtt.MQTTMessage) -> None:
         self._queue.put((msg.topic, bytes(msg.payload), time.time()))
@@ -354,17 +380,17 @@ class InferenceDaemon(Subscribed):
         for entry, t, a in zip(entries, ts.tolist(), arrived.tolist(), strict=True):
             entry["ts"] = t
             entry["latency-s"] = round(now - a, 6)
-        payload = {
+        head: dict[str, Any] = {
             "device-id": self.config.device_id,
             "model-version": model.version.version,
             "output": output,
-            "predictions": entries,
         }
         if self._watch is not None:
-            payload["drift"] = self._watch.status.to_dict()
-        self._client.publish(self._topic, json.dumps(payload), qos=1)
+            head["drift"] = self._watch.status.to_dict()
+        for payload in _within(head, entries, self.config.max_payload):
+            self._client.publish(self._topic, payload, qos=1)
+            self.stats.published += 1
         self.stats.predicted += len(entries)
-        self.stats.published += 1
         self.stats.latency_s = [e["latency-s"] for e in entries]
 
     def _preprocess(
@@ -441,3 +467,14 @@ class InferenceDaemon(Subscribed):
             f"model {version}, {s.messages} messages, {s.predicted} predicted, "
             f"{s.published} published, refused {dict(s.refused)}, drift {drift}"
         )
+
+
+def _within(head: dict[str, Any], entries: list[dict[str, Any]], max_payload: int) -> list[str]:
+    """``head`` with ``"predictions": entries`` as JSON messages of at most ``max_payload``
+    bytes each (the entries split in order where one message would be bigger; one entry too
+    big alone still goes, and the broker says if it refuses it)."""
+    payload = json.dumps({**head, "predictions": entries})
+    if len(payload.encode()) <= max_payload or len(entries) <= 1:
+        return [payload]
+    half = len(entries) // 2
+    return _within(head, entries[:half], max_payload) + _within(head, entries[half:], max_payload)

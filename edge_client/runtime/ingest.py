@@ -4,10 +4,23 @@ paho's network thread only queues each payload (receiving is the bottleneck, so 
 little else); a writer thread gathers messages for ~10 ms, decodes and validates them in
 one pass, commits them in one transaction and only then releases their acknowledgements.
 
-Acknowledging after the commit, with a persistent session (``clean_session=False``, a
-stable client id) and de-duplication by ``(publisher, seq)`` inside the same transaction,
-makes the buffer hold each published sample exactly once, even across ``kill -9``: a message
-is either committed (and a redelivery is dropped) or unacknowledged (and redelivered).
+Acknowledging after the commit, with a session the broker keeps while the daemon is away
+(MQTT 5's session expiry, a stable client id) and de-duplication by ``(publisher, seq)``
+inside the same transaction, makes the buffer hold each published sample exactly once, even
+across ``kill -9``: a message is either committed (and a redelivery is dropped) or
+unacknowledged (and redelivered).
+
+Bursts: under MQTT 5 the daemon takes up to 65,535 unacknowledged messages (Receive
+Maximum), so a burst waits in flight to it rather than in the broker's bounded queue; the
+writer lets paho's thread read first while the socket holds a backlog, because a broker
+also drops what it cannot write to a slow reader; past
+:data:`~edge_client.runtime.constants.INGEST_MAX_UNCOMMITTED_BYTES` of payloads not yet
+committed, paho's network thread waits for the writer's next commit (the broker keeps the
+rest in flight), so memory stays bounded. Under MQTT 3.1.1 the broker's in-flight limit
+applies instead, and a burst past it and the broker's queue is dropped by the broker: the
+daemon says so at start. What it can see of such a loss (gaps in a publisher's sequence
+numbers, readings missing at a declared rate) is counted in the buffer and logged as a
+warning that names the likely cause (:class:`~edge_client.runtime.ingest_status.LossLog`).
 
 With a :class:`~edge_client.runtime.windowing.WindowSpec` the daemon takes per-reading JSON
 instead and cuts samples as windows of readings; the readings of unfinished windows are
@@ -40,16 +53,31 @@ from edge_client.runtime.constants import (
     INGEST_GATHER_S,
     INGEST_MAX_BATCH,
     INGEST_MAX_BYTES,
+    INGEST_MAX_UNCOMMITTED_BYTES,
+    INGEST_SESSION_EXPIRY_S,
     MAX_COMMIT_INTERVAL_S,
+    MQTT_311,
     OUTBOX_PUBLISH_S,
     RATE_LOG_S,
+    READER_BACKLOG_BYTES,
+    READER_YIELD_MAX_S,
+    READER_YIELD_S,
+    RECEIVE_MAXIMUM,
     RECENT_TIMESTAMPS,
     REJECT_LOG_INTERVAL_S,
     STATUS_INTERVAL_S,
 )
-from edge_client.runtime.ingest_status import RateLog, RejectLog
+from edge_client.runtime.ingest_status import LossLog, RateLog, RejectLog
 from edge_client.runtime.injection import InjectionRelay
-from edge_client.runtime.mqtt import BrokerURL, connect_async, make_client
+from edge_client.runtime.mqtt import (
+    BrokerOptions,
+    BrokerURL,
+    Subscriptions,
+    connect_async,
+    describe_reason,
+    make_client,
+    unread_bytes,
+)
 from edge_client.runtime.rate import RateEstimator
 from edge_client.runtime.schema import connect
 from edge_client.runtime.signals import Subscribed, run_connected
@@ -57,7 +85,7 @@ from edge_client.runtime.status_metrics import serve_statuses
 from edge_client.runtime.windowing import WindowAssembler, WindowSpec
 from edge_client.task.constants import DEFAULT_NUM_CLASSES, DEFAULT_SHAPE
 from edge_client.wire.frames import decode_messages
-from edge_client.wire.topics import samples_topic, status_topic
+from edge_client.wire.topics import client_id, samples_topic, status_topic
 
 __all__ = ["IngestConfig", "IngestDaemon"]
 
@@ -88,7 +116,10 @@ class IngestConfig:
     # Longest a transaction gathers messages: longer writes less per sample (SD cards) and
     # loses nothing (a message is acknowledged only once committed).
     commit_interval: float = COMMIT_INTERVAL_S
-    client_id: str | None = None
+    client_id: str | None = None  # default: <device-id>.ingest
+    # Seconds the broker keeps the daemon's session while it is away (MQTT 5; under 3.1.1
+    # any value above 0 keeps it as the broker likes)
+    session_expiry: int = INGEST_SESSION_EXPIRY_S
     inject: bool = False  # opted in to ScaDLES data injection (see edge_client.runtime.injection)
     topics: tuple[str, ...] = ()  # sample frames on these topics (default: the device's)
     windowing: WindowSpec | None = None  # per-reading JSON, cut into windows
@@ -111,6 +142,8 @@ class IngestConfig:
             raise ValueError(f"metrics port must be in 1..65535, got {self.metrics_port}")
         if self.num_classes < 1:
             raise ValueError(f"num-classes must be >= 1, got {self.num_classes}")
+        if self.session_expiry < 0:
+            raise ValueError(f"session expiry must be >= 0 s, got {self.session_expiry}")
         default = samples_topic(self.device_id)  # validates the id
         spec = self.windowing
         if spec is None:
@@ -176,15 +209,28 @@ class IngestDaemon(Subscribed):
         self._cycle: tuple[float, int] | None = None  # the last gather's first arrival, size
         self._rejects = RejectLog()
         self._rate_log = RateLog(config.device_id, config.log_interval)
+        self.protocol = BrokerOptions.of(config.broker).protocol
+        self._losses = LossLog(self.protocol)
         self._metrics: WSGIServer | None = None
         #: The last status published (what the metrics endpoint exports).
         self.last_status: dict[str, Any] = {}
         self.assembler = self._load_assembler()
+        # Payload bytes received (paho's thread counts) and committed (the writer counts):
+        # their difference is what the daemon holds; past the bound, paho's thread waits.
+        self._received_bytes = 0
+        self._released_bytes = 0
+        self._held_changed = threading.Condition()
+        self._subscriptions = Subscriptions(
+            config.subscriptions + ((InjectionRelay.topic,) if config.inject else ())
+        )
+        self._session_present = False
+        self._subscribe_error: str | None = None
         self._client = make_client(
-            config.client_id or f"fedstream-ingest-{config.device_id}",
+            config.client_id or client_id(config.device_id, "ingest"),
             config.broker,
-            clean_session=False,  # the broker queues QoS 1 messages while we are away
+            session_expiry=config.session_expiry,  # the broker queues for us while away
             manual_ack=True,  # ack only what is committed
+            receive_maximum=RECEIVE_MAXIMUM,  # a burst waits in flight, not in its queue
         )
         self._client.will_set(
             self._status_topic,
@@ -195,6 +241,7 @@ class IngestDaemon(Subscribed):
         self._client.on_connect = self._on_connect
         self._client.on_disconnect = self._on_disconnect
         self._client.on_message = self._on_message
+        self._client.on_subscribe = self._on_subscribe
         self._writer = threading.Thread(target=self._write_loop, name="ingest-writer", daemon=True)
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -217,17 +264,29 @@ class IngestDaemon(Subscribed):
         self._writer.start()
         self.connection = connect_async(self._client, self.config.broker)
         log.info(
-            "ingesting %s from %s into %s (%s, capacity %d)",
+            "ingesting %s from %s into %s (%s, capacity %d; MQTT %s)",
             ", ".join(self.config.subscriptions),
             self.config.broker,
             self.config.buffer,
             self.store.policy,
             self.store.capacity,
+            self.protocol,
         )
+        if self.protocol == MQTT_311:
+            log.warning(
+                "MQTT 3.1.1: the broker sends at most its in-flight limit of messages before "
+                "this daemon acknowledges them (on commit) and queues at most its queue limit "
+                "behind them (Mosquitto's defaults: max_inflight_messages 20, "
+                "max_queued_messages 1000); it drops the rest of a burst. Use MQTT 5 "
+                "(--mqtt-version 5) where the broker has it, or raise both limits on the "
+                "broker (broker_config/mosquitto-dev.conf)"
+            )
 
     def stop(self, timeout: float = 30.0) -> None:
         """Commit and acknowledge everything received, publish a last status, disconnect."""
         self._stopping.set()
+        with self._held_changed:
+            self._held_changed.notify_all()  # paho's thread may wait for room
         self._writer.join(timeout)
         self._send_acks()
         self._publish_status(online=False)
@@ -257,25 +316,69 @@ class IngestDaemon(Subscribed):
         if rc.is_failure:
             self.connection.refused(self.config.broker, rc)
             return
-        # Subscribing again is harmless when the session survived, and needed when it did not.
-        client.subscribe([(topic, 1) for topic in self.config.subscriptions])
-        if self.injection is not None:
-            client.subscribe(self.injection.topic, qos=1)
-        log.info("connected to %s (session present: %s)", self.config.broker, flags.session_present)
         with self._ack_lock:
             self._connection += 1  # acks still due for the previous connection are void
+        self._session_present = bool(flags.session_present)
+        # Subscribing again is harmless when the session survived, and needed when it did not.
+        self._subscriptions.send(client)
+
+    def _on_subscribe(self, _c: mqtt.Client, _u: Any, mid: int, reasons: Any, _p: Any) -> None:
+        granted = self._subscriptions.acknowledged(mid, reasons, self.connection.v5)
+        if granted is None:
+            return
+        if not granted:
+            self._subscribe_error = (
+                f"the broker refused to subscribe: {self._subscriptions.describe_refusals()}"
+            )
+            self.connection.last_error = self._subscribe_error
+            log.error("%s (connected to %s)", self._subscribe_error, self.config.broker)
+            return
+        self._subscribe_error = None
+        log.info(
+            "connected to %s (MQTT %s, session present: %s), subscribed to %s",
+            self.config.broker,
+            self.protocol,
+            self._session_present,
+            ", ".join(self._subscriptions.topics),
+        )
         self._connected.set()
 
     def _on_disconnect(self, _c: mqtt.Client, _u: Any, _f: Any, rc: Any, _p: Any) -> None:
         self._connected.clear()
         if not self._stopping.is_set():
-            log.warning("disconnected from %s (%s); reconnecting", self.config.broker, rc)
+            log.warning(
+                "disconnected from %s (%s); reconnecting",
+                self.config.broker,
+                describe_reason(rc, self.connection.v5),
+            )
 
     def _on_message(self, _c: mqtt.Client, _u: Any, msg: mqtt.MQTTMessage) -> None:
         tag = (self._connection << _MID_BITS) | msg.mid
         self._queue.put((tag, msg.qos, msg.payload, time.time(), msg.topic))
         if self._acks:
             self._send_acks()
+        self._received_bytes += len(msg.payload)  # only this thread writes it: no lock
+        if self.held_bytes > INGEST_MAX_UNCOMMITTED_BYTES:
+            # Bounded memory: wait for the writer's commit (the broker keeps what follows in
+            # flight: TCP pushes back). Acks go out meanwhile (the writer hands them to paho's
+            # queue without this thread).
+            with self._held_changed:
+                while (
+                    self.held_bytes > INGEST_MAX_UNCOMMITTED_BYTES and not self._stopping.is_set()
+                ):
+                    self._held_changed.wait(1.0)
+
+    @property
+    def held_bytes(self) -> int:
+        """Payload bytes received and not yet committed (or dropped)."""
+        return self._received_bytes - self._released_bytes
+
+    def _release(self, items: list[_Item]) -> None:
+        """Messages committed (or dropped): their bytes no longer count as held."""
+        released = sum(len(item[2]) for item in items)
+        with self._held_changed:
+            self._released_bytes += released  # only the writer writes it
+            self._held_changed.notify_all()
 
     # -- writer thread --------------------------------------------------------------------
 
@@ -285,6 +388,7 @@ class IngestDaemon(Subscribed):
         while True:
             if not pending:
                 pending = self._drain()
+                self._let_reader_catch_up()
             now = time.monotonic()
             if pending or now >= next_status:
                 try:
@@ -301,6 +405,7 @@ class IngestDaemon(Subscribed):
                     if not self._commit_each(pending):
                         time.sleep(1.0)
                         continue
+                self._release(pending)
                 pending = []
             if self.injection is not None and now >= self._next_outbox:
                 self._publish_outbox()
@@ -310,6 +415,15 @@ class IngestDaemon(Subscribed):
                 next_status = now + self.config.status_interval
             if self._stopping.is_set() and self._queue.empty():
                 return
+
+    def _let_reader_catch_up(self) -> None:
+        """Reader first: while a backlog waits unread in the socket, give paho's thread the
+        interpreter (a broker drops what it cannot write to a slow reader; see
+        :data:`~edge_client.runtime.constants.READER_BACKLOG_BYTES`). Bounded per batch, so
+        that commits, and with them acknowledgements, go on under a steady overload."""
+        deadline = time.monotonic() + READER_YIELD_MAX_S
+        while unread_bytes(self._client) > READER_BACKLOG_BYTES and time.monotonic() < deadline:
+            time.sleep(READER_YIELD_S)
 
     def _commit_each(self, items: list[_Item]) -> bool:
         """Commit messages one at a time; count one that fails as ``decode-error`` and drop it
@@ -459,9 +573,18 @@ class IngestDaemon(Subscribed):
             status["inject"] = self.injection.status()
         if self.assembler is not None:
             status["readings-waiting"] = self.assembler.windower.waiting
-        status.update({"device-id": self.config.device_id, "online": online, "ts": time.time()})
+        status.update(
+            {
+                "device-id": self.config.device_id,
+                "online": online,
+                "ts": time.time(),
+                "mqtt-version": self.protocol,
+            }
+        )
+        error = error or self._subscribe_error
         if error is not None:
             status["error"] = error
         self._client.publish(self._status_topic, json.dumps(status), qos=1, retain=True)
         self.last_status = status
         self._rate_log.record(status, self._connected.is_set())
+        self._losses.record(status)

@@ -15,7 +15,9 @@ the two may be of different versions. The layout is versioned in SQLite's ``user
 - 0: files made before versions existed (the tables below, ``seen_ahead`` possibly missing);
 - 1: the tables below, stamped;
 - 2: ``held_windows``, windows of a per-reading stream waiting for their label
-  (:mod:`edge_client.runtime.windowing`).
+  (:mod:`edge_client.runtime.windowing`);
+- 3: ``publishers`` also holds each publisher's lowest and highest stored sequence numbers
+  and the numbers forgotten unseen (``low``, ``high``, ``lost``: what never arrived).
 
 Opening a file migrates it to :data:`~edge_client.runtime.constants.SCHEMA_VERSION` in one
 transaction (a crash leaves the old layout whole); a file of a newer layout is refused with
@@ -72,8 +74,17 @@ def _to_v2(db: sqlite3.Connection) -> None:
     )
 
 
+def _to_v3(db: sqlite3.Connection) -> None:
+    """2 -> 3: each publisher's span of sequence numbers, for counting what never arrived
+    (NULL for publishers met before: counting starts above their floor)."""
+    have = {row[1] for row in db.execute("PRAGMA table_info(publishers)")}
+    for column in ("low INTEGER", "high INTEGER", "lost INTEGER NOT NULL DEFAULT 0"):
+        if column.split()[0] not in have:
+            db.execute(f"ALTER TABLE publishers ADD COLUMN {column}")
+
+
 #: MIGRATIONS[v] takes a file from layout v to v + 1 (one per version: a test holds it).
-MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_to_v1, _to_v2)
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_to_v1, _to_v2, _to_v3)
 
 
 Initialise = Callable[[sqlite3.Connection], object]

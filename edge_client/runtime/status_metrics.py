@@ -37,12 +37,21 @@ _GAUGES = {
         "fedstream_device_last_seen_timestamp_seconds",
         "Unix time of the device's last status.",
     ),
+    # A gauge: a message that arrives late after all is taken off again.
+    "messages-missing": (
+        "fedstream_device_messages_missing",
+        "Messages of fedstream publishers that never arrived (gaps in their sequence numbers).",
+    ),
 }
 #: Status key -> (counter name without _total, help).
 _COUNTERS = {
     "accepted": ("fedstream_device_samples_accepted", "Samples accepted into the buffer."),
     "dropped": ("fedstream_device_samples_dropped", "Samples the buffer's policy dropped."),
     "consumed": ("fedstream_device_samples_consumed", "Samples trained on."),
+    "readings-missing": (
+        "fedstream_device_readings_missing",
+        "Readings missing inside per-reading streams at the declared rate.",
+    ),
 }
 _ONLINE = "fedstream_device_online"
 _ERROR = "fedstream_device_error"

@@ -8,7 +8,7 @@
   concern of the groups in :mod:`~edge_client.wire.settings_groups` (how a key is declared
   and checked: :mod:`~edge_client.wire.knob_checks`);
 - :mod:`~edge_client.wire.mapping`: the one kebab-case mapping records are written through;
-- :mod:`~edge_client.wire.topics`: MQTT topics and device ids;
+- :mod:`~edge_client.wire.topics`: MQTT topics, device ids and client ids;
 - :mod:`~edge_client.wire.artifact`: versioned model exports (``torch.export`` programs with
   a manifest): the aggregator and the ClientApp write them, ``fedstream infer`` reads them
   with torch alone;
@@ -98,6 +98,8 @@ if TYPE_CHECKING:
         StreamSettings,
     )
     from edge_client.wire.topics import (
+        check_topic,
+        client_id,
         predictions_topic,
         samples_topic,
         status_topic,
@@ -168,6 +170,8 @@ _EXPORTS = {
     "raw_size_limit": "codec",
     "samples_topic": "topics",
     "status_topic": "topics",
+    "check_topic": "topics",
+    "client_id": "topics",
     "to_mapping": "mapping",
     "topk_gap": "codec",
     "validate_device_id": "topics",
@@ -213,6 +217,8 @@ __all__ = [
     "SinkSettings",
     "StreamSettings",
     "check_setting",
+    "check_topic",
+    "client_id",
     "compress",
     "decode_messages",
     "decode_payload",

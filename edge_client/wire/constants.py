@@ -14,6 +14,18 @@ from typing import Final
 TOPIC_ROOT: Final = "fedstream/v1"
 INJECT_TOPIC: Final = f"{TOPIC_ROOT}/inject"
 DEVICE_ID_PATTERN: Final = r"[A-Za-z0-9_-]{1,64}"
+# Cloud brokers' limits every fedstream topic and client id keeps within: AWS IoT Core
+# refuses topics with more than 7 '/' and client ids over 128 bytes.
+TOPIC_MAX_SLASHES: Final = 7
+CLIENT_ID_MAX_BYTES: Final = 128
+# A client id is the device id, this separator (never in a device id, so that no device's
+# ids can be another's) and the process's role: `pi-1.ingest`, `pi-1.publish.<id>`.
+CLIENT_ID_SEPARATOR: Final = "."
+CLIENT_ROLES: Final = ("ingest", "infer", "publish", "agent")
+# The largest message a fedstream sender publishes unless told otherwise (--max-payload);
+# bigger frames go as several. AWS IoT Core's limit (128 KB), the smallest of the common
+# brokers (Azure IoT Hub 256 KB, Azure Event Grid 512 KB, EMQX 1 MB, Mosquitto 256 MB).
+DEFAULT_MAX_PAYLOAD_BYTES: Final = 128_000
 
 # --- Sample frames (edge_client.wire.frames) ---------------------------------------------
 FRAME_MAGIC: Final = b"FSSF"

@@ -11,7 +11,9 @@ Two forms are accepted:
       y       <count x i64>   integer labels
       x       <count x prod(shape) x f32>  features
 
-  ``(publisher, seq)`` identifies the message so that QoS 1 redeliveries can be dropped.
+  ``(publisher, seq)`` identifies the message so that QoS 1 redeliveries can be dropped,
+  and gaps in a publisher's numbers tell messages that never arrived. Samples that do not fit
+  a broker's largest message go as several frames, numbered on (:func:`encode_frames`).
 
 * **JSON** for simple sensors: ``{"x": [...], "y": 3, "ts": 1700000000.1}`` or a list of such
   objects. ``x`` is flat or nested, with ``prod(shape)`` numbers; ``ts`` is optional (arrival
@@ -52,7 +54,9 @@ __all__ = [
     "decode_messages",
     "decode_payload",
     "encode_frame",
+    "encode_frames",
     "encode_json",
+    "frame_capacity",
     "json_items",
 ]
 
@@ -76,6 +80,7 @@ REJECT_REASONS = (
     "non-finite",
     "bad-label",
     "bad-timestamp",
+    "bad-sequence",
     "bad-utf8",
     "bad-json",
     "decode-error",
@@ -175,6 +180,66 @@ def encode_frame(
     )
     dims = struct.pack(f"<{len(shape)}I", *shape)
     return b"".join((head, pub, dims, ta.tobytes(), ya.tobytes(), xa.tobytes()))
+
+
+def frame_capacity(shape: Sequence[int], publisher: str, max_payload: int) -> int:
+    """The most samples of ``shape`` one frame of ``publisher`` holds in ``max_payload`` bytes.
+
+    Raises
+    ------
+    ValueError
+        If not even one sample fits.
+    """
+    head = _HEADER.size + len(publisher.encode()) + 4 * len(shape)
+    per_sample = 8 + 8 + 4 * math.prod(shape)  # timestamp, label, float32 features
+    if head + per_sample > max_payload:
+        raise ValueError(
+            f"one sample of shape {tuple(shape)} makes a {head + per_sample}-byte frame, more "
+            f"than the largest message, {max_payload} bytes (--max-payload): raise it if the "
+            "broker takes more"
+        )
+    return (max_payload - head) // per_sample
+
+
+def encode_frames(
+    x: npt.ArrayLike,
+    y: npt.ArrayLike,
+    ts: npt.ArrayLike,
+    *,
+    publisher: str,
+    seq: int,
+    max_payload: int,
+) -> list[bytes]:
+    """Encode samples as frames of at most ``max_payload`` bytes each (a broker's largest
+    message), numbered ``seq``, ``seq + 1``, ...: as one frame when they fit.
+
+    Returns
+    -------
+    list of bytes
+        The frames, in order; each is a frame of its own (its samples are stored once,
+        whichever of them arrive, and a missing one is a gap in the numbers).
+
+    Raises
+    ------
+    ValueError
+        If one sample alone is bigger than ``max_payload``, or the arrays are inconsistent.
+    """
+    xa = np.asarray(x, dtype="<f4")
+    if xa.ndim < 2:
+        raise ValueError(f"samples must have a shape, got x of shape {xa.shape}")
+    n = xa.shape[0]
+    per_frame = frame_capacity(xa.shape[1:], publisher, max_payload)
+    ya, ta = np.asarray(y), np.asarray(ts)
+    return [
+        encode_frame(
+            xa[at : at + per_frame],
+            ya[at : at + per_frame],
+            ta[at : at + per_frame],
+            publisher=publisher,
+            seq=seq + part,
+        )
+        for part, at in enumerate(range(0, max(n, 1), per_frame))
+    ]
 
 
 def encode_json(x: npt.ArrayLike, y: int, ts: float | None = None) -> bytes:

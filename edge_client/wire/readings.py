@@ -11,7 +11,10 @@ A :class:`ReadingFormat` names where each channel, the timestamp and the label a
   when it names no zone). Exactly-once across restarts rests on it: readings of a stream are
   told apart by their timestamps, which must increase;
 - **the label**, optionally, in a field: a class name from a declared list (``walk`` ->
-  its index in ``classes``) or an integer class index.
+  its index in ``classes``) or an integer class index;
+- **a sequence number**, optionally, in a field: a counter the sensor increments with each
+  reading (many do), which tells readings that never arrived (a gap in the counter) from a
+  pause in the stream.
 
 Decoding validates everything and raises :class:`~edge_client.wire.frames.FrameError` with a
 kebab-case reason, as the sample frames do: a message is taken whole or refused whole.
@@ -143,6 +146,8 @@ class ReadingFormat:
         ``s``, ``ms``, ``us`` or ``ns``: the unit of a numeric timestamp.
     label_field : FieldPath, optional
         The label; None for label-free readings.
+    seq_field : FieldPath, optional
+        The sensor's reading counter (an integer >= 0); None when it sends none.
     classes : tuple of str
         Class names, in index order; string labels must be one of them.
     num_classes : int
@@ -155,6 +160,7 @@ class ReadingFormat:
     label_field: FieldPath | None = None
     classes: tuple[str, ...] = ()
     num_classes: int = 0
+    seq_field: FieldPath | None = None
 
     def __post_init__(self) -> None:
         if self.time_unit not in TIME_UNITS:
@@ -167,11 +173,13 @@ class ReadingFormat:
 
 @dataclass(frozen=True, slots=True)
 class Reading:
-    """One decoded reading: its time, its channel values, its class index (or None)."""
+    """One decoded reading: its time, its channel values, its class index and its sequence
+    number (each None where the format has none)."""
 
     ts: float
     values: tuple[float, ...]
     label: int | None
+    seq: int | None = None
 
 
 def decode_readings(payload: bytes | bytearray, fmt: ReadingFormat) -> list[Reading]:
@@ -194,8 +202,9 @@ def decode_readings(payload: bytes | bytearray, fmt: ReadingFormat) -> list[Read
     FrameError
         ``empty``, ``too-large``, ``bad-utf8``, ``bad-json``, ``count-too-large``,
         ``missing-field`` (a channel, timestamp or label absent, or a channel not a number),
-        ``non-finite``, ``bad-timestamp``, ``unknown-label`` (a class name not in the list)
-        or ``bad-label`` (an integer label out of range, or neither name nor integer).
+        ``non-finite``, ``bad-timestamp``, ``unknown-label`` (a class name not in the list),
+        ``bad-label`` (an integer label out of range, or neither name nor integer) or
+        ``bad-sequence`` (a sequence number that is not an integer >= 0).
     """
     if not payload:
         raise FrameError("empty", "empty payload")
@@ -213,7 +222,14 @@ def _reading(item: Any, fmt: ReadingFormat) -> Reading:
         raise FrameError("non-finite", "a channel is NaN or infinite")
     ts = _timestamp(_get(item, fmt.time_field), fmt.time_unit)
     label = None if fmt.label_field is None else _label(_get(item, fmt.label_field), fmt)
-    return Reading(ts, values, label)
+    seq = None if fmt.seq_field is None else _sequence(_get(item, fmt.seq_field))
+    return Reading(ts, values, label, seq)
+
+
+def _sequence(value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 2**63:
+        raise FrameError("bad-sequence", f"sequence number {value!r:.40} is not an integer >= 0")
+    return value
 
 
 def _get(item: dict[str, Any], path: FieldPath) -> Any:

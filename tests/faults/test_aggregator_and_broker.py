@@ -66,5 +66,5 @@ def test_a_secure_run_survives_a_broker_crash_and_resumes_after_an_aggregator_ki
     assert all(set(r.devices) == {"dev-0", "dev-1"} and not r.failed for r in records)
     for dev in ("dev-0", "dev-1"):
         log = (run_dir / "logs" / f"ingest-{dev}.log").read_text()
-        assert "(session present: True)" in log, log[-2000:]
+        assert "(MQTT 5, session present: True)" in log, log[-2000:]
     assert all(m.stream_rate > 50 for m in records[-1].devices.values())

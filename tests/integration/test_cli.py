@@ -228,9 +228,9 @@ def test_broker_command_serves_mqtt_quietly_and_reports_a_taken_port(
     procs.start("broker", fedstream_command("broker", "--port", str(port)), log_path=log)
     assert wait_for_port(port)
     url = f"mqtt://127.0.0.1:{port}"
-    sub = MqttProbe(url, "sub")
+    sub = MqttProbe(url, "sub", mqtt_version="3.1.1")  # what the broker says it speaks
     sub.subscribe("fedstream/v1/x/samples")
-    pub = MqttProbe(url, "pub")
+    pub = MqttProbe(url, "pub", mqtt_version="3.1.1")
     assert pub.wait_connected()
     time.sleep(0.3)
     # Execute
@@ -243,6 +243,7 @@ def test_broker_command_serves_mqtt_quietly_and_reports_a_taken_port(
     assert taken.returncode == 2 and "cannot listen" in taken.stderr
     lines = log.read_text().splitlines()
     assert "ERROR" not in log.read_text() and len(lines) <= 3, lines[:10]
+    assert "MQTT 3.1.1 only" in log.read_text() and "--mqtt-version 3.1.1" in log.read_text()
     sub.close()
     pub.close()
 

@@ -211,7 +211,7 @@ def test_the_bound_on_queued_bytes_drops_what_exceeds_it(tmp_path: Path) -> None
     config.write_text(text.replace("max_queued_bytes 67108864", "max_queued_bytes 65536"))
     with MosquittoBroker(config, files_dir=files) as broker:
         url = tls_url(broker)
-        away = MqttProbe(url, "away", clean_session=False, **creds(files, "dev-a"))
+        away = MqttProbe(url, "away", session_expiry=3600, **creds(files, "dev-a"))
         away.subscribe(samples_topic("dev-a"))
         time.sleep(0.5)
         away.close()  # its session (and the subscription) stays, queueing
@@ -220,7 +220,7 @@ def test_the_bound_on_queued_bytes_drops_what_exceeds_it(tmp_path: Path) -> None
         # Execute: 40 messages of 4 KiB (160 KiB) while it is away, then it comes back.
         for i in range(40):
             sender.publish(samples_topic("dev-a"), bytes([i]) * 4096)
-        back = MqttProbe(url, "away", clean_session=False, **creds(files, "dev-a"))
+        back = MqttProbe(url, "away", session_expiry=3600, **creds(files, "dev-a"))
         time.sleep(2.0)
         # Assert: what fit in the bound was queued, the rest dropped.
         received = len(back.messages)

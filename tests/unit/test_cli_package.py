@@ -65,6 +65,7 @@ def test_the_broker_options_become_one_broker_options_that_hides_its_password() 
     for name in ("publish", "ingest", "infer", "fleet"):
         opts = {p.name for p in root.commands[name].params}
         assert {"username", "password", "cafile", "certfile", "keyfile", "broker"} <= opts
+        assert "mqtt_version" in opts
     # Execute
     credentials: dict[str, str | None] = {
         "username": "dev-a",

@@ -92,3 +92,59 @@ def test_the_window_survives_in_the_buffer_file(tmp_path: Path) -> None:
     assert (first.received, first.duplicates) == (4, 0)
     assert (second.received, second.duplicates) == (3, 3)
     assert stats["received"] == 7 and stats["duplicates"] == 3
+
+
+def test_a_gap_counts_missing_until_the_late_message_arrives() -> None:
+    # Prepare: 0..9 but 3, 4 and 7
+    window = SeqWindow.starting_at(0)
+    # Execute
+    feed(window, [0, 1, 2, 5, 6, 8, 9])
+    before_late = window.missing
+    feed(window, [4])
+    # Assert: three numbers never came; one of them came late after all
+    assert before_late == 3 and window.missing == 2 and window.lost == 0
+
+
+def test_numbers_before_the_first_one_met_are_not_missing_until_an_older_one_arrives() -> None:
+    # Prepare: the daemon subscribed after the publisher had sent 0..999
+    window = SeqWindow.starting_at(1000)
+    # Execute / Assert: 1000..1005 but 1003: one missing; 990 then widens the span
+    feed(window, [1000, 1001, 1002, 1004, 1005])
+    assert window.missing == 1
+    feed(window, [990])
+    assert window.missing == 1 + 9  # 991..999 did not come either
+
+
+def test_a_gap_the_window_forgets_stays_counted_and_a_jump_counts_at_most_the_window() -> None:
+    # Prepare: 0 and 1, then numbers further on than the window spans
+    window = SeqWindow.starting_at(0)
+    feed(window, [0, 1])
+    # Execute: 2..9 never come; the stream goes on DEDUP_WINDOW + 10 numbers later
+    feed(window, [DEDUP_WINDOW + 10])
+    # Assert: what the window forgot (2..10) is lost, counted once; all of 0..W+10 but the
+    # three that came are missing
+    assert window.lost == 9 and window.missing == DEDUP_WINDOW + 11 - 3
+    hostile = SeqWindow.starting_at(0)
+    feed(hostile, [0, 2**62])
+    assert hostile.lost == DEDUP_WINDOW and hostile.missing < 2 * DEDUP_WINDOW
+
+
+def test_the_buffer_counts_missing_messages_durably(tmp_path: Path) -> None:
+    # Prepare: publisher p sends 0..5 but 2 and 3; publisher q sends 0..2
+    path = tmp_path / "b.sqlite"
+
+    def message(publisher: str, seq: int) -> SampleBatch:
+        return SampleBatch(
+            np.zeros((1, 2), np.float32), np.zeros(1, np.int64), np.ones(1), publisher, seq
+        )
+
+    with BufferStore(path, shape=(2,)) as store:
+        store.append([message("p", s) for s in (0, 1, 4)])
+        store.append([message("q", s) for s in (0, 1, 2)] + [message("p", 5)])
+        gapped = store.stats()["messages-missing"]
+    # Execute: reopened (the daemon restarted), 3 arrives late, 2 never does
+    with BufferStore(path) as store:
+        store.append([message("p", 3)])
+        after = store.stats()
+    # Assert
+    assert gapped == 2 and after["messages-missing"] == 1 and after["accepted"] == 8

@@ -140,10 +140,11 @@ def test_the_printed_infer_command_serves_the_export_on_a_devices_stream(tmp_pat
     # Execute
     commands = [_infer_command(c, _run_settings(c, run)) for c in (samples, series)]
     # Assert: dev-0's stream, the run's models folder, the series' windows as ingest cut
-    # them, the broker the demo was given (else fedstream broker's default); and
-    # `fedstream infer` takes every option
+    # them, the broker the demo was given (else fedstream broker's default, which speaks
+    # MQTT 3.1.1 only); and `fedstream infer` takes every option
     assert commands[0] == (
-        f"fedstream infer --broker mqtt://127.0.0.1:1883 --device-id dev-0 --model {run}/models"
+        "fedstream infer --broker mqtt://127.0.0.1:1883 --mqtt-version 3.1.1 --device-id dev-0 "
+        f"--model {run}/models"
     )
     assert commands[1] == (
         f"fedstream infer --broker mqtt://pi:1884 --device-id dev-0 --model {run}/models "

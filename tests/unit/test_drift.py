@@ -3,6 +3,7 @@ the device's report, and the aggregator's reaction."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,7 +18,7 @@ from edge_client.emulation.sources import SensorChange
 from edge_client.runtime.buffer import BufferStore
 from edge_client.runtime.device_state import DeviceStateStore
 from edge_client.runtime.drift_watch import DriftWatch, errors_of
-from edge_client.runtime.infer import InferConfig, InferenceDaemon
+from edge_client.runtime.infer import InferConfig, InferenceDaemon, _within
 from edge_client.runtime.mqtt import BrokerURL
 from edge_client.wire.artifact import list_versions
 from edge_client.wire.run_config import RunSettings
@@ -184,3 +185,16 @@ def test_inference_refuses_bad_configuration(
     }
     with pytest.raises(ValueError, match=message):
         InferenceDaemon(InferConfig(**{**base, **kw}))  # type: ignore[arg-type]
+
+
+def test_predictions_bigger_than_the_largest_message_go_as_several() -> None:
+    # Prepare: 512 predictions of 10 probabilities, about 150 bytes each; a 16 kB limit
+    head = {"device-id": "d", "model-version": 3, "output": "probabilities"}
+    entries = [{"label": i % 10, "probabilities": [0.1] * 10, "ts": float(i)} for i in range(512)]
+    # Execute
+    messages = _within(head, entries, 16_000)
+    # Assert: each fits and carries the head; every prediction once, in order
+    decoded = [json.loads(m) for m in messages]
+    assert len(messages) > 1 and all(len(m.encode()) <= 16_000 for m in messages)
+    assert all(d["model-version"] == 3 and d["device-id"] == "d" for d in decoded)
+    assert [p["ts"] for d in decoded for p in d["predictions"]] == [float(i) for i in range(512)]

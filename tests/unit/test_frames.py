@@ -15,6 +15,8 @@ from edge_client.wire.frames import (
     decode_messages,
     decode_payload,
     encode_frame,
+    encode_frames,
+    frame_capacity,
 )
 
 SHAPE = (6, 32)
@@ -208,3 +210,25 @@ def test_decode_messages_matches_decoding_one_by_one() -> None:
     np.testing.assert_array_equal(arrivals.x, np.concatenate([b.x for b in expected]))
     np.testing.assert_array_equal(arrivals.y, np.concatenate([b.y for b in expected]))
     np.testing.assert_array_equal(arrivals.ts, np.concatenate([b.ts for b in expected]))
+
+
+def test_samples_bigger_than_the_largest_message_go_as_numbered_frames_that_fit() -> None:
+    # Prepare: 200 samples of 6x32 (784 bytes each) for a broker that takes 64 KiB
+    x, y, ts = sample_arrays(200)
+    # Execute
+    parts = encode_frames(x, y, ts, publisher="p", seq=7, max_payload=65_536)
+    decoded = [decode(part) for part in parts]
+    # Assert: 3 frames, each within the limit, numbered on from 7, the samples in order
+    assert len(parts) == 3 and all(len(part) <= 65_536 for part in parts)
+    assert [d.seq for d in decoded] == [7, 8, 9] and {d.publisher for d in decoded} == {"p"}
+    assert np.array_equal(np.concatenate([d.x for d in decoded]), x)
+    assert np.array_equal(np.concatenate([d.y for d in decoded]), y)
+    assert encode_frames(x[:5], y[:5], ts[:5], publisher="p", seq=0, max_payload=65_536) == [
+        encode_frame(x[:5], y[:5], ts[:5], publisher="p", seq=0)
+    ]  # what fits stays one frame
+
+
+def test_a_sample_bigger_than_any_message_is_refused_with_the_sizes() -> None:
+    assert frame_capacity(SHAPE, "p", 65_536) == 83
+    with pytest.raises(ValueError, match="makes a 813-byte frame, more than the largest message"):
+        frame_capacity(SHAPE, "p", 800)

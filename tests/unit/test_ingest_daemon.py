@@ -117,7 +117,7 @@ def test_acks_due_on_a_lost_connection_are_not_sent_on_the_next(
     # the new connection the broker uses id 7 for a different message.
     sent: list[int] = []
     monkeypatch.setattr(daemon._client, "ack", lambda mid, qos: sent.append(mid))
-    client = SimpleNamespace(subscribe=lambda *a, **k: None)
+    client = SimpleNamespace(subscribe=lambda *a, **k: (0, 1))  # (rc, mid)
     ok = SimpleNamespace(is_failure=False)
 
     def arrive(seq: int) -> None:

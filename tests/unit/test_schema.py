@@ -84,6 +84,9 @@ def test_a_buffer_of_the_previous_layout_opens_migrated_with_all_it_held(tmp_pat
     redelivered = np.zeros((1, 2), np.float32)
     batch = SampleBatch(redelivered, np.zeros(1, np.int64), np.zeros(1), publisher="p", seq=5)
     assert store.append([batch]).duplicates == 1
+    later = SampleBatch(redelivered, np.zeros(1, np.int64), np.zeros(1), publisher="p", seq=8)
+    store.append([later])
+    assert store.stats()["messages-missing"] == 2  # 6 and 7: counted above the old floor
     store.close()
     with DeviceStateStore(path) as state:
         feedback = state.feedback(7, {"w": np.zeros(3, np.float32)})

@@ -16,6 +16,7 @@ STATUS: dict[str, Any] = {
     "capacity": 100, "fill-fraction": 0.3, "accepted": 40, "dropped": 2, "consumed": 10,
     "rejected": 3, "rejected-by-reason": {"bad-shape": 2, "nan": 1},
     "drift": {"changes": 1, "seen": 500, "last-change": 400, "error": 0.2},
+    "messages-missing": 7, "readings-missing": 120, "mqtt-version": "5",
 }  # fmt: skip
 HOSTILE: dict[str, Any] = {
     "online": "yes", "ts": "yesterday", "rate": "fast", "fill": True,
@@ -41,6 +42,8 @@ def test_a_status_becomes_its_metrics() -> None:
     assert m[("fedstream_device_samples_refused_total", (*pi, ("reason", "nan")))] == 1
     assert m[("fedstream_device_drift_changes_total", pi)] == 1
     assert m[("fedstream_device_last_seen_timestamp_seconds", pi)] == 1000
+    assert m[("fedstream_device_messages_missing", pi)] == 7
+    assert m[("fedstream_device_readings_missing_total", pi)] == 120
 
 
 def test_a_hostile_status_exports_only_what_is_well_typed() -> None:
@@ -60,6 +63,8 @@ def test_fleet_rows_read_a_status_and_a_hostile_one() -> None:
         True, 10.0, 3, 1,
     )  # fmt: skip
     assert pi["refused-by-reason"] == {"bad-shape": 2, "nan": 1}
+    assert (pi["messages-missing"], pi["readings-missing"], pi["mqtt-version"]) == (7, 120, "5")
     x = rows["x"]
     assert (x["online"], x["rate"], x["fill"], x["last-seen-s"]) == (False, None, None, None)
     assert x["refused-by-reason"] == {} and x["drift"] is None
+    assert x["messages-missing"] is None and x["mqtt-version"] is None

@@ -127,3 +127,19 @@ def test_a_series_is_published_reading_by_reading_evenly_stamped_with_a_gap_at_e
 def test_publishing_to_a_wildcard_topic_is_refused() -> None:
     with pytest.raises(ValueError, match="without wildcards"):
         PublisherConfig(BrokerURL.parse("mqtt://h"), "d", rate=1.0, count=1, topic="a/+/b")
+
+
+def test_readings_bigger_than_the_largest_message_go_as_several_in_order() -> None:
+    # Prepare: 100 readings of 3 channels, about 60 bytes each, a 1 kB limit
+    values = np.arange(300, dtype=np.float32).reshape(100, 3)
+    readings = SeriesReadings(values, ["a", "b", "c"], rate=10.0, start=0.0)
+    # Execute
+    payloads = readings.payloads(100, max_payload=1000)
+    # Assert: each fits; together, every reading once, in order
+    assert len(payloads) > 1 and all(len(p) <= 1000 for p in payloads)
+    decoded = [
+        r for p in payloads for r in (json.loads(p) if p.startswith(b"[") else [json.loads(p)])
+    ]
+    assert [r["a"] for r in decoded] == values[:, 0].tolist()
+    with pytest.raises(ValueError, match="one reading makes a"):
+        readings.payloads(1, max_payload=10)

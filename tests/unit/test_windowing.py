@@ -395,3 +395,63 @@ def test_a_reading_stamped_in_the_wrong_unit_is_refused_not_taken_as_the_clock()
     made = assembler.feed(stream)
     # Assert: refused, and the readings after it still make their window
     assert made.rejected == {"bad-timestamp": 1} and made.x[:, 0].tolist() == [[0, 1]]
+
+
+# -- readings that never arrived ------------------------------------------------------------
+
+
+def test_at_a_declared_rate_holes_inside_a_stream_count_and_pauses_do_not() -> None:
+    # Prepare: 100 Hz; 3 readings missing after 0.1 s, then a 5 s pause (max-gap 1 s)
+    aligner = Aligner((1,), rate=100.0, max_gap=1.0, max_skew=1.0)
+    stamps = [i / 100 for i in range(10)] + [0.13, 0.14] + [5.1 + i / 100 for i in range(3)]
+    # Execute
+    for ts in stamps:
+        assert aligner.add(0, ts, (ts,)) is None
+    # Assert: 0.10, 0.11, 0.12 are missing; the pause is a break, not a loss
+    assert aligner.missing == 3
+
+
+def test_a_topic_slower_than_the_grid_is_not_short_of_readings() -> None:
+    # Prepare: a 25 Hz topic aligned with a 100 Hz one onto a 100 Hz grid
+    aligner = Aligner((1, 1), rate=100.0, max_gap=1.0, max_skew=1.0)
+    # Execute: every reading of both comes; then the slow one skips one reading
+    for i in range(100):
+        aligner.add(0, i / 100, (0.0,))
+    for i in range(25):
+        aligner.add(1, i / 25, (0.0,))
+    whole = aligner.missing
+    aligner.add(1, 27 / 25, (0.0,))  # 25/25 and 26/25 never came
+    # Assert
+    assert whole == 0 and aligner.missing == 2
+
+
+def test_a_sensors_counter_counts_every_reading_that_never_came_across_restarts(
+    tmp_path: Path,
+) -> None:
+    # Prepare: readings numbered by the sensor, no rate; 5..7 and 20..29 never come, the
+    # sensor restarts its counter at 0 (not a loss), the daemon restarts from the file
+    sp = spec(seq_field="n", max_gap=100.0)
+    numbers = [*range(5), *range(8, 20), *range(30, 40)]
+    stream = [msg("s/imu", ts=float(i), ax=float(i), n=n) for i, n in enumerate(numbers)]
+    stream += [msg("s/imu", ts=100.0 + i, ax=1.0, n=i) for i in range(3)]  # counter restarted
+    path = tmp_path / "buf.sqlite"
+    with BufferStore(path, shape=sp.shape) as store:
+        first = WindowAssembler(sp)
+        made = first.feed(stream[:10])
+        store.append([], counts=made.counts, also=made.save)
+    # Execute
+    db = connect(path)
+    second = WindowAssembler.load(sp, db)
+    db.close()
+    rest = second.feed(stream[10:])
+    # Assert: 3 + 10 missing, counted once, whichever process saw the gap
+    assert made.counts["readings-missing"] + rest.counts["readings-missing"] == 13
+
+
+def test_a_counter_that_is_not_a_whole_number_is_refused() -> None:
+    fmt = ReadingFormat(parse_fields("ax"), seq_field=parse_fields("n")[0])
+    for bad in (b'{"ts": 1, "ax": 1, "n": -1}', b'{"ts": 1, "ax": 1, "n": 1.5}'):
+        with pytest.raises(FrameError) as err:
+            decode_readings(bad, fmt)
+        assert err.value.reason == "bad-sequence"
+    assert decode_readings(b'{"ts": 1, "ax": 1, "n": 7}', fmt)[0].seq == 7

@@ -17,18 +17,33 @@ back: skew is absorbed. The rules for readings that are missing or late:
 
 A reading not newer than its topic's newest is a redelivery when its timestamp is one of the
 topic's recent ones (``duplicate``), and refused as ``late`` otherwise.
+
+The aligner also counts readings that never arrived (:attr:`Aligner.missing`). Where readings
+carry the sensor's counter (a sequence number), a jump of the counter between two readings
+taken in turn is that many missing, however long the gap (a counter that goes back is the
+sensor restarting it: counted from there). Without one, and with a rate: where two consecutive
+readings of a topic lie ``k`` of its intervals apart (``k >= 1.5``, and no further apart than
+``max_gap``: beyond it the stream may have paused, which cannot be told from a loss),
+``round(k) - 1`` readings are missing. A topic's interval is the grid's, or its own median one
+where it is slower (a topic sampled below the grid's rate is not short of readings), known
+after a topic's first few readings; one sampled faster than the grid is counted on the grid's
+interval, so its losses are undercounted, never invented.
 """
 
 from __future__ import annotations
 
 import bisect
 import math
+import statistics
 from collections import deque
 from typing import Any
 
-from edge_client.runtime.constants import RECENT_TIMESTAMPS
+from edge_client.runtime.constants import DEDUP_WINDOW, RECENT_TIMESTAMPS
 
 __all__ = ["Aligner", "Row"]
+
+#: Readings of a topic before its interval is known, and holes in it are counted.
+_KNOWN_INTERVAL = 8
 
 #: A row: its time and every channel's value; None in a list of rows is a break.
 Row = tuple[float, tuple[float, ...]]
@@ -63,11 +78,16 @@ class Aligner:
         self.pending: list[list[Row]] = [[] for _ in range(n)]
         self.next_k: int | None = None
         self._out: list[Row | None] = []
+        self.missing = 0  # readings missing inside streams (a counter: the caller resets it)
+        self.last_seq: list[int | None] = [None] * n  # each topic's last counter taken
 
     # -- input ----------------------------------------------------------------------------
 
-    def add(self, topic: int, ts: float, values: tuple[float, ...]) -> str | None:
-        """Take one reading of topic ``topic``; return why it was refused, or None.
+    def add(
+        self, topic: int, ts: float, values: tuple[float, ...], seq: int | None = None
+    ) -> str | None:
+        """Take one reading of topic ``topic`` (``seq``: the sensor's counter, if it sends
+        one); return why it was refused, or None.
 
         Returns
         -------
@@ -80,6 +100,13 @@ class Aligner:
         k, rate = self.next_k, self.rate
         if k is not None and rate is not None and ts < k / rate - self.max_gap:
             return "clock-skew"  # behind ticks already given up on for it
+        last = self.last_seq[topic]
+        if seq is not None:
+            if last is not None and seq > last:  # lower: the sensor restarted its counter
+                self.missing += min(seq - last - 1, DEDUP_WINDOW)  # bounded: hostile numbers
+            self.last_seq[topic] = seq
+        elif newest is not None and rate is not None and ts - newest <= self.max_gap:
+            self.missing += self._missing(topic, ts - newest, 1.0 / rate)
         self.newest[topic] = ts
         self.recent[topic].append(ts)
         if self.rate is None:
@@ -89,6 +116,15 @@ class Aligner:
         else:
             self.pending[topic].append((ts, values))
         return None
+
+    def _missing(self, topic: int, gap: float, tick: float) -> int:
+        """Readings missing in a ``gap`` (s) between two consecutive readings of ``topic``."""
+        recent = self.recent[topic]
+        if gap < 1.5 * tick or len(recent) < _KNOWN_INTERVAL:
+            return 0  # on time, or the topic's own interval is not known yet
+        gaps = [b - a for a, b in zip(recent, list(recent)[1:], strict=False)]
+        tick = max(tick, statistics.median(gaps))  # the topic's own, where slower than the grid
+        return max(0, round(gap / tick) - 1)
 
     # -- output ---------------------------------------------------------------------------
 
@@ -175,6 +211,7 @@ class Aligner:
             "recent": [list(r) for r in self.recent],
             "pending": [[[ts, list(v)] for ts, v in p] for p in self.pending],
             "next-k": self.next_k,
+            "last-seq": self.last_seq,
         }
 
     def restore(self, state: dict[str, Any]) -> None:
@@ -183,3 +220,4 @@ class Aligner:
         self.recent = [deque(r, maxlen=RECENT_TIMESTAMPS) for r in state["recent"]]
         self.pending = [[(ts, tuple(v)) for ts, v in p] for p in state["pending"]]
         self.next_k = state["next-k"]
+        self.last_seq = list(state.get("last-seq") or [None] * len(self.channels))

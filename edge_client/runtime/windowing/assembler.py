@@ -54,8 +54,8 @@ class Assembled:
     release : list of int
         Held windows leaving the file (stored above, or dropped).
     counts : Counter
-        Counter deltas: ``readings``, ``readings-at-gaps``, ``duplicates`` (readings),
-        ``windows-dropped:<reason>``.
+        Counter deltas: ``readings``, ``readings-at-gaps``, ``readings-missing``,
+        ``duplicates`` (readings), ``windows-dropped:<reason>``.
     rejected : Counter
         Messages refused whole, and single readings refused, by reason.
     state : str
@@ -190,6 +190,9 @@ class WindowAssembler:
             if self.windower.given_up:
                 counts["readings-at-gaps"] += self.windower.given_up
                 self.windower.given_up = 0
+            if self.aligner.missing:
+                counts["readings-missing"] += self.aligner.missing
+                self.aligner.missing = 0
             for end, x in windows:
                 if self.labels is None:
                     ready.append((end, x, NO_LABEL))
@@ -267,7 +270,7 @@ class WindowAssembler:
                 assert self.labels is not None and reading.label is not None
                 reason = self.labels.add(reading.ts, reading.label)
             else:
-                reason = self.aligner.add(index, reading.ts, reading.values)
+                reason = self.aligner.add(index, reading.ts, reading.values, reading.seq)
                 if reason is None:
                     counts["readings"] += 1
                     self.now = reading.ts if self.now is None else max(self.now, reading.ts)

@@ -159,6 +159,7 @@ class WindowSpec:
         time_unit: str = "s",
         label_field: str | None = None,
         label_topic: str | None = None,
+        seq_field: str | None = None,
         classes: str | None = None,
         num_classes: int = 0,
         max_gap: float = DEFAULT_MAX_GAP_S,
@@ -185,8 +186,11 @@ class WindowSpec:
             raise ValueError("labelled streams need --classes (names) or --num-classes")
         when = parse_fields(time_field)
         label = parse_fields(label_field)[0] if label_field else None
+        seq = parse_fields(seq_field) if seq_field else ()
         if len(when) != 1 or (label_field and len(parse_fields(label_field)) != 1):
             raise ValueError("--time-field and --label-field name one field each")
+        if len(seq) > 1:
+            raise ValueError("--seq-field names one field")
         parsed = [parse_topic(t) for t in topics]
         if fields is not None:
             if len(parsed) != 1 or parsed[0][1] is not None:
@@ -203,6 +207,7 @@ class WindowSpec:
                 label_field=label if with_label else None,
                 classes=names,
                 num_classes=k,
+                seq_field=seq[0] if seq and channels else None,  # data topics' counter
             )
 
         inline = label is not None and label_topic is None
