@@ -196,6 +196,16 @@ class MosquittoBroker(StartStop):
         self._tmp = tempfile.TemporaryDirectory(prefix="fedstream-mosquitto-")
         self._group = ProcessGroup(grace=5.0)
 
+    @classmethod
+    def stock(cls) -> MosquittoBroker:
+        """Mosquitto as a site runs it without tuning for fedstream: a listener and anonymous
+        clients (which Mosquitto 2 refuses on a listener unless told), every limit at its
+        default (20 messages in flight to a 3.1.1 client, 1,000 queued)."""
+        broker = cls()
+        broker.config = Path(broker._tmp.name) / "stock.conf"
+        broker.config.write_text("listener 1883 127.0.0.1\nallow_anonymous true\n")
+        return broker
+
     @property
     def port(self) -> int:
         """The first listener's port."""

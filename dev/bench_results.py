@@ -1,13 +1,15 @@
 """The ``## Results`` block of ``docs/benchmarks.md``, rendered from ``bench/results/*.json``.
 
 One bullet per benchmark, each made by a function named for it (:func:`hetero`,
-:func:`streams`, ...) from that benchmark's JSON document alone, so that every figure on the
-page can be traced to the key it is formatted from; a key a function needs and the JSON lacks
-raises (``KeyError``), nothing is made up. The papers' headline figures beside ours
-(OmniLearn's 14-85 %, ScaDLES' 3.29x and 848-9429x, FedBuff's 3.3x, DGC's 270-600x, top-k's
-60-78x) are citations, typed here as text; goals' thresholds come from the scenario modules
-of :mod:`deploy.bench` (settings, not results), or are named here where the scenario keeps
-none (:data:`ROUND_GOAL`, :data:`PI_FREE_GOAL`).
+:func:`streams`, ...; the wall-clock benchmarks' in ``dev/bench_results_wall.py``) from that
+benchmark's JSON document alone, so that every figure on the page can be traced to the key it
+is formatted from; a key a function needs and the JSON lacks raises (``KeyError``), nothing is
+made up. The papers' headline figures beside ours (OmniLearn's 14-85 %, ScaDLES' 3.29x and
+848-9429x, FedBuff's 3.3x, DGC's 270-600x, top-k's 60-78x) are citations, typed here as text;
+goals' thresholds come from the scenario modules of :mod:`deploy.bench` (settings, not
+results), or are named beside the bullets where the scenario keeps none
+(``bench_results_wall.ROUND_GOAL``, ``PI_FREE_GOAL``). How figures are written:
+``dev/bench_format.py``.
 
 :func:`render` reads the folder and joins the bullets; ``dev/bench_tables.py`` puts them
 between ``<!-- bench:results -->`` and ``<!-- /bench:results -->``.
@@ -16,12 +18,32 @@ between ``<!-- bench:results -->`` and ``<!-- /bench:results -->``.
 from __future__ import annotations
 
 import json
-import re
 import statistics
-import textwrap
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+
+from bench_format import (
+    Doc,
+    bullet,
+    fmt_pct,
+    fmt_points,
+    fmt_seeds,
+    fmt_spread,
+    fmt_verdict,
+    fmt_x,
+    one_entry,
+)
+from bench_results_wall import (
+    PI_FREE_GOAL,
+    ROUND_GOAL,
+    bursts,
+    deployment,
+    footprint,
+    inference,
+    reliability,
+    scale,
+    service,
+)
 
 __all__ = [
     "BULLETS",
@@ -29,6 +51,7 @@ __all__ = [
     "ROUND_GOAL",
     "asynchronous",
     "buffers",
+    "bursts",
     "compression",
     "deployment",
     "drift",
@@ -45,74 +68,8 @@ __all__ = [
     "streams",
 ]
 
-Doc = dict[str, Any]
 
-#: fedstream's median round against plain Flower's, wall clock: at most this (the issue's goal).
-ROUND_GOAL = 1.2
-#: The share of a 1 GB Raspberry Pi a device's processes should leave free.
-PI_FREE_GOAL = 0.40
-#: Width of the generated Markdown lines.
-WIDTH = 96
-
-
-# -- formatting ---------------------------------------------------------------------------
-
-
-def _spread(values: Sequence[float | None], fmt: str = "{:.2f}") -> str:
-    from deploy.bench.common import spread
-
-    return spread(values, fmt)
-
-
-def _pct(values: Sequence[float | None]) -> str:
-    """Fractions per seed as ``mean (min-max) %``."""
-    return _spread([None if v is None else 100 * v for v in values], "{:.0f}") + " %"
-
-
-def _points(values: Sequence[float | None]) -> str:
-    """Accuracy differences per seed, in points: ``mean (min to max) point``."""
-    got = [100 * v for v in values if v is not None]
-    text = f"{statistics.mean(got):+.1f}"
-    if len(got) > 1:
-        text += f" ({min(got):+.1f} to {max(got):+.1f})"
-    return text + " point"
-
-
-def _x(values: Sequence[float | None], fmt: str = "{:.2f}") -> str:
-    """Ratios per seed as ``mean x (min-max)``, the seeds that never got one named."""
-    return re.sub(r"^(-?\d+(?:\.\d+)?)", r"\1x", _spread(values, fmt), count=1)
-
-
-def _seeds(seeds: Sequence[int]) -> str:
-    return ("seed " if len(seeds) == 1 else "seeds ") + ", ".join(map(str, seeds))
-
-
-def _verdict(met: bool) -> str:
-    from deploy.bench.common import verdict
-
-    return verdict(met)
-
-
-def _one(entries: Sequence[Doc], **match: Any) -> Doc:
-    """The entry whose keys have the values ``match`` gives (KeyError when none does)."""
-    for e in entries:
-        if all(e[k] == v for k, v in match.items()):
-            return e
-    raise KeyError(f"no entry with {match}")
-
-
-def _bullet(text: str) -> str:
-    return textwrap.fill(
-        " ".join(text.split()),
-        WIDTH,
-        initial_indent="- ",
-        subsequent_indent="  ",
-        break_long_words=False,
-        break_on_hyphens=False,
-    )
-
-
-# -- the bullets, one per benchmark ---------------------------------------------------------
+# -- the bullets of the virtual-clock benchmarks (and forecasting, drift) -----------------
 
 
 def hetero(doc: Doc) -> str:
@@ -127,7 +84,7 @@ def hetero(doc: Doc) -> str:
 
     entries = doc["entries"]
     levels = ("HL2", "HL4", "HL8")
-    dyn = {lv: _one(entries, level=lv, arm="dynamic") for lv in levels}
+    dyn = {lv: one_entry(entries, level=lv, arm="dynamic") for lv in levels}
 
     def per_level(key: str, fmt: Callable[[Sequence[float | None]], str]) -> str:
         return ", ".join(f"{fmt(dyn[lv][key])} at {lv}" for lv in levels)
@@ -135,34 +92,34 @@ def hetero(doc: Doc) -> str:
     seed_eff = [v for lv in levels for v in dyn[lv]["efficiency_per_seed"] if v is not None]
     above = max(seed_eff, default=0.0)
     here = f" (here up to {above:.2f})" if above > 1 else ""
-    periods = _one(entries, level="schedule", arm="dynamic")["periods_to_balance"]
-    k1 = _one(entries, level="HL8-K1", arm="dynamic")["reduction_per_seed"]
+    periods = one_entry(entries, level="schedule", arm="dynamic")["periods_to_balance"]
+    k1 = one_entry(entries, level="HL8-K1", arm="dynamic")["reduction_per_seed"]
     met = doc["goals"]["met"]
     goals = (
-        f"efficiency >= {GOALS['efficiency']:g} at HL2/4/8: {_verdict(met['efficiency'])}; "
-        f"reduction >= {100 * GOALS['HL2']:.0f} % at HL2: {_verdict(met['reduction_hl2'])}, "
-        f">= {100 * GOALS['HL8']:.0f} % at HL8: {_verdict(met['reduction_hl8'])}; rebalanced "
-        f"within {GOALS['periods']} periods: {_verdict(met['rebalance'])}"
+        f"efficiency >= {GOALS['efficiency']:g} at HL2/4/8: {fmt_verdict(met['efficiency'])}; "
+        f"reduction >= {100 * GOALS['HL2']:.0f} % at HL2: {fmt_verdict(met['reduction_hl2'])}, "
+        f">= {100 * GOALS['HL8']:.0f} % at HL8: {fmt_verdict(met['reduction_hl8'])}; rebalanced "
+        f"within {GOALS['periods']} periods: {fmt_verdict(met['rebalance'])}"
     )
     if not (met["efficiency"] and met["reduction_hl2"] and met["reduction_hl8"]):
         goals += "; " + _hetero_shortfall(dyn, GOALS["efficiency"])
-    return _bullet(
+    return bullet(
         f"""**Per-device batch control on heterogeneous workers** (OmniLearn: 14-85 % less
-        training time): virtual clock, 4 devices, {_seeds(doc["seeds"])}; times to
+        training time): virtual clock, 4 devices, {fmt_seeds(doc["seeds"])}; times to
         {dyn["HL2"]["target_accuracy"]:g} count from virtual time 0: the timing probe before
         round 1 is charged (static and dynamic arms; the fixed split does not probe), and so
         are each message's model download and the aggregator's aggregation and evaluation.
         Without Flower's orchestration, the dynamic controller takes
-        {per_level("reduction_per_seed", _pct)} less time than the fixed split; with Flower's
+        {per_level("reduction_per_seed", fmt_pct)} less time than the fixed split; with Flower's
         measured per-round orchestration
         ({doc["flower_round_s"]:g} s, `flower_round_s`) added to every exchange, the probe's
-        included: {per_level("reduction_overhead_per_seed", _pct)}. Efficiency of the ideal
-        split {per_level("efficiency_per_seed", _spread)}; a seed's efficiency can exceed
+        included: {per_level("reduction_overhead_per_seed", fmt_pct)}. Efficiency of the ideal
+        split {per_level("efficiency_per_seed", fmt_spread)}; a seed's efficiency can exceed
         1{here} because it divides times to target, which move with the
         rounds a seed happens to need, so the clean measure is the steady efficiency, from
-        mean round times after round 3: {per_level("steady_efficiency_per_seed", _spread)}.
+        mean round times after round 3: {per_level("steady_efficiency_per_seed", fmt_spread)}.
         Rebalanced within {periods} controller periods of each speed switch; the papers' K =
-        1 at HL8: {_pct(k1)} less time. Goals: {goals}. `fedstream bench hetero`."""
+        1 at HL8: {fmt_pct(k1)} less time. Goals: {goals}. `fedstream bench hetero`."""
     )
 
 
@@ -199,10 +156,10 @@ def streams(doc: Doc) -> str:
 
     entries = doc["entries"]
     sets = list(doc["run_s"])
-    s = {rs: _one(entries, rate_set=rs, method="scadles") for rs in sets}
-    s64 = {rs: _one(entries, rate_set=rs, method=f"scadles-{DEVICES * 8}") for rs in sets}
+    s = {rs: one_entry(entries, rate_set=rs, method="scadles") for rs in sets}
+    s64 = {rs: one_entry(entries, rate_set=rs, method=f"scadles-{DEVICES * 8}") for rs in sets}
 
-    def per_set(rows: dict[str, Doc], key: str, fmt: Callable[..., str] = _x) -> str:
+    def per_set(rows: dict[str, Doc], key: str, fmt: Callable[..., str] = fmt_x) -> str:
         return ", ".join(f"{rs} {fmt(rows[rs][key])}" for rs in sets)
 
     b8 = [rs for rs in sets if s64[rs]["best_fixed"] == "fixed-8"]
@@ -215,20 +172,20 @@ def streams(doc: Doc) -> str:
             "`adapt` does at b-min 8, so both run as many rounds, and at B = "
             f"{DEVICES * PAPER_BATCH} ScaDLES then trains at a learning rate cut by sum(b)/B"
         )
-    return _bullet(
+    return bullet(
         f"""**Rate-aware streaming training** (ScaDLES: up to 3.29x faster convergence):
-        virtual clock, {DEVICES} devices of equal speed, {_seeds(doc["seeds"])}, time to
+        virtual clock, {DEVICES} devices of equal speed, {fmt_seeds(doc["seeds"])}, time to
         {TARGET_ACCURACY:g}. Against ScaDLES' baseline (fixed {PAPER_BATCH} per device),
         `scadles` at B = {DEVICES * PAPER_BATCH} is {per_set(s, "speedup_vs_paper_per_seed")}
         faster; against the best fixed batch {per_set(s, "speedup_vs_best_per_seed")} (goal
-        >= {GOALS["speedup_S1p"]:g}x on S1p: {_verdict(met["speedup"])}{reason}).
+        >= {GOALS["speedup_S1p"]:g}x on S1p: {fmt_verdict(met["speedup"])}{reason}).
         `scadles-{DEVICES * 8}` runs at B = {DEVICES * 8}, the global batch of fixed-8, the
         best fixed arm on {", ".join(b8) or "no rate set"}{f" ({others})" if others else ""}:
         its {per_set(s64, "speedup_vs_paper_per_seed")} over fixed-{PAPER_BATCH} is that batch
         size, not rate awareness; against the best fixed batch it is
         {per_set(s64, "speedup_vs_best_per_seed")}. Accuracy at the end, `scadles` against
-        the best fixed batch: {per_set(s, "accuracy_delta_vs_best_per_seed", _points)} (goal:
-        within {100 * GOALS["accuracy_points"]:g} point on S1p: {_verdict(met["accuracy"])}).
+        the best fixed batch: {per_set(s, "accuracy_delta_vs_best_per_seed", fmt_points)} (goal:
+        within {100 * GOALS["accuracy_points"]:g} point on S1p: {fmt_verdict(met["accuracy"])}).
         `fedstream bench streams`."""
     )
 
@@ -243,11 +200,11 @@ def buffers(doc: Doc) -> str:
 
     entries = doc["entries"]
     sets = list(doc["run_s"])
-    s = {rs: _one(entries, rate_set=rs, method="scadles") for rs in sets}
+    s = {rs: one_entry(entries, rate_set=rs, method="scadles") for rs in sets}
     reduction = ", ".join(
-        f"{rs} {_spread(s[rs]['buffer_reduction_per_seed'], '{:.1f}x')}" for rs in sets
+        f"{rs} {fmt_spread(s[rs]['buffer_reduction_per_seed'], '{:.1f}x')}" for rs in sets
     )
-    dropped = ", ".join(f"{rs} {_pct(s[rs]['dropped_per_seed'])}" for rs in sets)
+    dropped = ", ".join(f"{rs} {fmt_pct(s[rs]['dropped_per_seed'])}" for rs in sets)
     peak = max(max(s[rs]["peak_per_seed"]) for rs in sets)
     lengths = ", ".join(f"{rs} {v:,.0f} s" for rs, v in doc["run_s"].items())
     met = doc["goals"]["met"]["buffer"]
@@ -258,11 +215,11 @@ def buffers(doc: Doc) -> str:
         "run's length (fast streams fill while a round waits for the slowest), and the ratio "
         "with it"
     )
-    return _bullet(
+    return bullet(
         f"""**Truncation vs persistence buffers** (ScaDLES: 848-9429x smaller): virtual
         clock, the same runs ({lengths} of virtual time): `scadles`' peak buffer (truncation,
         at most {peak:,} samples) is {reduction} smaller than fixed-{PAPER_BATCH}'s
-        (persistence; goal >= {GOALS["buffer_reduction"]:g}x: {_verdict(met)}{reason}), at
+        (persistence; goal >= {GOALS["buffer_reduction"]:g}x: {fmt_verdict(met)}{reason}), at
         the cost of the arrivals truncation drops: {dropped}. `fedstream bench streams`."""
     )
 
@@ -276,8 +233,8 @@ def label_skew(doc: Doc) -> str:
     """
     entries = doc["entries"]
     arms = ("fixed/fedavg", "dynamic/fedavg", "dynamic/fednova")
-    skew = {arm: _one(entries, level="skew-HL8", arm=arm) for arm in arms}
-    iid = {arm: _one(entries, level="iid-HL8", arm=arm) for arm in arms[1:]}
+    skew = {arm: one_entry(entries, level="skew-HL8", arm=arm) for arm in arms}
+    iid = {arm: one_entry(entries, level="iid-HL8", arm=arm) for arm in arms[1:]}
 
     def held(e: Doc) -> str:
         got = sum(t is not None for t in e["ttt_per_seed"])
@@ -289,16 +246,16 @@ def label_skew(doc: Doc) -> str:
         "with `fednova`",
     )
     final = "; ".join(
-        f"{name} {_spread(skew[arm]['final_per_seed'], '{:.3f}')}, {held(skew[arm])}"
+        f"{name} {fmt_spread(skew[arm]['final_per_seed'], '{:.3f}')}, {held(skew[arm])}"
         for arm, name in zip(arms, names, strict=True)
     )
     fednova, fedavg = iid["dynamic/fednova"], iid["dynamic/fedavg"]
-    return _bullet(
+    return bullet(
         f"""**Heterogeneity with label skew**: virtual clock, HL8, one class per device,
-        {_seeds(doc["seeds"])}: final accuracy of {final}
+        {fmt_seeds(doc["seeds"])}: final accuracy of {final}
         (`fednova`, each device's steps weighed alike, is the default). On IID streams
-        `fednova` needs {_spread(fednova["rounds_per_seed"], "{:.0f}")} rounds to
-        {fednova["target_accuracy"]:g}, `fedavg` {_spread(fedavg["rounds_per_seed"], "{:.0f}")}.
+        `fednova` needs {fmt_spread(fednova["rounds_per_seed"], "{:.0f}")} rounds to
+        {fednova["target_accuracy"]:g}, `fedavg` {fmt_spread(fedavg["rounds_per_seed"], "{:.0f}")}.
         `fedstream bench hetero`."""
     )
 
@@ -317,8 +274,8 @@ def noniid(doc: Doc) -> str:
     entries = doc["entries"]
     goal = doc["goal"]["partitions"]
     one, digits = goal["one-label"], goal["one-label-digits"]
-    inj = _one(entries, partition="one-label", method=GOAL_METHOD)
-    avg = _one(entries, partition="one-label", method="fedavg")
+    inj = one_entry(entries, partition="one-label", method=GOAL_METHOD)
+    avg = one_entry(entries, partition="one-label", method="fedavg")
     queued = statistics.mean(inj["queued_bytes_per_round_per_seed"])
     update = inj["model_update_bytes"]
     reason = ""
@@ -327,18 +284,18 @@ def noniid(doc: Doc) -> str:
             f": what the picked devices send up, {queued:,.0f} B a round, is under one update "
             f"({update:,} B); the broker's fan-out to every other opted-in device makes the rest"
         )
-    return _bullet(
+    return bullet(
         f"""**Data injection against non-IID streams** (ScaDLES: (0.25, 0.25) recovers most
         IID accuracy): in-process runner (accuracies per round and bytes from the frames, so
         nothing depends on the virtual clock), {DEVICES} devices, one label per device,
-        {_seeds(doc["seeds"])}: final accuracy {_spread(inj["iid_fraction_per_seed"])} of the
-        IID reference's with injection against {_spread(avg["iid_fraction_per_seed"])} with
-        FedAvg (goal >= {GOAL_INJECT:g} of IID: {_verdict(one["inject_met"])},
+        {fmt_seeds(doc["seeds"])}: final accuracy {fmt_spread(inj["iid_fraction_per_seed"])} of the
+        IID reference's with injection against {fmt_spread(avg["iid_fraction_per_seed"])} with
+        FedAvg (goal >= {GOAL_INJECT:g} of IID: {fmt_verdict(one["inject_met"])},
         {one["inject_seeds_met"]} of {one["seeds"]} seeds); injection delivered
         {one["delivered_bytes_per_round"]:,.0f} B per round =
         {one["delivered_updates_per_round"]:.1f} model updates,
         {one["delivered_of_model_traffic"]:.2f} of the round's model traffic (goal < 1 update:
-        {_verdict(one["bytes_met"])}{reason}); digits, one digit per device:
+        {fmt_verdict(one["bytes_met"])}{reason}); digits, one digit per device:
         {digits["inject_iid_fraction"]:.2f} of IID against {digits["fedavg_iid_fraction"]:.2f}.
         `fedstream bench noniid`."""
     )
@@ -356,26 +313,26 @@ def compression(doc: Doc) -> str:
     small, large = (m["model"] for m in doc["models"])
 
     def mode(model: str, name: str) -> str:
-        e = _one(entries, model=model, mode=name)
-        return f"{_x(e['ratio_per_seed'], '{:.1f}')} fewer bytes up at " + _points(
+        e = one_entry(entries, model=model, mode=name)
+        return f"{fmt_x(e['ratio_per_seed'], '{:.1f}')} fewer bytes up at " + fmt_points(
             e["accuracy_delta_per_seed"]
         )
 
     def goal(name: str) -> str:
-        rows = [_one(entries, model=m, mode=name) for m in (small, large)]
-        return f"goal {rows[0]['goal']}: " + ", ".join(_verdict(r["goal_met"]) for r in rows)
+        rows = [one_entry(entries, model=m, mode=name) for m in (small, large)]
+        return f"goal {rows[0]['goal']}: " + ", ".join(fmt_verdict(r["goal_met"]) for r in rows)
 
     def both(name: str) -> float:
-        per_seed: list[float] = _one(entries, model=large, mode=name)[
+        per_seed: list[float] = one_entry(entries, model=large, mode=name)[
             "bytes_both_to_target_per_seed"
         ]
         return statistics.mean(per_seed)
 
     none = both("none")
     size = {m["model"]: f"{m['parameters']:,}-parameter" for m in doc["models"]}
-    return _bullet(
+    return bullet(
         f"""**Compressed updates** (top-k 1 % + coding: 60-78x; DGC 270-600x): in-process
-        runner, virtual clock, {_seeds(doc["seeds"])}: top-k 1 % with error feedback sends
+        runner, virtual clock, {fmt_seeds(doc["seeds"])}: top-k 1 % with error feedback sends
         {mode(small, "topk-1%")} on the {size[small]} CNN, {mode(large, "topk-1%")}
         on the {size[large]} MLP ({goal("topk-1%")}); int8 {mode(small, "int8")} /
         {mode(large, "int8")} ({goal("int8")}). With the model going down to every device,
@@ -400,50 +357,22 @@ def forecast(doc: Doc, accelerometer: Doc) -> str:
     fed = next(e for e in doc["entries"] if "mae_per_seed" in e)
     met = doc["goals_met"]
     acc = accelerometer
-    return _bullet(
+    return bullet(
         f"""**Forecasting an unlabelled stream**: weekly Mauna Loa CO2 1958-2001 (a real
         recording), {doc["past"]} weeks in, {doc["horizon"]} out, {doc["devices"]} devices,
-        {doc["rounds"]} rounds, {_seeds(doc["seeds"])}, the in-process runner, windows given
+        {doc["rounds"]} rounds, {fmt_seeds(doc["seeds"])}, the in-process runner, windows given
         directly (MAE does not depend on a clock): test MAE
-        {_spread(fed["mae_per_seed"], "{:.3f}")} ppmv, {_pct(fed["lower_than_naive_per_seed"])}
+        {fmt_spread(fed["mae_per_seed"], "{:.3f}")} ppmv,
+        {fmt_pct(fed["lower_than_naive_per_seed"])}
         below the naive forecast's {doc["naive_mae"]:.3f} (goal >= {100 * GOAL_VS_NAIVE:.0f} %:
-        {_verdict(met["vs_naive"])}) and {_x(fed["vs_ridge_per_seed"])} the ridge
+        {fmt_verdict(met["vs_naive"])}) and {fmt_x(fed["vs_ridge_per_seed"])} the ridge
         autoregression's {doc["ridge_mae"]:.3f}, which is fitted centrally and penalty-tuned
-        (goal <= {GOAL_VS_RIDGE:g}x: {_verdict(met["vs_ridge"])}). Through MQTT as per-reading
+        (goal <= {GOAL_VS_RIDGE:g}x: {fmt_verdict(met["vs_ridge"])}). Through MQTT as per-reading
         JSON, windowed on ingest (`fedstream demo --task forecast`, wall, one run): an
         accelerometer in raw milli-g counts, the round-{acc["export_version"]} export's test
         MAE {acc["export_mae_all_test_windows"]:.1f} against the naive forecast's
         {acc["naive_mae_all_test_windows"]:.1f} on the same {acc["test_windows"]:,} windows
         ({acc["ratio_export_to_naive"]:.2f}x). `fedstream bench forecast`."""
-    )
-
-
-def reliability(doc: Doc) -> str:
-    """Faults, soak, hostile input and security (``reliability.json``).
-
-    Reads the soak's entries (``published``, ``achieved_rate``), ``samples``
-    (``acknowledged``, ``accepted``, ``lost``), ``faults`` (``injected``, ``survived``,
-    ``resume_equivalence.identical``), ``security`` (``tried``, ``passed``) and ``hostile``
-    (``tried``, ``crashed``).
-    """
-    soak = doc["entries"]
-    samples, faults, security, hostile = (
-        doc[k] for k in ("samples", "faults", "security", "hostile")
-    )
-    resumed = (
-        "the same model as uninterrupted"
-        if faults["resume_equivalence"]["identical"]
-        else "a model that differs from the uninterrupted run's"
-    )
-    return _bullet(
-        f"""**Faults, soak, security**: wall, one run: {sum(e["published"] for e in soak):,}
-        samples at {sum(e["achieved_rate"] for e in soak):,.0f} msg/s into {len(soak)}
-        daemons with a daemon `kill -9`, plus a broker crash, a broker restart and a full
-        disk: {samples["acknowledged"]:,} acknowledged, {samples["accepted"]:,} accepted,
-        {samples["lost"]:,} lost; aggregator killed and resumed ({resumed});
-        {faults["survived"]} of {faults["injected"]} faults and {security["passed"]} of
-        {security["tried"]} security checks passed; {hostile["tried"]:,} hostile payloads,
-        {hostile["crashed"]} crashes. `fedstream bench reliability`."""
     )
 
 
@@ -460,10 +389,10 @@ def asynchronous(doc: Doc) -> str:
     entries, goals, chosen = doc["entries"], doc["goals"], doc["deadline-chosen"]
 
     def speedup(name: str, method: str = "async") -> str:
-        return _x(_speedups(entries, name, method))
+        return fmt_x(_speedups(entries, name, method))
 
     def accuracy(name: str, method: str, key: str = "accuracy-at-horizon") -> str:
-        return _spread(_select(entries, name, method, key), "{:.3f}")
+        return fmt_spread(_select(entries, name, method, key), "{:.3f}")
 
     updates = {name: _select(entries, name, "sync-deadline", "updates") for name in chosen}
     cut = [
@@ -488,145 +417,24 @@ def asynchronous(doc: Doc) -> str:
         f"{m} {accuracy('straggler-classes', m, 'accuracy-last-quarter')}"
         for m in ("async", "sync-deadline")
     )
-    return _bullet(
+    return bullet(
         f"""**Asynchronous aggregation** (FedBuff: 3.3x faster than synchronous FedAvg;
         OmniLearn: up to +6.9 % accuracy in asynchronous training): virtual clock, 4 devices,
-        {_seeds(doc["seeds"])}, times from virtual time 0 with the model's download to every
+        {fmt_seeds(doc["seeds"])}, times from virtual time 0 with the model's download to every
         message charged. With one device {STRAGGLER:g}x slower, async reaches the target
         {speedup("straggler")} sooner than sync-dynamic (goal >= {GOALS["straggler_speedup"]:g}x:
-        {_verdict(goals["straggler-speedup"])}) and ends at {accuracy("straggler", "async")}
+        {fmt_verdict(goals["straggler-speedup"])}) and ends at {accuracy("straggler", "async")}
         against {accuracy("straggler", "sync-dynamic")} at equal time (goal: within
-        {100 * GOALS["straggler_points"]:g} point: {_verdict(goals["straggler-accuracy"])});
-        HL8 {speedup("HL8")} (goal >= 1x: {_verdict(goals["hl8-as-fast"])}); HL2
+        {100 * GOALS["straggler_points"]:g} point: {fmt_verdict(goals["straggler-accuracy"])});
+        HL8 {speedup("HL8")} (goal >= 1x: {fmt_verdict(goals["hl8-as-fast"])}); HL2
         {speedup("HL2")}. Sync rounds with a deadline, tuned on seed
         {doc["deadline-tuning-seed"]}, which is not reported (tried: {factors} x sync-dynamic's
         median round; chosen {chosen["straggler"]:g} x with the straggler, {chosen["HL8"]:g} x
         at HL8), reach the target {deadline} sooner than sync-dynamic{dropped_all}. With the
         straggler alone holding classes {UNIQUE_CLASSES[0]} and {UNIQUE_CLASSES[1]}, mean
         accuracy over the last quarter: {quarter} (goal: async higher:
-        {_verdict(classes)}{reason}).
+        {fmt_verdict(classes)}{reason}).
         `fedstream bench async`."""
-    )
-
-
-def deployment(doc: Doc) -> str:
-    """A round on the wall clock against plain Flower (``deployment.json``).
-
-    With ``ratios`` and ``repetitions`` (the JSON since repetitions were added): each fedstream
-    variant's ``mean``, ``min`` and ``max`` over each plain baseline; an older JSON (one run
-    per variant): the entries' ``round_wall_median_s`` and ``vs_plain_tuned``. Both: the
-    fedstream entries' ``breakdown.training_share``, ``devices``, ``rounds`` and
-    ``controllers`` (``round_wall_median_s``, ``time_to_s``, ``seeds``).
-    """
-    entries = doc["entries"]
-    idle = [e for e in entries if e["variant"] == "fedstream-idle"]
-    ratios = doc.get("ratios")
-    if ratios is None:  # the older format: one run per variant, no pull-loop variant
-        live = _one(entries, variant="fedstream-live")
-        ratio = idle[0]["vs_plain_tuned"]
-        comparison = f"""one run per variant: fedstream's median round with its streams idle
-            {idle[0]["round_wall_median_s"]:.2f} s, {ratio:.2f}x the plain Flower app's as
-            written (`Strategy.start`, whose pull loop sleeps 3 s) on the same SuperNodes
-            (goal <= {ROUND_GOAL:g}x: {_verdict(ratio <= ROUND_GOAL)}),
-            {live["vs_plain_tuned"]:.2f}x with live streams (this run has no plain app with
-            fedstream's 0.2 s pull loop)"""
-    else:
-
-        def r(variant: str, base: str) -> str:
-            x = ratios[variant][base]
-            return f"{x['mean']:.2f}x ({x['min']:.2f}-{x['max']:.2f})"
-
-        idle_r = ratios["fedstream-idle"]
-        verdicts = ", ".join(
-            _verdict(idle_r[b]["mean"] <= ROUND_GOAL)
-            for b in ("plain-flower-tuned", "plain-flower-tuned-pull")
-        )
-        comparison = f"""{doc["repetitions"]} alternated repetitions, the ratio's mean
-            (min-max): fedstream's median round with its streams idle is
-            {r("fedstream-idle", "plain-flower-tuned")} the plain Flower app's as written
-            (`Strategy.start`, whose pull loop sleeps 3 s) and {
-            r("fedstream-idle", "plain-flower-tuned-pull")
-        } the same app's with fedstream's 0.2 s pull loop, on
-            the same SuperNodes (goal <= {ROUND_GOAL:g}x: {verdicts}); with live streams
-            {r("fedstream-live", "plain-flower-tuned")} and {
-            r("fedstream-live", "plain-flower-tuned-pull")
-        }"""
-    share = _pct([e["breakdown"]["training_share"] for e in idle])
-    c = doc["controllers"]
-    fixed, dyn = c["controller-fixed"], c["controller-dynamic"]
-    return _bullet(
-        f"""**A round on the wall clock, against plain Flower**: wall, Flower's deployment
-        engine on this machine, {doc["devices"]} devices, {doc["rounds"]} rounds,
-        {comparison}; the devices train for {share} of an idle round (process start and
-        Flower's polls are the rest). With slowdowns and more local work, the batch
-        controller's median round is {dyn["round_wall_median_s"]} s against the fixed split's
-        {fixed["round_wall_median_s"]} s, and with its timing probe it reaches 0.9 in
-        {dyn["time_to_s"]["0.9"]} s against {fixed["time_to_s"]["0.9"]} s
-        ({_seeds(dyn["seeds"])}). `fedstream bench deployment`."""
-    )
-
-
-def footprint(doc: Doc) -> str:
-    """What a device runs, measured in the live runs (``deployment.json``).
-
-    Reads the ``fedstream-live`` entries' ``footprint`` (``pss_peak_bytes``,
-    ``pi_1gb_headroom``, ``written_per_accepted_sample``, ``sample_bytes``,
-    ``write_amplification``) and ``commit_interval_s``, and the same of the
-    ``fedstream-live-commit-*`` entry.
-    """
-    live = [e for e in doc["entries"] if e["variant"] == "fedstream-live"]
-    old = [e for e in doc["entries"] if e["variant"].startswith("fedstream-live-commit-")]
-    prints, old_prints = [e["footprint"] for e in live], [e["footprint"] for e in old]
-    pss = max(f["pss_peak_bytes"] for f in prints) / (1 << 20)
-    free = min(f["pi_1gb_headroom"] for f in prints)
-    runs = "the live run" if len(live) == 1 else f"{len(live)} live runs"
-
-    def written(of: list[Doc]) -> str:
-        per_sample = _spread([f["written_per_accepted_sample"] for f in of], "{:,.0f}")
-        return f"{per_sample} ({_x([f['write_amplification'] for f in of], '{:.1f}')})"
-
-    return _bullet(
-        f"""**Device footprint**: wall, {runs}: ingest daemon + SuperNode + SuperExec +
-        ClientApp at most {pss:.0f} MiB at once (PSS), at least {100 * free:.0f} % of a 1 GB
-        Pi free (goal >= {100 * PI_FREE_GOAL:.0f} %: {_verdict(free >= PI_FREE_GOAL)});
-        {written(prints)} bytes written per accepted {prints[0]["sample_bytes"]:,}-byte
-        sample with transactions gathered up to {live[0]["commit_interval_s"]:g} s, against
-        {written(old_prints)} with commits
-        every {old[0]["commit_interval_s"]:g} s. `fedstream bench deployment`."""
-    )
-
-
-def service(doc: Doc) -> str:
-    """A continuous run for a day (``service.json``).
-
-    Reads ``virtual_s`` and the entry's ``samples`` (``round``, ``rss_mb``,
-    ``checkpoint_mb``, ``metrics_mb``, ``exports_mb``, ``buffers_mb``), ``memory_growth`` and
-    ``disk_limits_mb``.
-    """
-    from deploy.bench.continuous_run import EXPORT_KEEP, MEMORY_GROWTH, METRICS_KEEP, METRICS_MB
-
-    entry = doc["entries"][0]
-    samples = entry["samples"]
-    base, end = samples[max(0, len(samples) // 10 - 1)], samples[-1]
-    growth, limits = entry["memory_growth"], entry["disk_limits_mb"]
-    disk_ok = all(s[k] <= v for s in samples for k, v in limits.items())
-    flat = next(
-        s
-        for s in samples
-        if all(t["buffers_mb"] == end["buffers_mb"] for t in samples[samples.index(s) :])
-    )
-    return _bullet(
-        f"""**A continuous run for a day**: virtual clock, in-process runner, 2 devices,
-        {end["round"]:,} rounds in {doc["virtual_s"] / 3600:.0f} h: resident memory
-        {base["rss_mb"]:.0f} MB at round {base["round"]:,} and {end["rss_mb"]:.0f} MB at the
-        end ({100 * growth:+.1f} %; goal <= {100 * MEMORY_GROWTH:.0f} %, disk within its
-        bounds: {_verdict(growth <= MEMORY_GROWTH and disk_ok)}), checkpoint
-        {end["checkpoint_mb"]:.2f} MB, metrics at most
-        {max(s["metrics_mb"] for s in samples):.1f} MB (rotated at {METRICS_MB:g} MB,
-        {METRICS_KEEP} kept), exports at most {max(s["exports_mb"] for s in samples):.2f} MB
-        ({EXPORT_KEEP} kept), the two buffer files {end["buffers_mb"]:.0f} MB from round
-        {flat["round"]:,} on (flat: SQLite's write-ahead log at its high-water mark).
-        `fedstream bench service`."""
     )
 
 
@@ -673,7 +481,7 @@ def drift(doc: Doc) -> str:
         if all(v is None for runs in rounds.values() for v in runs):
             return f"not within the {after} rounds after it, with any reaction"
         return "in " + ", ".join(
-            f"{_spread(v, '{:.0f}')} rounds (`{r}`)" for r, v in rounds.items()
+            f"{fmt_spread(v, '{:.0f}')} rounds (`{r}`)" for r, v in rounds.items()
         )
 
     after_change = {
@@ -684,68 +492,18 @@ def drift(doc: Doc) -> str:
         for r, v in after_change.items()
         if r != "none"
     )
-    return _bullet(
+    return bullet(
         f"""**Drift detection and reaction**: ADWIN ({detector["detector"].split()[-1]}) on 0/1
-        errors, {_seeds(doc["seeds"])}: at most {alarms} false alarms per 100,000 stationary
+        errors, {fmt_seeds(doc["seeds"])}: at most {alarms} false alarms per 100,000 stationary
         windows at error rates {rates[0]}-{rates[-1]} (goal <= {GOAL_FALSE_ALARMS}:
-        {_verdict(alarms <= GOAL_FALSE_ALARMS)}); 0.1 -> 0.3 reported after
-        {_spread(tripled, "{:.0f}")} windows (goal <= {GOAL_DELAY}:
-        {_verdict(None not in tripled and max(tripled) <= GOAL_DELAY)}), 0.1 -> 0.5 after
-        {_spread(delays["0.1->0.5"], "{:.0f}")}. Sensors flipped mid-run (virtual clock,
+        {fmt_verdict(alarms <= GOAL_FALSE_ALARMS)}); 0.1 -> 0.3 reported after
+        {fmt_spread(tripled, "{:.0f}")} windows (goal <= {GOAL_DELAY}:
+        {fmt_verdict(None not in tripled and max(tripled) <= GOAL_DELAY)}), 0.1 -> 0.5 after
+        {fmt_spread(delays["0.1->0.5"], "{:.0f}")}. Sensors flipped mid-run (virtual clock,
         {DEVICES} devices): {seen}; the whole fleet flipped
         recovered {recovered(DEVICES)}; half of it {recovered(DEVICES // 2)}, and there the
         reactions moved the changed devices' mean accuracy after the change by {cost} points
         against `none` (the default). `fedstream bench drift`."""
-    )
-
-
-def inference(doc: Doc) -> str:
-    """On-device inference (``inference.json``).
-
-    Reads the default CNN's ``samples_per_s`` and the two daemon entries' ``samples``,
-    ``predicted``, ``samples_per_s``, ``latency_median_s`` and ``latency_p99_s``.
-    """
-    from deploy.bench.inference import BATCHES, FASTEST_RATE
-
-    cnn = next(e for e in doc["entries"] if e.get("model", "").startswith("cnn (default"))
-    fast, paced = (e for e in doc["entries"] if "daemon" in e)
-    every = (
-        "every sample"
-        if paced["predicted"] == paced["samples"]
-        else f"{paced['predicted']:,} of {paced['samples']:,} samples"
-    )
-    rate = cnn["samples_per_s"]
-    return _bullet(
-        f"""**On-device inference**: wall: the default CNN exported with `torch.export`,
-        {rate["1"]:,.0f} samples/s one at a time, {rate[str(BATCHES[-1])]:,.0f}/s in batches
-        of {BATCHES[-1]}; `fedstream infer` end to end {fast["samples_per_s"]:,.0f} samples/s,
-        and at {FASTEST_RATE:.0f} samples/s (ScaDLES S2's mean + 1 sd) {every} predicted with
-        a median latency of {1000 * paced["latency_median_s"]:.1f} ms (p99
-        {1000 * paced["latency_p99_s"]:.1f} ms). `fedstream bench inference`."""
-    )
-
-
-def scale(doc: Doc) -> str:
-    """The aggregator at scale (``scale.json``).
-
-    Reads the dense (``mode`` ``none``) entries' ``devices``, ``round_s``, ``per_device_ms``
-    and ``params``, and ``goals`` (``met.round_s``, ``per_device_kb``, ``fixed_mb``).
-    """
-    from deploy.bench.scale import GOALS
-
-    dense = [e for e in doc["entries"] if e["mode"] == "none"]
-    at = _one(dense, devices=GOALS["devices"])
-    per = [e["per_device_ms"] for e in dense]
-    goals = doc["goals"]
-    return _bullet(
-        f"""**Aggregator at scale**: wall, a quiet host: a steady-state round (after the
-        controller has fitted) through the ServerApp's own exchange takes
-        {at["round_s"]:.2f} s for {at["devices"]:,} devices on a {at["params"]:,}-parameter
-        model (goal <= {GOALS["round_s"]:g} s: {_verdict(goals["met"]["round_s"])}),
-        {min(per):.1f}-{max(per):.1f} ms per device from {dense[0]["devices"]:,} to
-        {dense[-1]["devices"]:,} devices; a round's peak memory is O(model) in the real
-        ServerApp: about {goals["per_device_kb"]:.1f} kB per device +
-        {goals["fixed_mb"]:.0f} MB. `fedstream bench scale`."""
     )
 
 
@@ -766,6 +524,7 @@ BULLETS: list[tuple[Callable[..., str], tuple[str, ...]]] = [
     (drift, ("drift",)),
     (inference, ("inference",)),
     (scale, ("scale",)),
+    (bursts, ("bursts",)),
 ]
 
 

@@ -240,7 +240,7 @@ def _ingest(doc: Doc) -> str:
         runs = ", ".join(f"{r:.2f}" for r in c["ratios"])
         rows.append(
             [
-                what,
+                f"{what}, MQTT {c.get('mqtt-version', '3.1.1')}",  # runs before MQTT 5: 3.1.1
                 f"{c['raw-msg-s']:,.0f}",
                 f"{c['ingest-msg-s']:,.0f}",
                 samples,
@@ -267,8 +267,15 @@ def _ingest(doc: Doc) -> str:
 
 
 #: Each benchmark's renderer: its JSON document -> its tables (markdown).
+def _bursts(doc: Doc) -> str:
+    from deploy.bench import bursts
+
+    return bursts._table(doc["entries"])
+
+
 RENDERERS: dict[str, Callable[[Doc], str]] = {
     "ingest": _ingest,
+    "bursts": _bursts,
     "compression": _compression,
     "noniid": _noniid,
     "hetero": _hetero,

@@ -30,6 +30,7 @@ SCENARIOS = {
     "deployment": "deploy.bench.deployment",
     "drift": "deploy.bench.drift_recovery",
     "inference": "deploy.bench.inference",
+    "bursts": "deploy.bench.bursts",
     "service": "deploy.bench.continuous_run",
     "simulation": "deploy.bench.simulation",
 }

@@ -46,13 +46,14 @@ RATE_LOG_S: Final = 60.0  # the ingest daemon logs what came in this often
 # bytes its network thread waits for the writer's next commit, so the broker keeps the rest
 # as messages in flight (TCP pushes back) instead of this process growing without bound.
 INGEST_MAX_UNCOMMITTED_BYTES: Final = 64 << 20
-# Reader first: while more than this many bytes wait unread in the daemon's socket, its writer
-# waits (READER_YIELD_S at a time, READER_YIELD_MAX_S per batch at most) so that paho's thread
-# can read them. A broker drops what it cannot write to a slow reader: Mosquitto (2.0.16 on,
-# and Debian's 2.0.11) any packet past max_queued_messages (1000) waiting unwritten, QoS 1 in
-# flight included. Measured with stock Mosquitto: a 50,000-reading burst lost 5,300-9,900
-# readings without it, none with it.
-READER_BACKLOG_BYTES: Final = 64 * 1024
+# Reader first: while more than about this many messages wait unread in the daemon's socket
+# (its unread bytes over the mean message's), its writer waits (READER_YIELD_S at a time,
+# READER_YIELD_MAX_S per batch at most) so that paho's thread can read them. A broker drops
+# what it cannot write to a slow reader: Mosquitto (2.0.16 on, and Debian's 2.0.11) any packet
+# past max_queued_messages (1000) waiting unwritten, QoS 1 in flight included. Counted in
+# messages, it is small ones (a reading each) that need it: reading them costs the interpreter
+# per message; large frames are bound by the writer, whom waiting would only slow.
+READER_BACKLOG_MESSAGES: Final = 500
 READER_YIELD_S: Final = 0.002
 READER_YIELD_MAX_S: Final = 0.2
 # How long the broker keeps the ingest daemon's session (its subscriptions and the messages

@@ -59,7 +59,7 @@ from edge_client.runtime.constants import (
     MQTT_311,
     OUTBOX_PUBLISH_S,
     RATE_LOG_S,
-    READER_BACKLOG_BYTES,
+    READER_BACKLOG_MESSAGES,
     READER_YIELD_MAX_S,
     READER_YIELD_S,
     RECEIVE_MAXIMUM,
@@ -218,6 +218,7 @@ class IngestDaemon(Subscribed):
         # Payload bytes received (paho's thread counts) and committed (the writer counts):
         # their difference is what the daemon holds; past the bound, paho's thread waits.
         self._received_bytes = 0
+        self._received = 0  # messages, with their bytes: their mean size
         self._released_bytes = 0
         self._held_changed = threading.Condition()
         self._subscriptions = Subscriptions(
@@ -357,7 +358,8 @@ class IngestDaemon(Subscribed):
         self._queue.put((tag, msg.qos, msg.payload, time.time(), msg.topic))
         if self._acks:
             self._send_acks()
-        self._received_bytes += len(msg.payload)  # only this thread writes it: no lock
+        self._received_bytes += len(msg.payload)  # only this thread writes these: no lock
+        self._received += 1
         if self.held_bytes > INGEST_MAX_UNCOMMITTED_BYTES:
             # Bounded memory: wait for the writer's commit (the broker keeps what follows in
             # flight: TCP pushes back). Acks go out meanwhile (the writer hands them to paho's
@@ -421,8 +423,15 @@ class IngestDaemon(Subscribed):
         interpreter (a broker drops what it cannot write to a slow reader; see
         :data:`~edge_client.runtime.constants.READER_BACKLOG_BYTES`). Bounded per batch, so
         that commits, and with them acknowledgements, go on under a steady overload."""
+        if not self._received:
+            return
+        # A message's bytes on the wire: its payload, its topic and a few of header.
+        size = self._received_bytes / self._received + len(self._status_topic) + 8
         deadline = time.monotonic() + READER_YIELD_MAX_S
-        while unread_bytes(self._client) > READER_BACKLOG_BYTES and time.monotonic() < deadline:
+        while (
+            unread_bytes(self._client) > READER_BACKLOG_MESSAGES * size
+            and time.monotonic() < deadline
+        ):
             time.sleep(READER_YIELD_S)
 
     def _commit_each(self, items: list[_Item]) -> bool:

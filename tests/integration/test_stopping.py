@@ -33,6 +33,7 @@ from deploy.local import (
     wait_until,
 )
 from deploy.probes import start_ingest
+from edge_client.runtime.constants import MQTT_VERSION_ENV
 from edge_client.runtime.model_store import store_model
 from edge_client.task.interface import Classification, init_model
 from edge_client.wire.run_config import RunSettings
@@ -187,9 +188,11 @@ def _model_dir(path: Path) -> Path:
 
 @pytest.mark.parametrize("daemon", ["ingest", "publish", "infer", "fleet"])
 def test_a_daemon_exits_soon_after_sigterm_once_its_broker_is_gone(
-    daemon: str, procs: ProcessGroup, tmp_path: Path
+    daemon: str, procs: ProcessGroup, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # Prepare: the daemon connected to a broker, then the broker gone
+    # Prepare: the daemon connected to a broker (MQTT 3.1.1: the embedded one's), then the
+    # broker gone
+    monkeypatch.setenv(MQTT_VERSION_ENV, EmbeddedBroker.mqtt_version)
     with EmbeddedBroker(free_port()) as broker:  # stop() is safe twice
         proc, log = _start_daemon(daemon, broker.url, procs, tmp_path)
         time.sleep(1.0)

@@ -28,7 +28,7 @@ from edge_client.runtime.trainer import train_local
 from edge_client.task.constants import DEFAULT_NUM_CLASSES, DEFAULT_SHAPE
 from edge_client.task.models import build_model
 from edge_client.task.synthetic import SensorTask
-from edge_client.wire.constants import INJECT_MAX_PAYLOAD_BYTES
+from edge_client.wire.constants import DEFAULT_MAX_PAYLOAD_BYTES, INJECT_MAX_PAYLOAD_BYTES
 from edge_client.wire.frames import SampleBatch, encode_json
 from edge_client.wire.records import CONFIG, RoundPlan
 from edge_client.wire.run_config import RunSettings
@@ -145,8 +145,10 @@ def test_a_picked_device_shares_beta_of_its_samples_within_the_budget(tmp_path: 
 
     # Execute
     roomy, tight, none = shared(0.1, 10**6), shared(0.5, 8_000), shared(0.5, 100)
+    everything = shared(1.0, 10**6)
     # Assert
     assert roomy[1] == 40  # beta * 400
+    assert everything[0] <= DEFAULT_MAX_PAYLOAD_BYTES < 400 * 784  # one message any broker takes
     assert tight[0] <= 8_000 and tight[1] == 10  # 776 B a sample
     assert none == (0, 0)  # not even one sample fits
 

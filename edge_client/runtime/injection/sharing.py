@@ -15,7 +15,7 @@ import numpy as np
 
 from edge_client.runtime.device_state import DeviceStateStore
 from edge_client.runtime.outbox import Outbox
-from edge_client.wire.constants import INJECT_MAX_PAYLOAD_BYTES
+from edge_client.wire.constants import DEFAULT_MAX_PAYLOAD_BYTES, INJECT_MAX_PAYLOAD_BYTES
 from edge_client.wire.frames import SampleBatch, encode_frame
 
 if TYPE_CHECKING:  # the ingest daemon loads this package: it must not load Flower
@@ -45,7 +45,9 @@ def share(
     """
     per_sample = 4 * int(np.prod(taken.x.shape[1:])) + 16  # features + label + timestamp
     header = len(encode_frame(taken.x[:0], taken.y[:0], taken.ts[:0], publisher=device_id))
-    fits = max(0, (min(plan.inject_budget, INJECT_MAX_PAYLOAD_BYTES) - header) // per_sample)
+    # One frame within what every broker takes (AWS IoT Core: 128 KB) and receivers accept.
+    cap = min(plan.inject_budget, INJECT_MAX_PAYLOAD_BYTES, DEFAULT_MAX_PAYLOAD_BYTES)
+    fits = max(0, (cap - header) // per_sample)
     n = min(int(plan.inject_beta * len(taken)), fits)
     if n <= 0:
         return 0, 0
