@@ -103,13 +103,7 @@ class FleetView(StartStop):
         self._subscriptions.send(client)
 
     def _on_subscribe(self, _c: mqtt.Client, _u: Any, mid: int, reasons: Any, _p: Any) -> None:
-        granted = self._subscriptions.acknowledged(mid, reasons, self.connection.v5)
-        if granted is False:
-            self.connection.last_error = (
-                f"the broker refused to subscribe: {self._subscriptions.describe_refusals()}"
-            )
-            log.error("%s", self.connection.last_error)
-        elif granted:
+        if self._subscriptions.acknowledged(mid, reasons, self.connection):
             self._last_message = time.monotonic()
             self._connected.set()
 

@@ -232,13 +232,7 @@ class InferenceDaemon(Subscribed):
         self._subscriptions.send(client)
 
     def _on_subscribe(self, _c: mqtt.Client, _u: Any, mid: int, reasons: Any, _p: Any) -> None:
-        granted = self._subscriptions.acknowledged(mid, reasons, self.connection.v5)
-        if granted is False:
-            self.connection.last_error = (
-                f"the broker refused to subscribe: {self._subscriptions.describe_refusals()}"
-            )
-            log.error("%s", self.connection.last_error)
-        elif granted:
+        if self._subscriptions.acknowledged(mid, reasons, self.connection):
             log.info("connected to %s", self.config.broker)
             self._connected.set()
 

@@ -324,15 +324,11 @@ class IngestDaemon(Subscribed):
         self._subscriptions.send(client)
 
     def _on_subscribe(self, _c: mqtt.Client, _u: Any, mid: int, reasons: Any, _p: Any) -> None:
-        granted = self._subscriptions.acknowledged(mid, reasons, self.connection.v5)
+        granted = self._subscriptions.acknowledged(mid, reasons, self.connection)
         if granted is None:
             return
-        if not granted:
-            self._subscribe_error = (
-                f"the broker refused to subscribe: {self._subscriptions.describe_refusals()}"
-            )
-            self.connection.last_error = self._subscribe_error
-            log.error("%s (connected to %s)", self._subscribe_error, self.config.broker)
+        if not granted:  # logged; the status says it too
+            self._subscribe_error = self.connection.last_error
             return
         self._subscribe_error = None
         log.info(

@@ -478,16 +478,21 @@ class Subscriptions:
             if mid is not None:
                 self._pending[mid] = chunk
 
-    def acknowledged(self, mid: int, reasons: Sequence[ReasonCode], v5: bool) -> bool | None:
+    def acknowledged(
+        self, mid: int, reasons: Sequence[ReasonCode], connection: Connection
+    ) -> bool | None:
         """Take the SUBACK of packet ``mid``; return None while others are due, then True
-        when the broker granted every filter and False when it refused any
-        (:attr:`refused` says which and why)."""
+        when the broker granted every filter and False when it refused any: then the
+        connection's ``last_error`` and an error in the log say which and why."""
         chunk = self._pending.pop(mid, ())
         for topic, reason in zip(chunk, reasons, strict=False):
             if reason.is_failure:
-                self.refused[topic] = describe_reason(reason, v5)
+                self.refused[topic] = describe_reason(reason, connection.v5)
         if self._pending:
             return None
+        if self.refused:
+            connection.last_error = f"the broker refused to subscribe: {self.describe_refusals()}"
+            log.error("%s", connection.last_error)
         return not self.refused
 
     def describe_refusals(self) -> str:
