@@ -1,7 +1,8 @@
 """A virtual device's buffer kept as counts: the simulation engine's lazy replay.
 
-A replayed stream's samples are addressable by index (:class:`StreamSamples`: sample ``i``
-is the same whoever asks, and whenever), so a virtual device need not store what its stream
+A replayed stream's samples are addressable by index (:class:`StreamSamples` of the
+synthetic task, :class:`RecordingSamples` of a device's part of a recording: sample ``i`` is
+the same whoever asks, and whenever), so a virtual device need not store what its stream
 delivered. :class:`LazyBuffer` keeps what a real buffer's policy would hold as ranges of
 stream indices and its counters (received, accepted, dropped, consumed, messages), a few
 hundred bytes, and materialises samples only when a round takes them. Its counts, and the
@@ -14,7 +15,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -27,12 +28,58 @@ from edge_client.runtime.seeding import device_rng
 from edge_client.task.synthetic import SensorTask
 from edge_client.wire.frames import SampleBatch
 
-__all__ = ["CHUNK", "LazyBuffer", "StreamSamples"]
+__all__ = ["CHUNK", "LazyBuffer", "RecordingSamples", "Samples", "StreamSamples"]
 
 #: Samples drawn per seed stream: sample ``i`` comes from chunk ``i // CHUNK``.
 CHUNK = 256
 _SKEW_STREAM = 1_000_003  # seed stream of a device's label mix and feature shift
 _CHUNK_STREAM = 2_000_000  # first seed stream of the chunks
+
+
+class Samples(Protocol):
+    """A device's stream by index: sample ``i`` is the same whoever asks, and whenever."""
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """One sample's shape."""
+        ...
+
+    def range(self, start: int, stop: int) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+        """Samples ``start`` to ``stop - 1``: ``(x, y)``."""
+        ...
+
+
+@dataclass(frozen=True, eq=False)
+class RecordingSamples:
+    """A device's part of a recording as its stream: the part's samples in recorded order,
+    starting over when it ends (sample ``i`` is the part's ``i mod len``).
+
+    Parameters
+    ----------
+    x, y : ndarray
+        The part's samples and labels, in the order the device streams them.
+    """
+
+    x: npt.NDArray[np.float32]
+    y: npt.NDArray[np.int64]
+
+    def __post_init__(self) -> None:
+        if len(self.y) == 0 or len(self.x) != len(self.y):
+            raise ValueError(f"a part needs samples: got {len(self.x)} and {len(self.y)} labels")
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """One sample's shape."""
+        return tuple(int(d) for d in self.x.shape[1:])
+
+    def range(self, start: int, stop: int) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]:
+        """Samples ``start`` to ``stop - 1`` of the stream: ``(x, y)``."""
+        at = np.arange(start, max(start, stop)) % len(self.y)
+        return self.x[at].astype(np.float32), self.y[at].astype(np.int64)
+
+    def passes(self, delivered: int) -> float:
+        """How many times over the stream has delivered the part."""
+        return delivered / len(self.y)
 
 
 @dataclass(frozen=True)
@@ -91,8 +138,8 @@ class LazyBuffer:
 
     Parameters
     ----------
-    samples : StreamSamples
-        The stream.
+    samples : Samples
+        The stream: the synthetic task's, or a part of a recording.
     rate : float
         Samples per second.
     capacity : int
@@ -103,7 +150,7 @@ class LazyBuffer:
         Samples delivered when the stream starts (the first :meth:`advance`).
     """
 
-    samples: StreamSamples
+    samples: Samples
     rate: float
     capacity: int
     policy: str = POLICY_TRUNCATION
@@ -244,7 +291,7 @@ class LazyBuffer:
     @classmethod
     def from_state(
         cls,
-        samples: StreamSamples,
+        samples: Samples,
         state: Mapping[str, Any],
         clock: Callable[[], float] | None = None,
     ) -> LazyBuffer:

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-from edge_client.emulation.lazy_buffer import StreamSamples
+from edge_client.emulation.lazy_buffer import Samples
 from edge_client.emulation.virtual_stream import arrived, store_arrivals
 from edge_client.runtime.buffer import BufferStore
 from edge_client.runtime.constants import POLICY_PERSISTENCE
@@ -30,7 +30,7 @@ _DELIVERED = "replay-delivered"  # samples delivered so far (stored or dropped)
 
 def replay_into(
     path: str | Path,
-    samples: StreamSamples,
+    samples: Samples,
     rate: float,
     *,
     initial: int,
@@ -45,8 +45,9 @@ def replay_into(
     ----------
     path : str or Path
         The device's buffer file (created on the first call).
-    samples : StreamSamples
-        The device's stream: its id, the run's seed, the task's shape and classes, the skew.
+    samples : Samples
+        The device's stream: the synthetic task's (its id, the run's seed, the task's shape
+        and classes, the skew) or a part of a recording.
     rate : float
         Samples per second.
     initial : int

@@ -1,12 +1,19 @@
 """Virtual devices of Flower's simulation engine, fed by replayed streams.
 
-In the simulation engine a node has only ``partition-id``: it becomes the virtual device
-``sim-<partition-id>``, whose stream of the synthetic task (of the run's ``sample-shape`` and
-``num-classes``) delivers at the rate, whose training runs with the slowdown, and which is
-away when, the run config's ``sim-population`` (or ``sim-rates`` and ``sim-slowdowns``) gives
-it (:mod:`edge_client.emulation.population`). An away device answers each message with
-Flower's ``NODE_UNAVAILABLE`` error at once (the aggregator counts it as failed); its stream
-goes on (the broker would queue it).
+In the simulation engine a node has only ``partition-id``: it becomes a virtual device whose
+stream delivers at the rate, whose training runs with the slowdown, and which is away when,
+the run config's ``sim-population`` (or ``sim-rates`` and ``sim-slowdowns``) gives it
+(:mod:`edge_client.emulation.population`). Its stream is the synthetic task's (of the run's
+``sample-shape`` and ``num-classes``; device ``sim-<partition-id>``), or with ``sim-source``
+its part of a recording, split by ``sim-partition`` (:mod:`edge_client.emulation.partitions`)
+and streamed in recorded order, starting over when it ends (device ``user-14`` for the group
+``14`` of ``sim-partition-by user``, ``part-<id>`` otherwise). An away device answers each
+message with Flower's ``NODE_UNAVAILABLE`` error at once (the aggregator counts it as failed);
+its stream goes on (the broker would queue it).
+
+Time is virtual: round ``r`` (a model version, in asynchronous mode) is ``r x sim-round-s``
+seconds on every device's clock, so what a stream has delivered, and whether a device is
+away, depend on the round, not on how fast this machine runs it: a seeded run repeats.
 
 With ``sim-buffers = "lazy"`` (the default) the device's buffer is a
 :class:`~edge_client.emulation.lazy_buffer.LazyBuffer` kept in the node's Flower state
@@ -26,25 +33,34 @@ from __future__ import annotations
 import contextlib
 import json
 import tempfile
-import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from flwr.app import ConfigRecord, RecordDict
-from flwr.common.constant import PARTITION_ID_KEY
+from flwr.common.constant import NUM_PARTITIONS_KEY, PARTITION_ID_KEY
 
-from edge_client.emulation.lazy_buffer import LazyBuffer, StreamSamples
+from edge_client.emulation.lazy_buffer import LazyBuffer, RecordingSamples, Samples, StreamSamples
+from edge_client.emulation.partitions import split_recording
 from edge_client.emulation.population import DeviceProfile, profile_of
 from edge_client.emulation.replay import replay_into
 from edge_client.emulation.sources import pick_classes
 from edge_client.runtime.constants import DEFAULT_CAPACITY
 from edge_client.runtime.device_state import MemoryDeviceState
 from edge_client.runtime.node_config import NodeConfig
+from edge_client.wire.partitioning import scheme_of
 from edge_client.wire.population import parse_population
 from edge_client.wire.run_config import RunSettings, number_list
 
-__all__ = ["SimulationNodes", "absence", "lazy_device", "profile", "simulated_node"]
+__all__ = [
+    "SimulationNodes",
+    "absence",
+    "lazy_device",
+    "profile",
+    "simulated_node",
+    "virtual_stream",
+    "virtual_time",
+]
 
 #: Where a lazy virtual device's buffer lives between rounds, in its ``context.state``.
 LAZY_STATE_KEY = "fedstream.lazy-buffer"
@@ -52,14 +68,42 @@ LAZY_STATE_KEY = "fedstream.lazy-buffer"
 START_STATE_KEY = "fedstream.sim-start"
 
 
-def _device(node_config: Mapping[str, Any], settings: RunSettings) -> tuple[int, str]:
+def virtual_time(settings: RunSettings, server_round: int) -> float:
+    """Seconds on the streams' virtual clock at round ``server_round``."""
+    return server_round * settings.sim_round_s
+
+
+def virtual_stream(node_config: Mapping[str, Any], settings: RunSettings) -> tuple[str, Samples]:
+    """The virtual device's id and stream: its part of ``sim-source``, or the synthetic task.
+
+    Raises
+    ------
+    ValueError
+        If the recording cannot be read or split, this node has no part of it, or (without a
+        recording) the run's ``dataset`` is not the synthetic task.
+    """
+    pid = int(node_config[PARTITION_ID_KEY])
+    if settings.sim_source:
+        split = split_recording(
+            settings.sim_source,
+            scheme_of(settings.sim_partition, settings.sim_partition_by),
+            key=settings.sim_partition_by,
+            num_partitions=int(node_config.get(NUM_PARTITIONS_KEY, 0)) or None,
+            seed=settings.seed,
+            shape=settings.shape,
+        )
+        try:
+            x, y = split.part(pid)
+        except IndexError as err:
+            raise ValueError(f"simulation node {pid}: {err}") from err
+        return split.device(pid), RecordingSamples(x, y)
     if settings.dataset != "synthetic":
         raise ValueError(
             f"the simulation engine replays the synthetic task (sample-shape "
-            f"{settings.sample_shape}), not dataset {settings.dataset!r}"
+            f"{settings.sample_shape}) or a recording (sim-source), not dataset "
+            f"{settings.dataset!r}"
         )
-    pid = int(node_config[PARTITION_ID_KEY])
-    return pid, f"sim-{pid}"
+    return f"sim-{pid}", _samples(settings, pid, f"sim-{pid}")
 
 
 def profile(settings: RunSettings, pid: int) -> DeviceProfile:
@@ -74,12 +118,14 @@ def profile(settings: RunSettings, pid: int) -> DeviceProfile:
     )
 
 
-def absence(node_config: Mapping[str, Any], settings: RunSettings, state: RecordDict) -> str:
-    """Why the virtual device is away now (empty: it is there). Its availability counts
-    from its first message, kept in ``state``."""
-    pid, device_id = _device(node_config, settings)
+def absence(
+    node_config: Mapping[str, Any], settings: RunSettings, state: RecordDict, server_round: int
+) -> str:
+    """Why the virtual device is away at round ``server_round`` (empty: it is there). Its
+    availability counts on the virtual clock from its first message, kept in ``state``."""
+    pid = int(node_config[PARTITION_ID_KEY])
     saved = state.get(START_STATE_KEY)
-    now = time.time()
+    now = virtual_time(settings, server_round)
     if isinstance(saved, ConfigRecord):
         start = float(str(saved["start"]))
     else:
@@ -87,6 +133,7 @@ def absence(node_config: Mapping[str, Any], settings: RunSettings, state: Record
         state[START_STATE_KEY] = ConfigRecord({"start": repr(now)})
     if profile(settings, pid).online(now - start):
         return ""
+    device_id, _stream = virtual_stream(node_config, settings)
     return f"{device_id} is offline {now - start:.0f} s into the run (sim-population)"
 
 
@@ -104,10 +151,10 @@ def _samples(settings: RunSettings, pid: int, device_id: str) -> StreamSamples:
 
 
 def simulated_node(
-    node_config: Mapping[str, Any], run_id: int, settings: RunSettings
+    node_config: Mapping[str, Any], run_id: int, settings: RunSettings, server_round: int = 0
 ) -> NodeConfig:
     """The virtual device of a simulation node (with ``sim-buffers = "files"``, its buffer
-    file topped up to now).
+    file topped up to round ``server_round`` of the virtual clock).
 
     Parameters
     ----------
@@ -127,18 +174,21 @@ def simulated_node(
     Raises
     ------
     ValueError
-        If the run's ``dataset`` is not the synthetic task (the only one replayed here).
+        As :func:`virtual_stream`.
     """
-    pid, device_id = _device(node_config, settings)
+    pid = int(node_config[PARTITION_ID_KEY])
+    device_id, samples = virtual_stream(node_config, settings)
     device = profile(settings, pid)
     root = Path(settings.sim_dir or Path(tempfile.gettempdir()) / "fedstream-sim")
-    if settings.sim_buffers == "lazy":  # no file: buffer and state in its context.state
-        path = root / f"run-{run_id}" / f"{device_id}.sqlite"
-    else:
-        path = root / f"run-{run_id}" / f"{device_id}.sqlite"
-        samples = _samples(settings, pid, device_id)
+    path = root / f"run-{run_id}" / f"{device_id}.sqlite"
+    if settings.sim_buffers == "files":  # lazy: no file, buffer and state in context.state
         replay_into(
-            path, samples, device.rate, initial=settings.sim_initial, capacity=DEFAULT_CAPACITY
+            path,
+            samples,
+            device.rate,
+            initial=settings.sim_initial,
+            capacity=DEFAULT_CAPACITY,
+            now=virtual_time(settings, server_round),
         )
     # One torch thread: Ray runs one ClientApp per CPU it was given (--client-resources-num-cpus).
     return NodeConfig(device_id, str(path), slowdown=device.slowdown, threads=1)
@@ -146,10 +196,10 @@ def simulated_node(
 
 @contextlib.contextmanager
 def lazy_device(
-    node_config: Mapping[str, Any], settings: RunSettings, state: RecordDict
+    node_config: Mapping[str, Any], settings: RunSettings, state: RecordDict, server_round: int
 ) -> Iterator[tuple[LazyBuffer, MemoryDeviceState]]:
-    """The virtual device's lazy buffer, advanced to now, and its device state; both kept in
-    ``state`` on exit.
+    """The virtual device's lazy buffer, advanced to round ``server_round`` of the virtual
+    clock, and its device state; both kept in ``state`` on exit.
 
     Parameters
     ----------
@@ -159,12 +209,19 @@ def lazy_device(
         The run's settings.
     state : RecordDict
         The node's ``context.state``, which the simulation engine keeps between rounds.
+    server_round : int
+        The round (the model version, in asynchronous mode): the virtual clock's time.
     """
-    pid, device_id = _device(node_config, settings)
-    samples = _samples(settings, pid, device_id)
+    pid = int(node_config[PARTITION_ID_KEY])
+    _device_id, samples = virtual_stream(node_config, settings)
+    now = virtual_time(settings, server_round)
+
+    def clock() -> float:
+        return now  # the round's time throughout: nothing arrives while it trains
+
     saved = state.get(LAZY_STATE_KEY)
     if isinstance(saved, ConfigRecord):
-        buffer = LazyBuffer.from_state(samples, json.loads(str(saved["buffer"])), time.time)
+        buffer = LazyBuffer.from_state(samples, json.loads(str(saved["buffer"])), clock)
         values = {k: v for k, v in saved.items() if isinstance(v, bytes)}
         device = MemoryDeviceState(values)
     else:
@@ -173,10 +230,10 @@ def lazy_device(
             profile(settings, pid).rate,
             DEFAULT_CAPACITY,
             initial=settings.sim_initial,
-            clock=time.time,
+            clock=clock,
         )
         device = MemoryDeviceState()
-    buffer.advance()
+    buffer.advance(now)
     try:
         yield buffer, device
     finally:
@@ -192,19 +249,31 @@ class SimulationNodes:
     :func:`simulated_node` and :func:`lazy_device`."""
 
     def absence(
-        self, node_config: Mapping[str, Any], settings: RunSettings, state: RecordDict
+        self,
+        node_config: Mapping[str, Any],
+        settings: RunSettings,
+        state: RecordDict,
+        server_round: int,
     ) -> str:
-        """Why the virtual device is away now (empty: it is there): :func:`absence`."""
-        return absence(node_config, settings, state)
+        """Why the virtual device is away at the round (empty: it is there): :func:`absence`."""
+        return absence(node_config, settings, state, server_round)
 
     def node(
-        self, node_config: Mapping[str, Any], run_id: int, settings: RunSettings
+        self,
+        node_config: Mapping[str, Any],
+        run_id: int,
+        settings: RunSettings,
+        server_round: int,
     ) -> NodeConfig:
         """The virtual device: :func:`simulated_node`."""
-        return simulated_node(node_config, run_id, settings)
+        return simulated_node(node_config, run_id, settings, server_round)
 
     def open_device(
-        self, node_config: Mapping[str, Any], settings: RunSettings, state: RecordDict
+        self,
+        node_config: Mapping[str, Any],
+        settings: RunSettings,
+        state: RecordDict,
+        server_round: int,
     ) -> contextlib.AbstractContextManager[tuple[LazyBuffer, MemoryDeviceState]]:
         """Its lazy buffer and device state: :func:`lazy_device`."""
-        return lazy_device(node_config, settings, state)
+        return lazy_device(node_config, settings, state, server_round)

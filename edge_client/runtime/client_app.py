@@ -164,8 +164,15 @@ def absent_reply(msg: Message, context: Context) -> Message | None:
     if not _virtual(context):
         return None
     settings = RunSettings.from_run_config(context.run_config)
-    why = virtual_nodes().absence(context.node_config, settings, context.state)
+    why = virtual_nodes().absence(context.node_config, settings, context.state, _round(msg))
     return Message(Error(ErrorCode.NODE_UNAVAILABLE, why), reply_to=msg) if why else None
+
+
+def _round(msg: Message) -> int:
+    """The round a message is of (0 for one without: the timing probe)."""
+    config = msg.content.config_records.get(CONFIG)
+    value = config.get("server-round", 0) if config is not None else 0
+    return int(value) if isinstance(value, int | float) else 0
 
 
 def train_round(msg: Message, context: Context, task: Task | None = None) -> Message:
@@ -176,9 +183,9 @@ def train_round(msg: Message, context: Context, task: Task | None = None) -> Mes
     the device out.
     """
     entered, start_s = time.perf_counter(), process_age_s()
-    settings, task, node = _prepare(context, task)
     plan = RoundPlan.from_record(msg.content.config_records[CONFIG])
-    with _open_device(context, settings, node) as (store, state):
+    settings, task, node = _prepare(context, task, plan.server_round)
+    with _open_device(context, settings, node, plan.server_round) as (store, state):
         if store.shape != settings.shape:
             return _shape_mismatch(msg, node.device_id, store, settings.shape)
         model = task.build_model(settings.shape, settings.num_classes)
@@ -350,12 +357,15 @@ def _shape_mismatch(
     return Message(DeviceReply(device_id, metrics, b"").to_content(), reply_to=msg)
 
 
-def _prepare(context: Context, task: Task | None) -> tuple[RunSettings, Task, NodeConfig]:
+def _prepare(
+    context: Context, task: Task | None, server_round: int = 0
+) -> tuple[RunSettings, Task, NodeConfig]:
     """A handler's run settings, task (the app's, or the one the run config names) and
-    device, with torch's threads set as the node says."""
+    device (a virtual one as of ``server_round``), with torch's threads set as the node
+    says."""
     settings = RunSettings.from_run_config(context.run_config)
     task = task or load_task(settings)
-    node = _node(context, settings)
+    node = _node(context, settings, server_round)
     if node.threads > 0:
         torch.set_num_threads(node.threads)
     return settings, task, node
@@ -376,21 +386,24 @@ def _virtual(context: Context) -> bool:
     return not NodeConfig.given_in(node) and PARTITION_ID_KEY in node
 
 
-def _node(context: Context, settings: RunSettings) -> NodeConfig:
+def _node(context: Context, settings: RunSettings, server_round: int) -> NodeConfig:
     """This node's device: from its node config, or a virtual one in the simulation engine."""
     if not _virtual(context):
         return NodeConfig.from_node_config(context.node_config)
-    return virtual_nodes().node(context.node_config, context.run_id, settings)
+    return virtual_nodes().node(context.node_config, context.run_id, settings, server_round)
 
 
 @contextlib.contextmanager
 def _open_device(
-    context: Context, settings: RunSettings, node: NodeConfig
+    context: Context, settings: RunSettings, node: NodeConfig, server_round: int
 ) -> Iterator[tuple[SampleBuffer, DeviceState]]:
     """The device's buffer and state: its buffer file, or a virtual device's lazy buffer and
-    state in its ``context.state`` (``sim-buffers = "lazy"``)."""
+    state in its ``context.state`` (``sim-buffers = "lazy"``), as of ``server_round``."""
     if _virtual(context) and settings.sim_buffers == "lazy":
-        with virtual_nodes().open_device(context.node_config, settings, context.state) as device:
+        virtual = virtual_nodes()
+        with virtual.open_device(
+            context.node_config, settings, context.state, server_round
+        ) as device:
             yield device
     else:
         with BufferStore(node.buffer) as store, DeviceStateStore(node.buffer) as state:

@@ -32,21 +32,35 @@ class VirtualNodes(Protocol):
     """What makes a simulation node (``partition-id`` only) a device."""
 
     def absence(
-        self, node_config: Mapping[str, Any], settings: RunSettings, state: RecordDict
+        self,
+        node_config: Mapping[str, Any],
+        settings: RunSettings,
+        state: RecordDict,
+        server_round: int,
     ) -> str:
-        """Why the virtual device is away now (empty: it is there)."""
+        """Why the virtual device is away at round ``server_round`` (empty: it is there)."""
         ...
 
     def node(
-        self, node_config: Mapping[str, Any], run_id: int, settings: RunSettings
+        self,
+        node_config: Mapping[str, Any],
+        run_id: int,
+        settings: RunSettings,
+        server_round: int,
     ) -> NodeConfig:
-        """The virtual device: its id, buffer file, slowdown and threads."""
+        """The virtual device at round ``server_round``: its id, buffer file, slowdown and
+        threads."""
         ...
 
     def open_device(
-        self, node_config: Mapping[str, Any], settings: RunSettings, state: RecordDict
+        self,
+        node_config: Mapping[str, Any],
+        settings: RunSettings,
+        state: RecordDict,
+        server_round: int,
     ) -> AbstractContextManager[tuple[SampleBuffer, DeviceState]]:
-        """Its buffer and device state kept in ``state`` (``sim-buffers = "lazy"``)."""
+        """Its buffer at round ``server_round`` and device state, kept in ``state``
+        (``sim-buffers = "lazy"``)."""
         ...
 
 

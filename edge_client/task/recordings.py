@@ -6,6 +6,10 @@ Two forms:
 - ``.npz`` with arrays ``x`` (``(n, *sample_shape)``) and ``y`` (``(n,)`` integer labels);
 - ``.csv`` with rows ``label,f1,f2,...`` (a header row is skipped); each row is a flat sample,
   reshaped to the declared shape when the sizes agree.
+
+A recording may also say whose each sample is (a subject, a machine): an array ``KEY`` of
+``n`` integers or strings in the ``.npz``, or a column the ``.csv``'s header names ``KEY``
+(left out of the features). :func:`load_groups` reads it; the samples stay in recorded order.
 """
 
 from __future__ import annotations
@@ -19,7 +23,14 @@ from pathlib import Path
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["TIME_COLUMNS", "Recording", "load_recording", "load_series", "series_windows"]
+__all__ = [
+    "TIME_COLUMNS",
+    "Recording",
+    "load_groups",
+    "load_recording",
+    "load_series",
+    "series_windows",
+]
 
 #: CSV columns that hold time, not a channel (skipped by :func:`load_series`).
 TIME_COLUMNS = ("date", "time", "ts", "timestamp")
@@ -27,7 +38,9 @@ TIME_COLUMNS = ("date", "time", "ts", "timestamp")
 Recording = tuple[npt.NDArray[np.float32], npt.NDArray[np.int64]]
 
 
-def load_recording(path: str | Path, shape: Sequence[int] | None = None) -> Recording:
+def load_recording(
+    path: str | Path, shape: Sequence[int] | None = None, group_key: str | None = None
+) -> Recording:
     """Load labelled samples from an ``.npz`` or ``.csv`` file.
 
     Parameters
@@ -36,6 +49,8 @@ def load_recording(path: str | Path, shape: Sequence[int] | None = None) -> Reco
         The file.
     shape : sequence of int, optional
         Per-sample shape to give CSV rows (flat when omitted or when the sizes differ).
+    group_key : str, optional
+        A CSV column that names whose each sample is (:func:`load_groups`): not a feature.
 
     Returns
     -------
@@ -60,17 +75,61 @@ def load_recording(path: str | Path, shape: Sequence[int] | None = None) -> Reco
         except (OSError, EOFError, zipfile.BadZipFile) as err:  # not a zip, truncated
             raise ValueError(f"{path}: not a readable .npz file ({err})") from err
     elif path.suffix == ".csv":
-        x_raw, y_raw = _read_csv(path, shape)
+        x_raw, y_raw = _read_csv(path, shape, group_key)
     else:
         raise ValueError(f"{path}: recordings must be .npz or .csv")
     return _checked(path, np.asarray(x_raw), np.asarray(y_raw).reshape(-1))
 
 
-def _read_csv(path: Path, shape: Sequence[int] | None) -> tuple[np.ndarray, np.ndarray]:
+def load_groups(path: str | Path, key: str) -> npt.NDArray[np.str_]:
+    """Whose each sample of a recording is: the ``.npz``'s array ``key`` or the ``.csv``'s
+    column ``key``, as strings, in recorded order.
+
+    Raises
+    ------
+    ValueError
+        If the file has no such array or column (the message names those it has), or it is
+        not one value per sample.
+    """
+    path = Path(path)
+    if path.suffix == ".npz":
+        with np.load(path) as data:
+            if key not in data:
+                raise ValueError(
+                    f"{path} has no array {key!r} to partition by; it has: {', '.join(data.files)}"
+                )
+            groups = np.asarray(data[key])
+            n = len(data["y"]) if "y" in data else len(groups)
+    elif path.suffix == ".csv":
+        with path.open(newline="") as fh:
+            reader = csv.reader(fh)
+            header = next(reader, [])
+            if key not in header:
+                named = ", ".join(header) if header and not _is_number(header[0]) else "none"
+                raise ValueError(
+                    f"{path} has no column {key!r} to partition by (a header row names the "
+                    f"columns); its columns: {named}"
+                )
+            at = header.index(key)
+            groups = np.array([row[at] for row in reader if row])
+        n = len(groups)
+    else:
+        raise ValueError(f"{path}: recordings must be .npz or .csv")
+    if groups.ndim != 1 or len(groups) != n:
+        raise ValueError(f"{path}: {key!r} must hold one value per sample, got {groups.shape}")
+    return groups.astype(str)
+
+
+def _read_csv(
+    path: Path, shape: Sequence[int] | None, group_key: str | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     with path.open(newline="") as fh:
         rows = [r for r in csv.reader(fh) if r]
     if rows and not _is_number(rows[0][0]):
-        rows = rows[1:]  # header
+        header, rows = rows[0], rows[1:]
+        if group_key in header:  # whose the sample is: not a feature
+            at = header.index(group_key)
+            rows = [r[:at] + r[at + 1 :] for r in rows]
     widths = {len(r) for r in rows}
     if len(widths) > 1:
         raise ValueError(f"{path}: rows have different widths {sorted(widths)}")

@@ -152,6 +152,7 @@ class RunSettings(ControllerSettings):
         # evaluation: EvaluationSettings
         eval_data: str
         eval_samples: int
+        eval_group_by: str
         # codec: CodecSettings
         compress: str
         compress_ratio: float
@@ -176,6 +177,10 @@ class RunSettings(ControllerSettings):
         sim_labels: int
         sim_dirichlet: float
         sim_feature_shift: float
+        sim_source: str
+        sim_partition: str
+        sim_partition_by: str
+        sim_round_s: float
 
     def __init__(self, **values: Any) -> None:
         overrides: dict[str, dict[str, Any]] = {}

@@ -36,6 +36,7 @@ from edge_client.wire.constants import (
 )
 from edge_client.wire.knob_checks import check_knobs, knob, number_list, parse_shape
 from edge_client.wire.mapping import kebab
+from edge_client.wire.partitioning import scheme_of
 from edge_client.wire.population import parse_population
 
 __all__ = [
@@ -371,6 +372,11 @@ class EvaluationSettings:
     eval_samples: int = knob(
         2000, "most samples of eval-data the aggregator evaluates on", ge=1, le=100_000
     )
+    eval_group_by: str = knob(
+        "",
+        "server-side evaluation: also score eval-data per group of this key (an array of the "
+        ".npz or a column of the .csv, e.g. user): test-by-group in metrics.jsonl",
+    )
 
     def __post_init__(self) -> None:
         check_knobs(self)
@@ -465,12 +471,39 @@ class SimulationSettings:
     sim_labels: int = knob(0, "simulation skew: classes per virtual device (0: all)", ge=0)
     sim_dirichlet: float = knob(0.0, "... or Dirichlet(alpha) label mix (0: off)", ge=0)
     sim_feature_shift: float = knob(0.0, "... and per-device sensor gain/bias", ge=0)
+    sim_source: str = knob(
+        "",
+        "simulation: a recording (.npz or .csv on the machine that runs the virtual devices) "
+        "they stream, split by sim-partition, each part in recorded order; empty: the "
+        "synthetic task",
+    )
+    sim_partition: str = knob(
+        "",
+        "simulation with sim-source: natural (one device per group of sim-partition-by), iid, "
+        "dirichlet(ALPHA) or pathological(K) (Flower Datasets' partitioners); empty: natural "
+        "with sim-partition-by, else iid",
+    )
+    sim_partition_by: str = knob(
+        "",
+        "simulation with sim-source: the key whose groups are the devices (an array of the "
+        ".npz or a column of the .csv, e.g. user)",
+    )
+    sim_round_s: float = knob(
+        10.0,
+        "simulation: seconds a round lasts on the streams' virtual clock: a device's stream "
+        "delivers rate x this many samples a round, so a seeded run repeats",
+        gt=0,
+    )
 
     def __post_init__(self) -> None:
         check_knobs(self)
         number_list(self.sim_rates, "sim-rates", 1e-9)
         number_list(self.sim_slowdowns, "sim-slowdowns", 1.0)
         parse_population(self.sim_population)  # its syntax (a trace file: where it is read)
+        if self.sim_partition or self.sim_partition_by:
+            scheme_of(self.sim_partition, self.sim_partition_by)
+            if not self.sim_source:
+                raise ValueError("sim-partition and sim-partition-by split a sim-source")
 
 
 #: The groups of :class:`~edge_client.wire.run_config.RunSettings`: attribute -> class.
