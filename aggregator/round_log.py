@@ -165,6 +165,11 @@ class RoundRecord:
         The aggregator's evaluation of the new model on ``eval-data`` (NaN without).
     metric : str
         The task's metric.
+    higher_is_better : bool
+        Whether a higher ``metric`` is better (accuracy) or worse (a forecast's error).
+    test_by_group : dict of str to float
+        The aggregator's score of the new model on each group of ``eval-data``
+        (``eval-group-by``: e.g. each held-out person), empty without.
     global_batch, sum_b : int
         B, and the sum of the planned batches (less than B when streams cap them).
     lr_scale : float
@@ -261,6 +266,8 @@ class RoundRecord:
     test_accuracy: float = math.nan
     test_loss: float = math.nan
     metric: str = "accuracy"
+    higher_is_better: bool = True
+    test_by_group: dict[str, float] = field(default_factory=dict)
     mode: str = "sync"
     updates: list[UpdateInfo] = field(default_factory=list)
     in_flight: int = 0

@@ -4,7 +4,9 @@ The devices evaluate every round prequentially (the received model on the sample
 train on); that needs no data on the aggregator and is what a round's ``accuracy`` reports.
 When the run names ``eval-data`` (a built-in dataset's held-out set, or a user's
 ``.npz``/``.csv`` test file on the aggregator's host) the aggregator also scores each new
-global model on it: ``test-accuracy``.
+global model on it: ``test-accuracy``. With ``eval-group-by`` (a key the file holds, e.g. the
+subject) it scores each group apart too: ``test-by-group``, the model's score on each person
+it never trained on.
 """
 
 from __future__ import annotations
@@ -12,11 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 from torch import nn
 
 from edge_client.task.datasets import load_dataset
 from edge_client.task.interface import Scores, Task, evaluate
-from edge_client.task.recordings import load_recording
+from edge_client.task.recordings import load_groups, load_recording
 from edge_client.wire.constants import DATASETS
 from edge_client.wire.settings_groups import EvaluationSettings, LearningSettings
 
@@ -34,6 +37,7 @@ class ServerEvaluation:
     task: Task
     x: np.ndarray
     y: np.ndarray
+    groups: npt.NDArray[np.str_] | None = None  # each sample's group (eval-group-by)
 
     @classmethod
     def from_settings(
@@ -51,20 +55,28 @@ class ServerEvaluation:
         ------
         ValueError
             If the file cannot be read, or its samples are not of the run's
-            ``sample-shape`` or have labels beyond ``num-classes``.
+            ``sample-shape`` or have labels beyond ``num-classes``, or ``eval-group-by``
+            names a key the file does not hold (or goes with a built-in dataset).
         """
-        source = settings.eval_data
+        source, key = settings.eval_data, settings.eval_group_by
         if not source:
+            if key:
+                raise ValueError("eval-group-by scores eval-data by group: give eval-data")
             return None
         shape, classes = learning.shape, learning.num_classes
+        groups = None
         if source in DATASETS:
+            if key:
+                raise ValueError(f"eval-group-by needs a recording as eval-data, not {source!r}")
             data = load_dataset(source, shape, classes)
             x, y = data.eval_set(settings.eval_samples, seed)
         else:
-            x, y = load_recording(source, shape)
+            x, y = load_recording(source, shape, group_key=key or None)
+            groups = load_groups(source, key) if key else None
             if len(y) > settings.eval_samples:  # a sample of it, not its first rows (sorted?)
-                keep = np.random.default_rng(seed).permutation(len(y))
-                x, y = x[keep[: settings.eval_samples]], y[keep[: settings.eval_samples]]
+                keep = np.random.default_rng(seed).permutation(len(y))[: settings.eval_samples]
+                x, y = x[keep], y[keep]
+                groups = None if groups is None else groups[keep]
         if tuple(x.shape[1:]) != shape:
             raise ValueError(
                 f"eval-data {source}: samples of shape {tuple(x.shape[1:])}, the run's "
@@ -79,8 +91,18 @@ class ServerEvaluation:
         if preprocessor is not None:
             preprocessor.update(x)
             x = preprocessor(x)
-        return cls(task, x, y)
+        return cls(task, x, y, groups)
 
     def __call__(self, model: nn.Module) -> Scores:
         """``model``'s scores on the held-out samples."""
         return evaluate(self.task, model, self.x, self.y)
+
+    def by_group(self, scores: Scores) -> dict[str, float]:
+        """Each group's score (the mean of its samples' metric) in ``scores`` of these
+        samples; empty without groups."""
+        if self.groups is None or scores.values is None:
+            return {}
+        return {
+            str(g): float(np.mean(scores.values[self.groups == g]))
+            for g in sorted(set(self.groups.tolist()))
+        }

@@ -351,6 +351,10 @@ class RunSession:
             test_accuracy=math.nan if test is None else test.metric,
             test_loss=math.nan if test is None else test.loss,
             metric=self.task.metric,
+            higher_is_better=self.task.higher_is_better,
+            test_by_group={}
+            if test is None or self._held_out is None
+            else self._held_out.by_group(test),
             global_batch=self.settings.global_batch,
             sum_b=report.sum_b,
             lr_scale=report.lr_scale,

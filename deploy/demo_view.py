@@ -15,6 +15,7 @@ from deploy.constants import (
     DEFAULT_MQTT_PORT,
 )
 from deploy.demo_config import DemoConfig, device_ids
+from deploy.device_scores import fleet_scores, round_scores
 from edge_client.runtime.constants import MQTT_311
 from edge_client.wire.run_config import RunSettings
 
@@ -38,11 +39,17 @@ def progress_table(records: list[RoundRecord], rounds: int, state: str) -> Table
         title += f", {last.metric} {last.accuracy:.3f} (prequential)"
         if not math.isnan(last.test_accuracy):
             title += f", {last.test_accuracy:.3f} (test set)"
+        fleet = fleet_scores(round_scores(last), last.higher_is_better)
+        if fleet is not None:
+            title += (
+                f"; devices {fleet.mean:.3f} mean, {fleet.median:.3f} median, "
+                f"{fleet.worst10:.3f} worst 10 %"
+            )
         title += f", sum b {last.sum_b}"
         if asynchronous:
             title += f", {len(last.updates)} updates, {last.in_flight} in flight"
     table = Table(title=f"{title} ({state})")
-    columns = ["device", "planned b", "batch", "compute s", "wait s", "rate/s", "fill"]
+    columns = ["device", "planned b", "batch", "compute s", "wait s", "rate/s", "fill", "score"]
     if asynchronous:
         columns += ["updates", "staleness"]
     for col in columns:
@@ -57,6 +64,7 @@ def progress_table(records: list[RoundRecord], rounds: int, state: str) -> Table
                 f"{m.wait_s:.2f}",
                 f"{m.stream_rate:.0f}",
                 str(m.buffer_fill),
+                "-" if m.eval_count == 0 or math.isnan(m.eval_metric) else f"{m.eval_metric:.3f}",
             ]
             if asynchronous:  # this version's updates from the device, and how old each was
                 stale = [str(u.staleness) for u in last.updates if u.device == dev]

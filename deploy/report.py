@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from aggregator.round_log import RoundRecord, rounds_only
 from deploy.breakdown import run_breakdown
+from deploy.device_scores import fleet_scores, latest_scores, round_scores
 from deploy.extras import require_extra
 
 if TYPE_CHECKING:  # matplotlib is the demo extra's: imported where a figure is drawn
@@ -34,11 +35,18 @@ def summarize(records: Sequence[RoundRecord], wall_s: float) -> dict[str, Any]:
     mode: the time between aggregations), and the timing probe's record before round 1
     (``probe_virtual_s``, 0 without a probe) is in it; every per-round series is of rounds
     only. In asynchronous mode ``rounds`` counts model versions.
+
+    Per device (:mod:`deploy.device_scores`): ``device_scores`` holds each device's latest
+    prequential score, ``device_score_mean``, ``device_score_median`` and
+    ``device_score_worst10`` (the mean of the worst tenth) their distribution (None without
+    scores), ``device_score_per_round`` the same for each round; ``test_by_group`` the
+    aggregator's last score per group of ``eval-data`` (``eval-group-by``).
     """
     every, records = records, rounds_only(records)
     devices = sorted({d for r in records for d in r.devices})
     last = records[-1] if records else None
     return {
+        **_device_scores(records),
         "final_accuracy": _number(last.accuracy) if last else None,
         "test_accuracy": _number(last.test_accuracy) if last else None,
         "metric": last.metric if last else None,
@@ -77,6 +85,25 @@ def summarize(records: Sequence[RoundRecord], wall_s: float) -> dict[str, Any]:
     }
 
 
+def _device_scores(records: Sequence[RoundRecord]) -> dict[str, Any]:
+    """The summary's per-device score keys (see :func:`summarize`)."""
+    better = records[-1].higher_is_better if records else True
+    latest = latest_scores(records)
+    fleet = fleet_scores(latest, better)
+    per_round = [fleet_scores(round_scores(r), better) for r in records]
+    return {
+        "device_score_mean": None if fleet is None else fleet.mean,
+        "device_score_median": None if fleet is None else fleet.median,
+        "device_score_worst10": None if fleet is None else fleet.worst10,
+        "device_scores": dict(sorted(latest.items())),
+        "device_score_per_round": {
+            key: [None if f is None else getattr(f, key) for f in per_round]
+            for key in ("mean", "median", "worst10")
+        },
+        "test_by_group": dict(records[-1].test_by_group) if records else {},
+    }
+
+
 def _number(value: float) -> float | None:
     """``value``, or None for NaN (JSON has no NaN)."""
     return None if math.isnan(value) else value
@@ -103,6 +130,10 @@ def write_report(records: Sequence[RoundRecord], path: Path, title: str = "") ->
     rounds = [r.round for r in records]
     devices = sorted({d for r in records for d in r.devices})
 
+    metric = records[-1].metric if records else "accuracy"
+    better = records[-1].higher_is_better if records else True
+    spread = [fleet_scores(round_scores(r), better) for r in records]
+
     def draw(axes: list[Axes]) -> None:
         wall = [r.run_wall_s for r in records]
         axes[0].plot(wall, [r.accuracy for r in records], marker="o", label="prequential")
@@ -111,11 +142,15 @@ def write_report(records: Sequence[RoundRecord], path: Path, title: str = "") ->
         for d in devices:
             axes[1].plot(rounds, [_of(r, d, "batch_size") for r in records], marker=".", label=d)
             axes[2].plot(rounds, [_of(r, d, "compute_s") for r in records], marker=".", label=d)
+        for key, label in (("mean", "mean"), ("median", "median"), ("worst10", "worst 10 %")):
+            values = [math.nan if f is None else getattr(f, key) for f in spread]
+            axes[3].plot(rounds, values, marker=".", label=label)
 
-    metric = records[-1].metric if records else "accuracy"
+    limits = (0, 1) if metric == "accuracy" else None
     panels = [  # an accuracy is in [0, 1]; another metric (a forecast's MAE) in its units
-        Panel("wall time (s)", metric, ylim=(0, 1) if metric == "accuracy" else None),
+        Panel("wall time (s)", metric, ylim=limits),
         Panel("round", "batch size"),
         Panel("round", "compute time per round (s)"),
+        Panel("round", f"devices' {metric} (prequential)", ylim=limits),
     ]
     save_figure(path, panels, draw, width=5.0, title=title, dpi=90)
