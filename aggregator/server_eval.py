@@ -31,7 +31,9 @@ class ServerEvaluation:
     """The aggregator's held-out samples, ready to score a model on.
 
     With a task that preprocesses, the samples are preprocessed once with statistics of
-    their own (each device standardises by its own stream's; the aggregator has no stream).
+    their own (each device standardises by its own stream's; the aggregator has no stream):
+    with groups (``eval-group-by``), each group's by its own, as that person's or machine's
+    device would.
     """
 
     task: Task
@@ -87,11 +89,7 @@ class ServerEvaluation:
                 f"eval-data {source}: labels up to {int(y.max())}, the run has num-classes "
                 f"{classes}"
             )
-        preprocessor = task.preprocessor()
-        if preprocessor is not None:
-            preprocessor.update(x)
-            x = preprocessor(x)
-        return cls(task, x, y, groups)
+        return cls(task, _preprocessed(task, x, groups), y, groups)
 
     def __call__(self, model: nn.Module) -> Scores:
         """``model``'s scores on the held-out samples."""
@@ -106,3 +104,18 @@ class ServerEvaluation:
             str(g): float(np.mean(scores.values[self.groups == g]))
             for g in sorted(set(self.groups.tolist()))
         }
+
+
+def _preprocessed(task: Task, x: np.ndarray, groups: npt.NDArray[np.str_] | None) -> np.ndarray:
+    """``x`` through the task's preprocessing, fitted on each group apart (on all of ``x``
+    without groups); ``x`` itself when the task has none."""
+    if task.preprocessor() is None:
+        return x
+    out = np.empty_like(x)
+    parts = [np.ones(len(x), bool)] if groups is None else [groups == g for g in set(groups)]
+    for part in parts:
+        preprocessor = task.preprocessor()
+        assert preprocessor is not None
+        preprocessor.update(x[part])
+        out[part] = preprocessor(x[part])
+    return out

@@ -18,10 +18,12 @@ from deploy.constants import (
     DEMO_DURATION_S,
     DEMO_MAX_DEVICES,
     DEMO_OWNED,
+    DEMO_SEED,
     DEMO_SETTINGS,
     DEMO_STREAMED,
     FORECAST_LR,
 )
+from edge_client.emulation.partitions import split_recording
 from edge_client.emulation.reading_replay import series_channels
 from edge_client.runtime.constants import (
     COMMIT_INTERVAL_S,
@@ -30,8 +32,15 @@ from edge_client.runtime.constants import (
     POLICIES,
 )
 from edge_client.runtime.mqtt import BrokerURL
-from edge_client.task.recordings import Recording, load_recording, load_series, series_windows
+from edge_client.task.recordings import (
+    Recording,
+    load_recording,
+    load_series,
+    recording_keys,
+    series_windows,
+)
 from edge_client.wire.mapping import kebab
+from edge_client.wire.partitioning import scheme_of
 from edge_client.wire.run_config import RunSettings
 
 __all__ = ["DemoConfig", "device_ids"]
@@ -51,9 +60,11 @@ class DemoConfig:
 
     The devices stream the synthetic sensor task (scored on its held-out set too), or a
     user's recording (``source``: an ``.npz`` or ``.csv`` file, shuffled and split across
-    the devices): its sample shape and classes then set the run's, the model is the CNN for
-    ``(channels, steps)`` windows and the MLP for any other shape (``--run-config model=``
-    chooses), and a ``test`` file, when given, is what the aggregator scores on.
+    the devices, or split by ``partition_by``, one device per group streaming its samples in
+    recorded order, or by a Flower Datasets ``partition``): its sample shape and classes then
+    set the run's, the model is the CNN for ``(channels, steps)`` windows and the MLP for any
+    other shape (``--run-config model=`` chooses), and a ``test`` file, when given, is what
+    the aggregator scores on.
     """
 
     devices: int = DEMO_DEVICES
@@ -78,6 +89,10 @@ class DemoConfig:
     kill_broker: int | None = None
     source: Path | None = None  # a user's recording to stream instead of the synthetic task
     test: Path | None = None  # ... and a test file of it for the aggregator
+    # ... split by a key (one device per group, in recorded order) or a Flower Datasets
+    # partitioner (iid, dirichlet(A), pathological(K)); devices 0: one per group
+    partition_by: str | None = None
+    partition: str | None = None
     task: str = "classification"  # or forecast: a recorded series, windows cut from it
     window: int = 32  # forecast: readings per sample (the past and the horizon)
     commit_interval: float = COMMIT_INTERVAL_S  # the ingest daemons' --commit-interval
@@ -87,8 +102,14 @@ class DemoConfig:
     series: np.ndarray | None = field(init=False, default=None, repr=False)
     channels: list[str] = field(init=False, default_factory=list)
     test_windows: np.ndarray | None = field(init=False, default=None, repr=False)
+    # a partitioned recording: each device's samples (rows of the recording, in order), and
+    # the group it streams
+    parts: list[np.ndarray] | None = field(init=False, default=None, repr=False)
+    groups: list[str] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
+        if self.partition_by or self.partition:
+            self._split()
         if not 1 <= self.devices <= DEMO_MAX_DEVICES:
             raise ValueError(f"--devices must be in 1..{DEMO_MAX_DEVICES}, got {self.devices}")
         if not self.duration > 0:
@@ -171,6 +192,32 @@ class DemoConfig:
         if self.secure and not mosquitto_available():
             raise ValueError("--secure needs Mosquitto (apt-get install -y mosquitto)")
 
+    def _split(self) -> None:
+        """Split ``--source`` by ``--partition-by`` / ``--partition``: one device per part
+        (``devices`` 0: one per group), each streaming its part in recorded order."""
+        if self.source is None or self.task != "classification":
+            raise ValueError("--partition-by and --partition split a recording: give --source")
+        key = self.partition_by or ""
+        scheme = scheme_of(self.partition or "", key)
+        natural = scheme.kind == "natural"
+        wanted = None if natural and not self.devices else (self.devices or DEMO_DEVICES)
+        split = split_recording(
+            str(self.source.resolve()), scheme, key=key, num_partitions=wanted, seed=DEMO_SEED
+        )
+        found = len(split.partitions)
+        if wanted is not None and wanted > found:
+            raise ValueError(f"--devices {wanted}, but {self.source} splits into {found}")
+        self.devices = wanted or found
+        if self.devices > DEMO_MAX_DEVICES:
+            raise ValueError(
+                f"{self.source} has {found} groups by {key!r}: the demo runs at most "
+                f"{DEMO_MAX_DEVICES} devices (processes each); give --devices N for the first "
+                "N, or run them all on Flower's simulation engine: fedstream simulate"
+            )
+        self.parts = [np.asarray(split.partitions.indices[i]) for i in range(self.devices)]
+        self.groups = [split.device(i) for i in range(self.devices)]
+        self.recording = (split.x, split.y)
+
     def _data_config(self) -> dict[str, Any]:
         """Run-config keys of what the devices stream: the synthetic task, scored on its
         held-out set, or the recording's shape and classes, scored on the test file.
@@ -191,7 +238,7 @@ class DemoConfig:
             return self._forecast_config(self.source, self.test)
         if self.task != "classification":
             raise ValueError(f"--task must be classification or forecast, got {self.task!r}")
-        x, y = load_recording(self.source)
+        x, y = self.recording or load_recording(self.source)
         if len(x) < self.devices:
             raise ValueError(f"{self.source}: {len(x)} samples for {self.devices} devices")
         self.recording = (x, y)
@@ -204,7 +251,10 @@ class DemoConfig:
             kebab("eval_data"): "",
         }
         if self.test is not None:
-            x_test, y_test = load_recording(self.test, shape)
+            key = self.partition_by
+            x_test, y_test = load_recording(self.test, shape, group_key=key)
+            if key and key in recording_keys(self.test):  # held-out groups scored apart
+                config[kebab("eval_group_by")] = key
             if tuple(x_test.shape[1:]) != shape or int(y_test.max()) >= classes:
                 raise ValueError(
                     f"{self.test}: samples of shape {tuple(x_test.shape[1:])} and labels up "

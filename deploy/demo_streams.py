@@ -216,8 +216,10 @@ def write_shards(config: DemoConfig, run_dir: Path) -> dict[str, int]:
     device's count of samples (nothing with the synthetic task).
 
     A recording of samples is shuffled once (seed :data:`~deploy.constants.DEMO_SEED`) and
-    split (``<device>.npz``); a series for forecasting is split in time (``<device>.csv``,
-    a stretch of readings each, with the series' channel names: the device's sensor).
+    split (``<device>.npz``), or, partitioned (``--partition-by``, ``--partition``), each
+    device gets its part in recorded order; a series for forecasting is split in time
+    (``<device>.csv``, a stretch of readings each, with the series' channel names: the
+    device's sensor).
     """
     (run_dir / "data").mkdir(parents=True, exist_ok=True)
     devices = device_ids(config.devices)
@@ -238,8 +240,11 @@ def write_shards(config: DemoConfig, run_dir: Path) -> dict[str, int]:
     if config.recording is None:
         return {}
     x, y = config.recording
-    order = np.random.default_rng(DEMO_SEED).permutation(len(y))
-    parts = dict(zip(devices, np.array_split(order, config.devices), strict=True))
+    if config.parts is not None:  # a partition: each device's rows, in recorded order
+        parts = dict(zip(devices, config.parts, strict=True))
+    else:
+        order = np.random.default_rng(DEMO_SEED).permutation(len(y))
+        parts = dict(zip(devices, np.array_split(order, config.devices), strict=True))
     for dev, part in parts.items():
         np.savez(run_dir / "data" / f"{dev}.npz", x=x[part], y=y[part])
     return {dev: len(part) for dev, part in parts.items()}

@@ -8,6 +8,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from rich import box
 from rich.table import Table
 
 from aggregator.round_log import RoundRecord, divergence_hint
@@ -31,7 +32,11 @@ __all__ = [
 ]
 
 
-def progress_table(records: list[RoundRecord], rounds: int, state: str) -> Table:
+def progress_table(
+    records: list[RoundRecord], rounds: int, state: str, max_rows: int | None = None
+) -> Table:
+    """The round's table: one row per device that replied (with ``max_rows``, only that many:
+    the devices that scored worst)."""
     last = records[-1] if records else None
     asynchronous = last is not None and last.mode == "async"
     title = f"{'version' if asynchronous else 'round'} {len(records)}/{rounds}"
@@ -48,14 +53,24 @@ def progress_table(records: list[RoundRecord], rounds: int, state: str) -> Table
         title += f", sum b {last.sum_b}"
         if asynchronous:
             title += f", {len(last.updates)} updates, {last.in_flight} in flight"
-    table = Table(title=f"{title} ({state})")
-    columns = ["device", "planned b", "batch", "compute s", "wait s", "rate/s", "fill", "score"]
+    # a light box and short headers: ten columns fit an 80-column terminal unabridged
+    table = Table(title=f"{title} ({state})", box=box.SIMPLE_HEAD, collapse_padding=True)
+    columns = ["device", "plan b", "batch", "train s", "wait s", "rate/s", "fill", "score"]
     if asynchronous:
-        columns += ["updates", "staleness"]
+        columns += ["updates", "stale"]
     for col in columns:
         table.add_column(col, justify="right")
     if last is not None:
-        for dev, m in sorted(last.devices.items()):
+        shown = sorted(last.devices)
+        if max_rows is not None and len(shown) > max_rows:
+            scores = round_scores(last)
+            worst = sorted(scores, key=scores.__getitem__, reverse=not last.higher_is_better)[
+                :max_rows
+            ]
+            shown = sorted(worst or shown[:max_rows])
+            table.caption = f"the {len(shown)} of {len(last.devices)} devices that scored worst"
+        for dev in shown:
+            m = last.devices[dev]
             row = [
                 dev,
                 str(last.planned.get(dev, "-")),
@@ -154,4 +169,10 @@ def what_streams(config: DemoConfig) -> str:
             f"{config.window} readings, label-free"
         )
     what = str(config.source) if config.source else "the synthetic sensor task"
-    return f"{what} ({settings.sample_shape.replace(',', 'x')}, {settings.num_classes} classes)"
+    what += f" ({settings.sample_shape.replace(',', 'x')}, {settings.num_classes} classes)"
+    if config.groups:  # partitioned: whose part each device streams, in recorded order
+        by = f"by {config.partition_by}" if config.partition_by else config.partition
+        named = zip(device_ids(config.devices), config.groups, strict=True)
+        parts = ", ".join(f"{d} {g}" for d, g in named)
+        what += f", split {by}, each part in recorded order: {parts}"
+    return what

@@ -50,6 +50,7 @@ def summarize(records: Sequence[RoundRecord], wall_s: float) -> dict[str, Any]:
         "final_accuracy": _number(last.accuracy) if last else None,
         "test_accuracy": _number(last.test_accuracy) if last else None,
         "metric": last.metric if last else None,
+        "higher_is_better": last.higher_is_better if last else True,
         "rounds": len(records),
         "wall_s": round(wall_s, 2),
         "virtual_s": round(sum(r.virtual_s for r in every), 4),

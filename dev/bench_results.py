@@ -61,6 +61,7 @@ __all__ = [
     "inference",
     "label_skew",
     "noniid",
+    "people",
     "reliability",
     "render",
     "scale",
@@ -507,6 +508,36 @@ def drift(doc: Doc) -> str:
     )
 
 
+def people(doc: Doc) -> str:
+    """Held-out people: ``entries[*].ratio``, ``centralised.test_accuracy``,
+    ``federated.test_accuracy`` / ``device_score_mean`` / ``device_score_worst10``, and the
+    fleet's ``replied``, ``memory_growth``, ``repeated`` (``people.json``)."""
+    from deploy.bench.people import GOAL
+
+    seeds = [e for e in doc["entries"] if "seed" in e]
+    fleet = next(e["fleet"] for e in doc["entries"] if "fleet" in e)
+    ratios = [e["ratio"] for e in seeds]
+    growth = fleet["memory_growth"]
+    return bullet(
+        f"""**One device per person, held-out people** (natural per-subject partitions in
+        recorded order; a synthetic 30-person recording laid out as UCI HAR's; accuracies,
+        virtual clock; {fmt_seeds([e["seed"] for e in seeds])}): federated held-out accuracy
+        {fmt_spread([e["federated"]["test_accuracy"] for e in seeds], "{:.3f}")} after
+        {doc["rounds"]} rounds against a tuned centralised training's
+        {fmt_spread([e["centralised"]["test_accuracy"] for e in seeds], "{:.3f}")}:
+        {fmt_x(ratios)} (goal >= {GOAL}x: {fmt_verdict(min(ratios) >= GOAL)}); the devices'
+        prequential accuracy {
+            fmt_spread([e["federated"]["device_score_mean"] for e in seeds], "{:.3f}")
+        } on average, {
+            fmt_spread([e["federated"]["device_score_worst10"] for e in seeds], "{:.3f}")
+        } for the worst 10 %. {fleet["devices"]:,} people, twice with one
+        seed: {fmt_pct([fleet["replied"]])} of devices replied in every round, memory
+        {"n/a" if growth is None else f"{100 * growth:+.1f} %"} from round 2 to the last,
+        device scores {"equal" if fleet["repeated"] else "DIFFERENT"} between the runs.
+        `fedstream bench people`."""
+    )
+
+
 #: The Results bullets in the page's order: (function, the JSON files it reads).
 BULLETS: list[tuple[Callable[..., str], tuple[str, ...]]] = [
     (hetero, ("hetero",)),
@@ -525,6 +556,7 @@ BULLETS: list[tuple[Callable[..., str], tuple[str, ...]]] = [
     (inference, ("inference",)),
     (scale, ("scale",)),
     (bursts, ("bursts",)),
+    (people, ("people",)),
 ]
 
 

@@ -273,6 +273,12 @@ def _bursts(doc: Doc) -> str:
     return bursts._table(doc["entries"])
 
 
+def _people(doc: Doc) -> str:
+    from deploy.bench import people
+
+    return people._table(doc["entries"], doc["rounds"], doc["quick"])
+
+
 RENDERERS: dict[str, Callable[[Doc], str]] = {
     "ingest": _ingest,
     "bursts": _bursts,
@@ -286,6 +292,7 @@ RENDERERS: dict[str, Callable[[Doc], str]] = {
     "forecast": _forecast,
     "reliability": _reliability,
     "simulation": _simulation,
+    "people": _people,
     "inference": _inference,
     "drift": _drift,
     "service": _service,

@@ -33,6 +33,7 @@ SCENARIOS = {
     "bursts": "deploy.bench.bursts",
     "service": "deploy.bench.continuous_run",
     "simulation": "deploy.bench.simulation",
+    "people": "deploy.bench.people",
 }
 
 

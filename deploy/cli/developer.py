@@ -28,11 +28,12 @@ from deploy.constants import (
     DEMO_DURATION_S,
     DEMO_MAX_DEVICES,
     DEMO_SETTINGS,
+    SIMULATE_DEVICES,
 )
 from edge_client.runtime.constants import MQTT_311, MQTT_VERSION_ENV
 from edge_client.wire.mapping import kebab
 
-__all__ = ["bench", "broker", "demo"]
+__all__ = ["bench", "broker", "demo", "simulate"]
 
 
 def broker(
@@ -59,8 +60,14 @@ def broker(
 
 def demo(
     devices: Annotated[
-        int, typer.Option(help="Number of simulated devices.", min=1, max=DEMO_MAX_DEVICES)
-    ] = DEMO_DEVICES,
+        int | None,
+        typer.Option(
+            help=f"Number of devices (default: {DEMO_DEVICES}, or one per group with "
+            "--partition-by).",
+            min=1,
+            max=DEMO_MAX_DEVICES,
+        ),
+    ] = None,
     rounds: Annotated[
         int | None,
         typer.Option(help=f"Federated rounds (num-rounds, default {DEMO_SETTINGS['num_rounds']})"),
@@ -207,7 +214,23 @@ def demo(
         Path | None,
         typer.Option(
             help="A test file of the recording (same form): the aggregator scores each round's "
-            "model on it (test_accuracy in summary.json)."
+            "model on it (test_accuracy in summary.json; per group too when it holds the "
+            "--partition-by key)."
+        ),
+    ] = None,
+    partition_by: Annotated[
+        str | None,
+        typer.Option(
+            "--partition-by",
+            help="One device per group of this key of --source (an .npz array or a .csv "
+            "column, e.g. user), each streaming its group's samples in recorded order.",
+        ),
+    ] = None,
+    partition: Annotated[
+        str | None,
+        typer.Option(
+            help="Or split --source with Flower Datasets: iid, dirichlet(ALPHA), "
+            "pathological(K) (default: natural with --partition-by, else shuffled)."
         ),
     ] = None,
     task: Annotated[
@@ -254,7 +277,7 @@ def demo(
         overrides = parse_run_config(run_config)
         overrides.update({kebab(k): v for k, v in flags.items() if v is not None})
         config = DemoConfig(
-            devices=devices,
+            devices=devices if devices is not None else (0 if partition_by else DEMO_DEVICES),
             duration=duration,
             rates=[float(r) for r in rates.split(",")] if rates else None,
             broker=broker,
@@ -275,6 +298,8 @@ def demo(
             kill_broker=kill_broker,
             source=source,
             test=test,
+            partition_by=partition_by,
+            partition=partition,
             task=task,
             window=window,
         )
@@ -286,6 +311,89 @@ def demo(
         with stoppable("the demo"):
             ok = run_demo(config, console=Console())
     except FlowerError as err:
+        raise fail(str(err)) from err
+    raise typer.Exit(0 if ok else 1)
+
+
+def simulate(
+    devices: Annotated[
+        int | None,
+        typer.Option(
+            help="Virtual devices (default: the recording's groups with --partition-by, else "
+            f"{SIMULATE_DEVICES}).",
+            min=1,
+        ),
+    ] = None,
+    rounds: Annotated[
+        int | None, typer.Option(help=run_help("num_rounds", "Federated rounds."), min=1)
+    ] = None,
+    run_config: Annotated[
+        str | None,
+        typer.Option(
+            "--run-config",
+            help="Any other setting, as for flwr run: 'key=value ...' (fedstream run-config "
+            "lists the keys; sim-* shape the virtual devices).",
+        ),
+    ] = None,
+    out: Annotated[
+        Path, typer.Option(help="The folder the run's sim-<time>/ is written in.")
+    ] = Path("runs"),
+    source: Annotated[
+        Path | None,
+        typer.Option(
+            help="A recording the devices stream: .npz (arrays x, y and the --partition-by "
+            "key) or .csv (label,f1,... and a named key column); default: the synthetic task."
+        ),
+    ] = None,
+    partition_by: Annotated[
+        str | None,
+        typer.Option(
+            "--partition-by",
+            help="One device per group of this key of the recording (e.g. user), each "
+            "streaming its group's samples in recorded order.",
+        ),
+    ] = None,
+    partition: Annotated[
+        str | None,
+        typer.Option(
+            help="Or split it with Flower Datasets: iid, dirichlet(ALPHA), pathological(K) "
+            "(default: natural with --partition-by, else iid)."
+        ),
+    ] = None,
+    test: Annotated[
+        Path | None,
+        typer.Option(
+            help="A held-out file the aggregator scores every round's model on (per group too "
+            "when it holds the --partition-by key)."
+        ),
+    ] = None,
+    seed: Annotated[int, typer.Option(help="Seeds the split, the model and the draws.")] = 0,
+    live: Annotated[bool, typer.Option(help="Live table (off: one table per round).")] = True,
+) -> None:
+    """A federation on Flower's simulation engine: virtual devices streaming the synthetic task
+    or your recording (one device per person with --partition-by), the same summary.json,
+    metrics.jsonl and report as the demo."""
+    from deploy.flower import FlowerError
+    from deploy.simulate import SimulateConfig, run_simulation
+
+    setup_logging(False)
+    require("fedstream simulate", ("ray", "flwr_datasets", "matplotlib"))
+    try:
+        config = SimulateConfig(
+            devices=devices,
+            rounds=rounds,
+            run_config=parse_run_config(run_config),
+            out=out,
+            source=source,
+            partition_by=partition_by,
+            partition=partition,
+            test=test,
+            seed=seed,
+            live=live,
+        )
+        with stoppable("the simulation"):
+            ok = run_simulation(config, console=Console())
+    except (ValueError, FlowerError) as err:
         raise fail(str(err)) from err
     raise typer.Exit(0 if ok else 1)
 

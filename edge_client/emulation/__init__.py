@@ -4,6 +4,10 @@
 - :mod:`~edge_client.emulation.reading_replay`: a recorded series as per-reading JSON;
 - :mod:`~edge_client.emulation.accelerometer`: a synthetic accelerometer series in raw
   counts (a forecasting task's test recording);
+- :mod:`~edge_client.emulation.people`: a synthetic multi-subject activity recording laid
+  out as UCI HAR's (subjects one after another, activities in blocks);
+- :mod:`~edge_client.emulation.partitions`: a recording split across devices (natural by a
+  key, or Flower Datasets' partitioners);
 - :mod:`~edge_client.emulation.sources`: where samples come from (a task, a file, a
   dataset) and their label skew;
 - :mod:`~edge_client.emulation.schedule`: stream rates (ScaDLES' sets) and arrival processes;
@@ -25,6 +29,7 @@ from typing import TYPE_CHECKING
 from edge_client.lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from edge_client.emulation.people import People, people_recording
     from edge_client.emulation.publisher import PublisherConfig, PublishReport, run_publisher
     from edge_client.emulation.reading_replay import SeriesReadings, series_channels
     from edge_client.emulation.replay import replay_into
@@ -42,6 +47,7 @@ if TYPE_CHECKING:
 
 _EXPORTS = {
     "ArraySource": "sources",
+    "People": "people",
     "PublishReport": "publisher",
     "PublisherConfig": "publisher",
     "SampleSource": "sources",
@@ -54,6 +60,7 @@ _EXPORTS = {
     "dataset_source": "sources",
     "draw_rate": "schedule",
     "label_distribution": "sources",
+    "people_recording": "people",
     "pick_classes": "sources",
     "replay_into": "replay",
     "run_publisher": "publisher",
@@ -62,6 +69,7 @@ _EXPORTS = {
 }
 __all__ = [
     "ArraySource",
+    "People",
     "PublishReport",
     "PublisherConfig",
     "SampleSource",
@@ -74,6 +82,7 @@ __all__ = [
     "dataset_source",
     "draw_rate",
     "label_distribution",
+    "people_recording",
     "pick_classes",
     "replay_into",
     "run_publisher",

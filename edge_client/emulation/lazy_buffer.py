@@ -172,6 +172,11 @@ class LazyBuffer:
             raise ValueError(f"capacity must be >= 1, got {self.capacity}")
 
     @property
+    def arriving(self) -> bool:
+        """Whether :attr:`fill` grows while a round waits: only with a clock."""
+        return self.clock is not None
+
+    @property
     def shape(self) -> tuple[int, ...]:
         """Shape of one sample."""
         return self.samples.shape

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from edge_client.task.recordings import load_groups, load_recording
+from edge_client.task.recordings import load_groups, load_recording, recording_keys
 from edge_client.wire.constants import DEVICE_ID_PATTERN
 from edge_client.wire.partitioning import Scheme
 
@@ -264,5 +264,10 @@ def _split(
 ) -> SplitRecording:
     x, y = load_recording(path, shape or None, group_key=key or None)
     groups = load_groups(path, key) if key else None
+    if groups is not None and scheme.kind == "natural" and len(set(groups.tolist())) < 2:
+        raise ValueError(
+            f"{path}: {key!r} holds one group ({groups[0] if len(groups) else 'none'}), one "
+            f"device: partition by a key with several; it has: {', '.join(recording_keys(path))}"
+        )
     parts = partition(y, scheme, groups=groups, num_partitions=num_partitions, seed=seed)
     return SplitRecording(x, y, parts, key)

@@ -40,6 +40,7 @@ from typing import Any
 from flwr.app import ConfigRecord, RecordDict
 from flwr.common.constant import NUM_PARTITIONS_KEY, PARTITION_ID_KEY
 
+from edge_client.emulation.constants import SIM_STEP_FIXED_S, SIM_STEP_PER_SAMPLE_S
 from edge_client.emulation.lazy_buffer import LazyBuffer, RecordingSamples, Samples, StreamSamples
 from edge_client.emulation.partitions import split_recording
 from edge_client.emulation.population import DeviceProfile, profile_of
@@ -58,6 +59,7 @@ __all__ = [
     "lazy_device",
     "profile",
     "simulated_node",
+    "virtual_step_s",
     "virtual_stream",
     "virtual_time",
 ]
@@ -215,13 +217,11 @@ def lazy_device(
     pid = int(node_config[PARTITION_ID_KEY])
     _device_id, samples = virtual_stream(node_config, settings)
     now = virtual_time(settings, server_round)
-
-    def clock() -> float:
-        return now  # the round's time throughout: nothing arrives while it trains
-
+    # No clock: the buffer holds what arrived by the round's virtual time, and nothing arrives
+    # while the round trains (training takes what it holds, without waiting in wall time).
     saved = state.get(LAZY_STATE_KEY)
     if isinstance(saved, ConfigRecord):
-        buffer = LazyBuffer.from_state(samples, json.loads(str(saved["buffer"])), clock)
+        buffer = LazyBuffer.from_state(samples, json.loads(str(saved["buffer"])))
         values = {k: v for k, v in saved.items() if isinstance(v, bytes)}
         device = MemoryDeviceState(values)
     else:
@@ -230,7 +230,6 @@ def lazy_device(
             profile(settings, pid).rate,
             DEFAULT_CAPACITY,
             initial=settings.sim_initial,
-            clock=clock,
         )
         device = MemoryDeviceState()
     buffer.advance(now)
@@ -277,3 +276,13 @@ class SimulationNodes:
     ) -> contextlib.AbstractContextManager[tuple[LazyBuffer, MemoryDeviceState]]:
         """Its lazy buffer and device state: :func:`lazy_device`."""
         return lazy_device(node_config, settings, state, server_round)
+
+    def step_s(self, node: NodeConfig, batch: int) -> float:
+        """Seconds one SGD step of ``batch`` samples takes: :func:`virtual_step_s`."""
+        return virtual_step_s(node.slowdown, batch)
+
+
+def virtual_step_s(slowdown: float, batch: int) -> float:
+    """A virtual device's SGD step of ``batch`` samples on the virtual clock:
+    (:data:`SIM_STEP_FIXED_S` + :data:`SIM_STEP_PER_SAMPLE_S` x ``batch``) x ``slowdown``."""
+    return (SIM_STEP_FIXED_S + SIM_STEP_PER_SAMPLE_S * batch) * slowdown

@@ -96,6 +96,12 @@ class SampleBuffer(Protocol):
         """Samples held now."""
         ...
 
+    @property
+    def arriving(self) -> bool:
+        """Whether samples can arrive while a round waits for them (a virtual device's
+        buffer, frozen at its round's virtual time, cannot: training takes what it holds)."""
+        ...
+
     def take(self, n: int) -> SampleBatch:
         """Remove and return up to ``n`` of the oldest samples."""
         ...
@@ -482,6 +488,11 @@ class BufferStore(SqliteStore):
     def fill(self) -> int:
         """Samples buffered now."""
         return self._counter(self._db, "fill")
+
+    @property
+    def arriving(self) -> bool:
+        """True: the ingest daemon goes on appending while a round waits."""
+        return True
 
     def stats(self) -> dict[str, Any]:
         """Counters, fill, rate and configuration as one JSON-ready dict (kebab-case keys)."""

@@ -24,7 +24,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -192,7 +192,7 @@ def train_round(msg: Message, context: Context, task: Task | None = None) -> Mes
         received = msg.content.array_records[ARRAYS].to_torch_state_dict()
         model.load_state_dict({k: v.float() for k, v in received.items()})  # fp16 broadcast too
         start = _numpy_state(model)
-        rng = device_rng(int(context.run_id) % 2**32, node.device_id, plan.server_round)
+        rng = device_rng(settings.seed, node.device_id, plan.server_round)  # a seeded run repeats
         preprocessor = task.preprocessor()
         if preprocessor is not None:
             state.load_preprocessor(preprocessor)
@@ -210,6 +210,8 @@ def train_round(msg: Message, context: Context, task: Task | None = None) -> Mes
                 rng=rng,
             )
         trained = time.perf_counter()
+        if _virtual(context):  # its steps' cost on the virtual clock, not Ray's wall time
+            result = _charged(result, virtual_nodes(), node)
         delta = {k: v - start[k] for k, v in _numpy_state(model).items()}
         if node.model_dir:  # the received model, for inference (fedstream infer)
             store_model(
@@ -234,6 +236,14 @@ def train_round(msg: Message, context: Context, task: Task | None = None) -> Mes
     timing = _Timing(start_s, setup_s, done - trained, done - entered)
     metrics = _reply_metrics(result, buffer, settings, node, frame, gap, shared, timing, broke)
     return Message(DeviceReply(node.device_id, metrics, frame).to_content(), reply_to=msg)
+
+
+def _charged(result: TrainResult, virtual: VirtualNodes, node: NodeConfig) -> TrainResult:
+    """A virtual device's round with its compute as the virtual clock charges it."""
+    if result.batch_size <= 0:
+        return result
+    step_s = virtual.step_s(node, result.batch_size)
+    return replace(result, step_s=step_s, compute_s=step_s * result.local_steps)
 
 
 @dataclass(frozen=True)
@@ -315,17 +325,19 @@ def probe_steps(msg: Message, context: Context, task: Task | None = None) -> Mes
     the run's ``sample-shape``; reply with :class:`~edge_client.wire.records.ProbeReply`."""
     settings, task, node = _prepare(context, task)
     probe_plan = ProbePlan.from_record(msg.content.config_records[CONFIG])
-    model = task.build_model(settings.shape, settings.num_classes)
-    step_s = probe_step_times(
-        model,
-        settings.shape,
-        settings.num_classes,
-        probe_plan.batches,
-        probe_plan.steps,
-        task=task,
-        slowdown=node.slowdown,
-        device=pick_device(),
-    )
+    if _virtual(context):  # on the virtual clock: nothing to time
+        step_s = [virtual_nodes().step_s(node, b) for b in probe_plan.batches]
+    else:
+        step_s = probe_step_times(
+            task.build_model(settings.shape, settings.num_classes),
+            settings.shape,
+            settings.num_classes,
+            probe_plan.batches,
+            probe_plan.steps,
+            task=task,
+            slowdown=node.slowdown,
+            device=pick_device(),
+        )
     reply = ProbeReply(node.device_id, probe_plan.batches, step_s)
     return Message(reply.to_content(), reply_to=msg)
 

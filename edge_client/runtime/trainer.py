@@ -191,7 +191,8 @@ def probe_step_times(
 
 def _gather(store: SampleBuffer, plan: RoundPlan) -> tuple[int, float]:
     """Wait per the plan's wait rule; return (samples per step to use, seconds waited)."""
-    need = plan.samples_to_wait_for()
+    # a buffer that cannot grow meanwhile (a virtual device's) is not waited for
+    need = plan.samples_to_wait_for() if store.arriving else 0
     start = time.monotonic()
     deadline = start + plan.deadline_s
     fill = store.fill
@@ -231,6 +232,10 @@ def _take(
     own = len(data) // k_steps
     pooled = draw_pooled(pool, mixed, k_steps, rng)
     own_x, own_y = data.x[: own * k_steps], data.y[: own * k_steps]
+    # A local epoch over the round's samples, shuffled: a stream arrives in the order things
+    # happen (minutes of one activity), and K steps in that order would each see one class.
+    order = (rng or np.random.default_rng(plan.server_round)).permutation(len(own_y))
+    own_x, own_y = own_x[order], own_y[order]
     if preprocessor is not None:
         preprocessor.update(own_x)
         own_x = preprocessor(own_x)
@@ -314,7 +319,8 @@ def train_local(
 ) -> TrainResult:
     """Take ``b * K`` samples from the buffer, score the received model on them
     (prequential evaluation), then train ``K`` SGD steps at batch ``b`` on ``task``'s loss
-    (classification by default).
+    (classification by default), over the taken samples in an order shuffled by ``rng``
+    (a stream's order is the order things happened: one class for minutes).
 
     With ``wait`` the device blocks until ``b*K`` samples are buffered (up to the deadline);
     with ``adapt`` it trains on what is there, lowering its batch but never below ``b_min``

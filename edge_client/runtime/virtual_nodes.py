@@ -2,7 +2,8 @@
 
 In Flower's simulation engine a node has only ``partition-id``; the ClientApp makes it a
 virtual device through the :class:`VirtualNodes` provided here: whether it is away now, its
-:class:`~edge_client.runtime.node_config.NodeConfig`, and its buffer and device state.
+:class:`~edge_client.runtime.node_config.NodeConfig`, its buffer and device state, and what
+its steps cost on the virtual clock.
 
 The runtime only defines the hook. The stream emulation implements it
 (:class:`edge_client.emulation.simulation.SimulationNodes`) and the app Flower loads,
@@ -61,6 +62,11 @@ class VirtualNodes(Protocol):
     ) -> AbstractContextManager[tuple[SampleBuffer, DeviceState]]:
         """Its buffer at round ``server_round`` and device state, kept in ``state``
         (``sim-buffers = "lazy"``)."""
+        ...
+
+    def step_s(self, node: NodeConfig, batch: int) -> float:
+        """Seconds one SGD step of ``batch`` samples takes the virtual device on the virtual
+        clock: what it reports instead of the wall time it took, so that plans repeat."""
         ...
 
 

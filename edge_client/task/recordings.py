@@ -29,6 +29,7 @@ __all__ = [
     "load_groups",
     "load_recording",
     "load_series",
+    "recording_keys",
     "series_windows",
 ]
 
@@ -81,6 +82,18 @@ def load_recording(
     return _checked(path, np.asarray(x_raw), np.asarray(y_raw).reshape(-1))
 
 
+def recording_keys(path: str | Path) -> list[str]:
+    """What a recording holds: the ``.npz``'s arrays, or the ``.csv``'s named columns (none
+    without a header row)."""
+    path = Path(path)
+    if path.suffix == ".npz":
+        with np.load(path) as data:
+            return list(data.files)
+    with path.open(newline="") as fh:
+        header = next(csv.reader(fh), [])
+    return header if header and not _is_number(header[0]) else []
+
+
 def load_groups(path: str | Path, key: str) -> npt.NDArray[np.str_]:
     """Whose each sample of a recording is: the ``.npz``'s array ``key`` or the ``.csv``'s
     column ``key``, as strings, in recorded order.
@@ -96,7 +109,8 @@ def load_groups(path: str | Path, key: str) -> npt.NDArray[np.str_]:
         with np.load(path) as data:
             if key not in data:
                 raise ValueError(
-                    f"{path} has no array {key!r} to partition by; it has: {', '.join(data.files)}"
+                    f"{path} has no array {key!r} to partition by; it has: "
+                    f"{', '.join(recording_keys(path))}"
                 )
             groups = np.asarray(data[key])
             n = len(data["y"]) if "y" in data else len(groups)
@@ -105,7 +119,7 @@ def load_groups(path: str | Path, key: str) -> npt.NDArray[np.str_]:
             reader = csv.reader(fh)
             header = next(reader, [])
             if key not in header:
-                named = ", ".join(header) if header and not _is_number(header[0]) else "none"
+                named = ", ".join(recording_keys(path)) or "none"
                 raise ValueError(
                     f"{path} has no column {key!r} to partition by (a header row names the "
                     f"columns); its columns: {named}"

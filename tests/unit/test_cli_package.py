@@ -23,7 +23,7 @@ LAYOUT = {
     "deploy.cli.operator": {
         "fleet", "serve", "stop", "resume", "models", "report", "app", "run-config",
     },
-    "deploy.cli.developer": {"demo", "bench", "broker"},
+    "deploy.cli.developer": {"demo", "simulate", "bench", "broker"},
 }  # fmt: skip
 
 
@@ -45,7 +45,7 @@ def test_every_command_lives_in_its_audiences_module_in_the_help_order() -> None
     assert found == LAYOUT
     assert list(root.commands) == [
         "broker", "publish", "ingest", "status", "fleet", "infer", "models", "stop", "report",
-        "app", "run-config", "demo", "resume", "serve", "bench",
+        "app", "run-config", "demo", "simulate", "resume", "serve", "bench",
     ]  # fmt: skip
 
 

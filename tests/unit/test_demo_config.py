@@ -15,6 +15,7 @@ from deploy.demo_streams import ingest_args as _ingest_args
 from deploy.demo_streams import source_args as _source_args
 from deploy.demo_streams import write_shards as _write_shards
 from deploy.demo_view import infer_command as _infer_command
+from edge_client.emulation.people import PEOPLE_KEY, people_recording
 from edge_client.task.recordings import load_series
 from edge_client.wire.run_config import RunSettings
 
@@ -153,3 +154,36 @@ def test_the_printed_infer_command_serves_the_export_on_a_devices_stream(tmp_pat
     infer = get_command(app).commands["infer"]  # type: ignore[attr-defined]
     for command in commands:
         infer.make_context("infer", command.split()[2:])  # raises on an unknown option
+
+
+def test_a_recording_partitioned_by_person_gives_each_device_one_person_in_order(
+    tmp_path: Path,
+) -> None:
+    # Prepare: 3 people streaming, 2 held out (the test file holds the key too)
+    people = people_recording(5, seed=1)
+    source = people.where([1, 2, 3]).save(tmp_path / "train.npz")
+    test = people.where([4, 5]).save(tmp_path / "test.npz")
+    # Execute: devices 0 (no --devices): one per group
+    config = DemoConfig(devices=0, source=source, test=test, partition_by=PEOPLE_KEY)
+    counts = _write_shards(config, tmp_path / "run")
+    # Assert: 3 devices, dev-i streaming person i+1's windows exactly, in recorded order;
+    # the held-out people scored apart
+    assert config.devices == 3 and config.groups == ["subject-1", "subject-2", "subject-3"]
+    for i, person in enumerate((1, 2, 3)):
+        shard = np.load(tmp_path / "run" / "data" / f"dev-{i}.npz")
+        mine = people.where([person])
+        assert np.array_equal(shard["x"], mine.x) and np.array_equal(shard["y"], mine.y)
+        assert counts[f"dev-{i}"] == len(mine.y)
+    assert config.settings.eval_group_by == PEOPLE_KEY and config.settings.min_nodes == 3
+    # --devices N takes the first N groups; more groups than the demo runs is refused
+    assert DemoConfig(devices=2, source=source, partition_by=PEOPLE_KEY).groups == [
+        "subject-1",
+        "subject-2",
+    ]
+    with pytest.raises(ValueError, match="splits into 3"):
+        DemoConfig(devices=4, source=source, partition_by=PEOPLE_KEY)
+    with pytest.raises(ValueError, match="fedstream simulate"):
+        many = people_recording(70, seed=0).save(tmp_path / "many.npz")
+        DemoConfig(devices=0, source=many, partition_by=PEOPLE_KEY)
+    with pytest.raises(ValueError, match="give --source"):
+        DemoConfig(partition_by=PEOPLE_KEY)

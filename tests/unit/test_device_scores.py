@@ -11,9 +11,11 @@ import pytest
 
 from aggregator.round_log import rounds_only
 from aggregator.server_app import run_rounds
+from aggregator.server_eval import ServerEvaluation
 from deploy.device_scores import fleet_scores, latest_scores
 from deploy.inprocess import InProcessGrid, VirtualDevice
 from deploy.report import summarize
+from edge_client.task.interface import Classification
 from edge_client.task.synthetic import SensorTask
 from edge_client.wire.records import ReplyMetrics
 from edge_client.wire.run_config import RunSettings
@@ -84,3 +86,23 @@ def test_held_out_people_are_scored_apart_and_their_scores_make_the_whole(
             run_rounds(grid, fast(eval_data=str(test), eval_group_by="user"))
         finally:
             grid.close()
+
+
+def test_held_out_people_are_standardised_each_by_their_own_statistics(tmp_path: Path) -> None:
+    # Prepare: 2 people whose sensors read on different scales (gain 1 and 50, bias 0 and 300)
+    x, y = SensorTask().sample(200, np.random.default_rng(5))
+    x[100:] = 50.0 * x[100:] + 300.0
+    test = tmp_path / "test.npz"
+    np.savez(test, x=x, y=y, subject=np.repeat(["a", "b"], 100))
+    settings = RunSettings(preprocess="standardize", eval_data=str(test), eval_group_by="subject")
+    task = Classification(preprocess="standardize")
+    # Execute
+    held_out = ServerEvaluation.from_settings(
+        settings.evaluation, settings.learning, settings.seed, task
+    )
+    # Assert: each person's channels come out centred and of unit scale, as on their device
+    assert held_out is not None and held_out.groups is not None
+    for person in ("a", "b"):
+        part = held_out.x[held_out.groups == person]
+        assert np.abs(part.mean(axis=(0, 2))).max() < 0.05
+        assert part.std(axis=(0, 2)) == pytest.approx(np.ones(part.shape[1]), abs=0.05)

@@ -7,9 +7,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edge_client.emulation.lazy_buffer import CHUNK, LazyBuffer, StreamSamples
+from edge_client.emulation.lazy_buffer import CHUNK, LazyBuffer, RecordingSamples, StreamSamples
 from edge_client.emulation.replay import replay_into
 from edge_client.runtime.buffer import COUNTERS, BufferStore
+from edge_client.runtime.trainer import _take, train_local
+from edge_client.task.interface import Classification, init_model
+from edge_client.wire.records import RoundPlan
 
 SHAPE = (3, 8)
 # (seconds since the stream started, samples a round then takes): slow rounds, a long gap
@@ -84,3 +87,40 @@ def test_bad_buffer_settings_are_refused() -> None:
         LazyBuffer(samples, rate=1.0, capacity=10, policy="fifo")
     with pytest.raises(ValueError, match="capacity must be"):
         LazyBuffer(samples, rate=1.0, capacity=0)
+
+
+def test_a_virtual_device_trains_on_what_it_holds_without_waiting_in_wall_time() -> None:
+    # Prepare: a virtual device's buffer at its round's virtual time holding 50 samples, a
+    # plan that would wait 30 s for b x K = 8 x 10 = 80 of them
+    samples = StreamSamples("dev-0", 0, SHAPE, 4)
+    lazy = LazyBuffer(samples, rate=1.0, capacity=300, initial=50)
+    lazy.advance(100.0)
+    plan = RoundPlan(8, 10, 0.1, wait_policy="wait", deadline_s=30.0)
+    model = init_model(Classification(model="mlp"), SHAPE, 4, seed=0)
+    # Execute
+    result = train_local(model, lazy, plan)
+    # Assert: nothing can arrive while it trains (its clock stands still), so it did not
+    # wait, and trained on all it held: 5 per step
+    assert not lazy.arriving
+    assert result.wait_s < plan.deadline_s / 10
+    assert result.batch_size == 5 and result.num_examples == 50 and lazy.fill == 0
+
+
+def test_a_round_in_recorded_order_is_trained_in_shuffled_steps() -> None:
+    # Prepare: a person's stream of 100 windows, 50 of one activity then 50 of another; a
+    # round of K = 10 steps of b = 10 takes all of them
+    x = np.arange(100 * 3 * 8, dtype=np.float32).reshape(100, 3, 8)
+    y = np.repeat([0, 1], 50).astype(np.int64)
+    lazy = LazyBuffer(RecordingSamples(x, y), rate=1.0, capacity=300, initial=100)
+    lazy.advance(0.0)
+    plan = RoundPlan(10, 10, 0.1)
+    # Execute
+    taken = _take(lazy, plan, 10, None, np.random.default_rng(0), None)
+    # Assert: every sample once, but the steps mix the two activities (in recorded order,
+    # every step would see one)
+    assert sorted(taken.own_y.tolist()) == y.tolist()
+    assert sorted(map(tuple, taken.own_x.reshape(100, -1).tolist())) == sorted(
+        map(tuple, x.reshape(100, -1).tolist())
+    )
+    steps = taken.own_y.reshape(10, 10)
+    assert sum(len(set(step.tolist())) == 2 for step in steps) >= 8

@@ -87,7 +87,7 @@ def test_a_bad_partition_says_what_the_file_has(tmp_path: Path) -> None:
         load_groups(rec, "person")
     with pytest.raises(ValueError, match=r"no column 'user'.*its columns: label, a, subject"):
         load_groups(csv, "user")
-    with pytest.raises(ValueError, match=r"holds 1 group\(s\) \(u\): .* at least 2"):
+    with pytest.raises(ValueError, match=r"'user' holds one group \(u\).*it has: x, y, user"):
         split_recording(str(alone), parse_scheme("natural"), key="user")
     for bad, message in (("natural", "needs the key"), ("pathological(0)", "whole number")):
         with pytest.raises(ValueError, match=message):
