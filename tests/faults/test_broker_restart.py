@@ -65,8 +65,9 @@ def test_qos1_samples_published_around_a_broker_crash_all_arrive(
     # Assert: the publisher queued through the outage and every message was acknowledged;
     # every one of its samples is in the buffer exactly once; the daemon never stopped.
     assert report["acknowledged"] == report["messages"] == report["samples"] // 4
-    assert wait_until(lambda: stats(buf)["accepted"] == report["samples"], 30)
+    arrived = wait_until(lambda: stats(buf)["accepted"] == report["samples"], 30)
     final = stats(buf)
+    assert arrived, (final, report)
     assert final["accepted"] == final["received"] == report["samples"] > during
     assert final["rejected"] == 0 and final["dropped"] == 0
     assert procs.procs["ingest"].poll() is None
