@@ -68,7 +68,9 @@ def test_demo_on_a_users_recording_learns_and_the_slower_device_gets_the_smaller
     # has the smaller batch in round 1.
     batches = summary["devices"]
     assert batches["dev-1"]["batch_size"][0] < batches["dev-0"]["batch_size"][0]
-    assert batches["dev-1"]["batch_size"][-1] < batches["dev-0"]["batch_size"][-1]
+    # later rounds: never the larger (on a loaded machine both streams' availability caps can
+    # bind, and cap both at B / 2: seen in CI)
+    assert batches["dev-1"]["batch_size"][-1] <= batches["dev-0"]["batch_size"][-1]
     run_dir = next(tmp_path.glob("run-*"))
     assert (run_dir / "report.png").stat().st_size > 10_000
     probe, *records = read_metrics(run_dir / "metrics.jsonl")  # the timing probe's first
