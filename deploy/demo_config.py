@@ -63,8 +63,9 @@ class DemoConfig:
     the devices, or split by ``partition_by``, one device per group streaming its samples in
     recorded order, or by a Flower Datasets ``partition``): its sample shape and classes then
     set the run's, the model is the CNN for ``(channels, steps)`` windows and the MLP for any
-    other shape (``--run-config model=`` chooses), and a ``test`` file, when given, is what
-    the aggregator scores on.
+    other shape (``--run-config model=`` chooses), each device standardises its stream by its
+    own statistics (``preprocess``; ``--run-config preprocess=none`` turns it off), and a
+    ``test`` file, when given, is what the aggregator scores on.
     """
 
     devices: int = DEMO_DEVICES
@@ -248,6 +249,8 @@ class DemoConfig:
             kebab("sample_shape"): ",".join(map(str, shape)),
             kebab("num_classes"): classes,
             kebab("model"): "cnn" if len(shape) == 2 else "mlp",
+            # a recording is in its sensors' units: each device standardises its own stream
+            kebab("preprocess"): "standardize",
             kebab("eval_data"): "",
         }
         if self.test is not None:

@@ -75,6 +75,9 @@ def test_a_recording_sets_the_shape_classes_model_and_test_file(tmp_path: Path) 
     assert windows.eval_data == str((tmp_path / "test.npz").resolve())
     assert (flat.shape, flat.num_classes, flat.model, flat.eval_data) == ((561,), 3, "mlp", "")
     assert DemoConfig().settings.eval_data == "synthetic"  # the built-in task's held-out set
+    # a recording is in its sensors' units: every device standardises its own stream
+    assert windows.preprocess == flat.preprocess == "standardize"
+    assert DemoConfig().settings.preprocess == "none"
     with pytest.raises(ValueError, match="has \\(3, 50\\) and 4 classes"):
         DemoConfig(source=tmp_path / "rec.npz", test=tmp_path / "flat.npz")
     with pytest.raises(ValueError, match="give its --source"):
