@@ -61,6 +61,7 @@ SIMULATE_SHOWN_DEVICES: Final = 12  # the live table's rows: the devices scoring
 # --- fedstream demo: its processes and its run ---------------------------------------------
 #: The Flower app fedstream's own runs submit: pyproject.toml is in the checkout's root.
 APP_DIR: Final = Path(__file__).resolve().parent.parent
+DEMO_INGEST_START_S: Final = 60.0  # until every ingest daemon has subscribed
 DEMO_DRAIN_TIMEOUT_S: Final = 30.0  # stream-only: how long the buffers may take to catch up
 DEMO_PUBLISH_FOREVER_S: Final = 86_400.0  # training: publishers run until the demo stops them
 DEMO_STATUS_POLL_S: Final = 1.0  # how often the progress table reads metrics.jsonl

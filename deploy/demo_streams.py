@@ -24,6 +24,7 @@ from deploy.brokers import (
 )
 from deploy.constants import (
     DEMO_BATCH,
+    DEMO_INGEST_START_S,
     DEMO_SEED,
 )
 from deploy.demo_config import DemoConfig, device_ids
@@ -31,6 +32,7 @@ from deploy.local import ProcessGroup, fedstream_command
 from deploy.secure import RunSecrets
 from edge_client.emulation.sources import pick_classes
 from edge_client.runtime.buffer import BufferStore, BufferStoreError
+from edge_client.runtime.constants import INGEST_SUBSCRIBED_LOG
 
 __all__ = [
     "Streams",
@@ -45,7 +47,7 @@ __all__ = [
     "start_publisher",
     "stream_table",
     "wait_drained",
-    "wait_for_buffers",
+    "wait_for_ingest",
     "write_shards",
 ]
 
@@ -184,7 +186,8 @@ def start_ingest(
     paths: dict[str, Path],
     run_dir: Path,
 ) -> None:
-    """One ``fedstream ingest`` per device; returns once every buffer file exists."""
+    """One ``fedstream ingest`` per device; returns once every daemon has subscribed (so that
+    the broker keeps what publishers send from then on)."""
     for dev, path in paths.items():
         connect, env = streams.client_args(dev)
         group.start(
@@ -208,7 +211,7 @@ def start_ingest(
             log_path=run_dir / "logs" / f"ingest-{dev}.log",
             env=env,
         )
-    wait_for_buffers(paths, group, timeout=30.0)
+    wait_for_ingest(paths, group, run_dir / "logs", timeout=DEMO_INGEST_START_S)
 
 
 def write_shards(config: DemoConfig, run_dir: Path) -> dict[str, int]:
@@ -283,12 +286,35 @@ def skew_args(config: DemoConfig, index: int) -> list[str]:
     return []
 
 
-def wait_for_buffers(paths: dict[str, Path], group: ProcessGroup, timeout: float) -> None:
+def wait_for_ingest(
+    paths: dict[str, Path], group: ProcessGroup, logs: Path, timeout: float
+) -> None:
+    """Wait until each device's ingest daemon has made its buffer and the broker has
+    acknowledged its subscription (its log says so).
+
+    A buffer file alone is not enough: on a loaded machine a daemon can take seconds from
+    creating its buffer to subscribing, and a QoS 1 message published before any session
+    subscribed is dropped by the broker.
+
+    Raises
+    ------
+    RuntimeError
+        If a daemon exits or ``timeout`` seconds pass first (the message names the logs).
+    """
+
+    def subscribed(dev: str) -> bool:
+        log = logs / f"ingest-{dev}.log"
+        return log.exists() and INGEST_SUBSCRIBED_LOG in log.read_text(errors="replace")
+
     deadline = time.monotonic() + timeout
-    while not all(p.exists() for p in paths.values()):
+    while not all(p.exists() and subscribed(dev) for dev, p in paths.items()):
         dead = [n for n, p in group.procs.items() if p.poll() is not None]
         if dead or time.monotonic() > deadline:
-            raise RuntimeError(f"ingest daemons did not start (exited: {dead}); see the logs")
+            waiting = [dev for dev, p in paths.items() if not (p.exists() and subscribed(dev))]
+            raise RuntimeError(
+                f"ingest daemons {waiting} did not subscribe within {timeout:.0f} s "
+                f"(exited: {dead}); see {logs}"
+            )
         time.sleep(0.1)
 
 

@@ -25,6 +25,7 @@ from deploy.flower import FlowerDeployment
 from deploy.local import ProcessGroup, fedstream_command, wait_until
 from deploy.secure import RunSecrets, make_node_key
 from edge_client.runtime.buffer import BufferStore
+from edge_client.runtime.constants import INGEST_SUBSCRIBED_LOG
 from edge_client.runtime.mqtt import BrokerOptions, connect_async, make_client
 from edge_client.runtime.node_config import NodeConfig
 from edge_client.wire.codec import encode, reseal
@@ -193,8 +194,8 @@ def start_ingest(
     connected: bool = False,
 ) -> subprocess.Popen[bytes]:
     """Start ``fedstream ingest`` as a real child process; return once it made the buffer
-    (with ``connected``: once it has also connected and sent its subscriptions, so that the
-    broker holds its persistent session from then on).
+    (with ``connected``: once the broker has also acknowledged its subscription, so that it
+    holds the daemon's persistent session from then on).
 
     ``extra`` are more ``fedstream ingest`` options; the log goes next to the buffer.
 
@@ -215,9 +216,8 @@ def start_ingest(
     )  # fmt: skip
     if not wait_until(buffer.exists, 20):
         raise RuntimeError(f"ingest for {device_id} made no buffer:\n{log.read_text()}")
-    # The daemon logs this line after handing its SUBSCRIBE to paho: packets leave in order,
-    # so a later clean stop reaches the broker after the subscription.
-    if connected and not wait_until(lambda: "connected to" in log.read_text(), 30):
+    # The daemon logs this once the broker acknowledged its subscription (SUBACK).
+    if connected and not wait_until(lambda: INGEST_SUBSCRIBED_LOG in log.read_text(), 30):
         raise RuntimeError(f"ingest for {device_id} did not connect:\n{log.read_text()}")
     return proc
 

@@ -103,3 +103,7 @@ DRIFT_WATCH_KEY: Final = "drift-watch"  # the watcher itself (ADWIN's buckets), 
 MODEL_POLL_S: Final = 2.0  # how often the daemon looks for a newer model version
 INFER_BATCH_MAX: Final = 512  # samples predicted in one call at most
 INFER_STATUS_S: Final = 10.0  # seconds between the daemon's log lines of its counters
+
+# What the ingest daemon logs once the broker acknowledged its subscriptions: from then on the
+# broker holds its session, so a launcher may start publishers (deploy.demo_streams waits for it).
+INGEST_SUBSCRIBED_LOG: Final = "subscribed to"

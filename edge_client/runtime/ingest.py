@@ -55,6 +55,7 @@ from edge_client.runtime.constants import (
     INGEST_MAX_BYTES,
     INGEST_MAX_UNCOMMITTED_BYTES,
     INGEST_SESSION_EXPIRY_S,
+    INGEST_SUBSCRIBED_LOG,
     MAX_COMMIT_INTERVAL_S,
     MQTT_311,
     OUTBOX_PUBLISH_S,
@@ -332,7 +333,7 @@ class IngestDaemon(Subscribed):
             return
         self._subscribe_error = None
         log.info(
-            "connected to %s (MQTT %s, session present: %s), subscribed to %s",
+            "connected to %s (MQTT %s, session present: %s), " + INGEST_SUBSCRIBED_LOG + " %s",
             self.config.broker,
             self.protocol,
             self._session_present,

@@ -32,7 +32,7 @@ def step_time(b: int) -> float:
 
 def test_run_trains_with_per_device_plans(tmp_path: Path, fast: Fast, fleet: Fleet) -> None:
     # Prepare
-    grid = InProcessGrid(fleet(1, 1, 2, 4, rate=20_000), tmp_path / "buffers")
+    grid = InProcessGrid(fleet(1, 1, 2, 4, rate=20_000), tmp_path / "buffers", step_time=step_time)
     settings = fast(num_rounds=6, local_steps=10, out_dir=str(tmp_path / "out"))
     # Execute
     every = run_rounds(grid, settings)
@@ -40,7 +40,7 @@ def test_run_trains_with_per_device_plans(tmp_path: Path, fast: Fast, fleet: Fle
     # Assert: the timing probe's record first (round 0), then the rounds
     assert [r.round for r in every] == list(range(0, 7))
     assert all(r.sum_b == 64 for r in records)
-    assert records[-1].accuracy > 1 / 6 + 0.15  # well above chance after 6 short rounds
+    assert records[-1].accuracy > 1 / 6 + 0.15, [r.accuracy for r in records]  # above chance
     planned = records[-1].planned
     assert planned["dev-3"] < planned["dev-0"]  # the slowest device ends with a smaller batch
     assert read_metrics(tmp_path / "out" / "metrics.jsonl") == every
