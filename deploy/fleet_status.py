@@ -64,11 +64,11 @@ class FleetView(StartStop):
         self._client.on_message = self._on_message
         self._client.on_subscribe = self._on_subscribe
         #: The attempts to reach the broker (from :meth:`start` on).
-        self.connection = Connection()
+        self.connection = Connection(v5=self._client.protocol == mqtt.MQTTv5)
 
     def start(self) -> Self:
         """Connect (retrying with back-off) and subscribe, in paho's thread."""
-        self.connection = connect_async(self._client, self.broker)
+        connect_async(self._client, self.broker, self.connection)
         return self
 
     def wait_connected(self, timeout: float) -> bool:

@@ -54,6 +54,7 @@ from edge_client.runtime.constants import INFER_BATCH_MAX, INFER_STATUS_S, MODEL
 from edge_client.runtime.drift_watch import DEFAULT_DELTA, DETECTORS, DriftWatch, errors_of
 from edge_client.runtime.mqtt import (
     BrokerURL,
+    Connection,
     Subscriptions,
     connect_async,
     describe_reason,
@@ -189,6 +190,9 @@ class InferenceDaemon(Subscribed):
         self._client.on_disconnect = self._on_disconnect
         self._client.on_message = self._on_message
         self._client.on_subscribe = self._on_subscribe
+        #: The attempts to reach the broker: made before connecting, since paho's thread may
+        #: call the callbacks that read it before connect_async returns.
+        self.connection = Connection(v5=self._client.protocol == mqtt.MQTTv5)
         self._worker = threading.Thread(target=self._loop, name="infer", daemon=True)
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -199,7 +203,7 @@ class InferenceDaemon(Subscribed):
         if self.config.drift == "adwin":
             self._watch = self._load_watch()
         self._worker.start()
-        self.connection = connect_async(self._client, self.config.broker)
+        connect_async(self._client, self.config.broker, self.connection)
         log.info(
             "inference on %s from %s, model %s, predictions to %s",
             ", ".join(self.config.subscriptions),

@@ -73,6 +73,7 @@ from edge_client.runtime.injection import InjectionRelay
 from edge_client.runtime.mqtt import (
     BrokerOptions,
     BrokerURL,
+    Connection,
     Subscriptions,
     connect_async,
     describe_reason,
@@ -244,6 +245,9 @@ class IngestDaemon(Subscribed):
         self._client.on_disconnect = self._on_disconnect
         self._client.on_message = self._on_message
         self._client.on_subscribe = self._on_subscribe
+        #: The attempts to reach the broker: made before connecting, since paho's thread may
+        #: call the callbacks that read it before connect_async returns.
+        self.connection = Connection(v5=self._client.protocol == mqtt.MQTTv5)
         self._writer = threading.Thread(target=self._write_loop, name="ingest-writer", daemon=True)
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -264,7 +268,7 @@ class IngestDaemon(Subscribed):
             )
             log.info("metrics on http://%s:%d/metrics", self.config.metrics_listen, port)
         self._writer.start()
-        self.connection = connect_async(self._client, self.config.broker)
+        connect_async(self._client, self.config.broker, self.connection)
         log.info(
             "ingesting %s from %s into %s (%s, capacity %d; MQTT %s)",
             ", ".join(self.config.subscriptions),

@@ -390,9 +390,14 @@ def describe_connect_error(err: BaseException | None, broker: BrokerURL) -> str:
     return "unknown reason" if err is None else f"{type(err).__name__}: {err}"
 
 
-def connect_async(client: mqtt.Client, broker: BrokerURL) -> Connection:
+def connect_async(
+    client: mqtt.Client, broker: BrokerURL, state: Connection | None = None
+) -> Connection:
     """Start connecting in the background, with the session :func:`make_client` gave the
     client; paho's loop thread retries with back-off.
+
+    A daemon whose callbacks read its connection passes ``state`` (made before this call):
+    paho's thread may connect and call them before this function returns.
 
     Every failed attempt (the first connection or a reconnection) is logged with its reason
     (refused, DNS, TLS verification, closed unanswered, ...), which the returned
@@ -400,7 +405,7 @@ def connect_async(client: mqtt.Client, broker: BrokerURL) -> Connection:
     before this call, are called as before; on each CONNACK the client also keeps its QoS 1
     messages in flight within the broker's Receive Maximum (MQTT 5: AWS IoT Core takes 100).
     """
-    state = Connection(v5=client.protocol == mqtt.MQTTv5)
+    state = state or Connection(v5=client.protocol == mqtt.MQTTv5)
     wanted_inflight = client.max_inflight_messages
     # paho types its callbacks for both its callback APIs: ours are version 2's.
     user_connect: Any = client.on_connect
