@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.live import Live
 
 from aggregator.round_log import RoundRecord, read_metrics, rounds_only
+from deploy.agents import agent_sockets, start_agents
 from deploy.constants import (
     APP_DIR,
     DEMO_DRAIN_TIMEOUT_S,
@@ -170,12 +171,16 @@ def run_demo(config: DemoConfig, console: Console) -> bool:
     start = time.monotonic()
     secrets = make_run_secrets(run_dir / "secrets", devices) if config.secure else None
     shards = write_shards(config, run_dir)
-    with demo_broker(config, console, secrets) as streams, ProcessGroup() as group:
+    with (
+        demo_broker(config, console, secrets) as streams,
+        agent_sockets(config.agent) as agent_dir,
+        ProcessGroup() as group,
+    ):
         start_ingest(group, config, streams, paths, run_dir)
         for i, dev in enumerate(devices):  # streaming until training ends
             start_publisher(group, config, streams, i, dev, run_dir, DEMO_PUBLISH_FOREVER_S)
         flower = FlowerDeployment(group, run_dir / "flwr", secrets=secrets)
-        node_configs = _start_flower(flower, config, paths, secrets, console)
+        node_configs = _start_flower(flower, config, paths, secrets, console, agent_dir)
         settings = _run_settings(config, run_dir)
         flwr_run = flower.submit(APP_DIR, settings.to_run_config())
         console.print(f"flwr run {flwr_run} submitted; training {settings.num_rounds} rounds")
@@ -194,22 +199,35 @@ def _start_flower(
     paths: dict[str, Path],
     secrets: RunSecrets | None,
     console: Console,
+    agent_dir: Path | None = None,
 ) -> dict[str, NodeConfig]:
-    """Start the SuperLink and one SuperNode per device (registered ones only with
-    ``--secure``); return the SuperNodes' node configs once every one has joined."""
+    """Start the SuperLink, one agent per device (with an ``agent_dir`` for their sockets)
+    and one SuperNode per device (registered ones only with ``--secure``); return the
+    SuperNodes' node configs once every one has joined."""
     assert config.slowdowns is not None
     flower.start_superlink()
     if secrets is not None:  # only these SuperNodes may join
         for dev in paths:
             flower.register_supernode(secrets.node_public_key(dev))
+    agents = start_agents(flower.group, paths, agent_dir) if agent_dir is not None else {}
     node_configs = {
         dev: NodeConfig(
-            dev, str(path), slowdown=config.slowdowns[i], threads=1, inject=config.inject
+            dev,
+            str(path),
+            slowdown=config.slowdowns[i],
+            threads=1,
+            inject=config.inject,
+            agent=str(agents.get(dev, "")),
         )
         for i, (dev, path) in enumerate(paths.items())
     }
     for dev, node_config in node_configs.items():
         flower.start_supernode(dev, node_config.to_node_config())
+    if agents:
+        console.print(
+            "[bold]device agents[/bold]: one `fedstream agent` per device holds torch and the "
+            "model; each message's ClientApp hands over to it (--no-agent: it trains itself)"
+        )
     console.print(
         f"[bold]{config.devices} devices[/bold] (slowdowns {config.slowdowns}, "
         f"streams {config.rates} {'readings' if config.series is not None else 'samples'}/s"

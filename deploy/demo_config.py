@@ -85,6 +85,7 @@ class DemoConfig:
     labels: int | None = None  # non-IID: classes per device (round-robin over the fleet)
     dirichlet: float | None = None  # non-IID: Dirichlet(alpha) label mix per device
     secure: bool = False  # Mosquitto TLS + passwords + ACL, Flower TLS + SuperNode auth
+    agent: bool = True  # one `fedstream agent` per device; the ClientApps hand over to it
     kill_aggregator: int | None = None  # SIGKILL SuperLink + ServerApp after round N, resume
     # SIGKILL Mosquitto after round N, start it again DEMO_BROKER_OUTAGE_S later
     kill_broker: int | None = None

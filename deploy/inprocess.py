@@ -65,7 +65,15 @@ from edge_client.wire import records
 from edge_client.wire.mapping import kebab
 from edge_client.wire.run_config import RunSettings, default
 
-__all__ = ["InProcessGrid", "LocalGrid", "ServerCost", "StaticGrid", "VirtualDevice", "model_bytes"]
+__all__ = [
+    "InProcessGrid",
+    "LocalGrid",
+    "ServerCost",
+    "StaticGrid",
+    "VirtualDevice",
+    "as_superlink",
+    "model_bytes",
+]
 
 FIRST_NODE_ID = 100
 
@@ -110,6 +118,8 @@ class VirtualDevice:
         Its ClientApp keeps each global model it receives there (node config ``model-dir``).
     drift : {"none", "adwin"}
         Its ClientApp watches its prequential error for changes (node config ``drift``).
+    agent : str
+        The socket of its ``fedstream agent`` (node config ``agent``): its rounds run there.
     """
 
     device_id: str
@@ -128,6 +138,7 @@ class VirtualDevice:
     change: SensorChange | None = None
     model_dir: str = ""
     drift: str = "none"
+    agent: str = ""
 
     def online_at(self, at: float) -> bool:
         """Whether the device is on at virtual time ``at``."""
@@ -144,14 +155,20 @@ class VirtualDevice:
         return at
 
 
+def as_superlink(run_id: int = 1) -> None:
+    """Make messages in this process as the SuperLink's side of run ``run_id`` does
+    (Flower 1.42 stamps each new message with the process's task identity)."""
+    TaskIdentity.run_id = run_id
+    TaskIdentity.node_id = SUPERLINK_NODE_ID
+    TaskIdentity.task_id = 1
+
+
 class LocalGrid(Grid):
     """A Grid living in this process (run 1, the SuperLink's identity): the plumbing that
     every in-process grid shares. Subclasses say which nodes exist and what a push does."""
 
     def __init__(self) -> None:
-        TaskIdentity.run_id = 1
-        TaskIdentity.node_id = SUPERLINK_NODE_ID
-        TaskIdentity.task_id = 1
+        as_superlink()
         self._run = Run.create_empty(1)
 
     def set_run(self, run: Run) -> None:
@@ -527,6 +544,7 @@ class InProcessGrid(LocalGrid):
             inject=dev.inject,
             model_dir=dev.model_dir,
             drift=dev.drift,
+            agent=dev.agent,
         )
         return Context(
             run_id=1,

@@ -36,6 +36,7 @@ from bench_format import (
 from bench_results_wall import (
     PI_FREE_GOAL,
     ROUND_GOAL,
+    agent,
     bursts,
     deployment,
     footprint,
@@ -49,6 +50,7 @@ __all__ = [
     "BULLETS",
     "PI_FREE_GOAL",
     "ROUND_GOAL",
+    "agent",
     "asynchronous",
     "buffers",
     "bursts",
@@ -551,6 +553,7 @@ BULLETS: list[tuple[Callable[..., str], tuple[str, ...]]] = [
     (asynchronous, ("async",)),
     (deployment, ("deployment",)),
     (footprint, ("deployment",)),
+    (agent, ("deployment",)),
     (service, ("service",)),
     (drift, ("drift",)),
     (inference, ("inference",)),
@@ -580,4 +583,5 @@ def render(results: Path) -> str:
             cache[name] = json.loads((results / f"{name}.json").read_text())
         return cache[name]
 
-    return "\n".join(fn(*(load(n) for n in names)) for fn, names in BULLETS)
+    bullets = (fn(*(load(n) for n in names)) for fn, names in BULLETS)
+    return "\n".join(b for b in bullets if b)  # "": a JSON from before the figure existed

@@ -113,6 +113,10 @@ def _deployment(doc: Doc) -> str:
         headers = ["controller", "seeds", "round wall s, median (range)"]
         headers += [f"wall s to test accuracy {t}" for t in targets]
         table += "\n\n" + _table(headers, rows)
+    if doc.get("agent"):
+        from deploy.bench.agent import agent_table
+
+        table += "\n\n" + agent_table(doc["agent"], doc.get("soak"))
     return table
 
 

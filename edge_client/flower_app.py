@@ -14,11 +14,15 @@ A Flower app around a user's own task that should also run on the simulation eng
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from flwr.clientapp import ClientApp
 
 from edge_client.runtime.client_app import absent_reply, compose_client_app
 from edge_client.runtime.virtual_nodes import VirtualNodes, provide_virtual_nodes
-from edge_client.task.interface import Task
+
+if TYPE_CHECKING:
+    from edge_client.task.interface import Task
 
 __all__ = ["absent_reply", "app", "make_client_app"]
 
@@ -29,7 +33,7 @@ def _simulation_nodes() -> VirtualNodes:
     return SimulationNodes()
 
 
-def make_client_app(task: Task | None = None) -> ClientApp:
+def make_client_app(task: Task | str | None = None) -> ClientApp:
     """:func:`edge_client.runtime.client_app.make_client_app` (the same parameters), with the
     simulation engine's virtual devices: for ``flwr run`` on a simulation federation too."""
     return compose_client_app(task, _simulation_nodes)

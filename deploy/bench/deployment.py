@@ -51,7 +51,10 @@ from rich.console import Console
 
 from aggregator.exchange import PULL_INTERVAL_S
 from aggregator.round_log import RoundRecord, read_metrics, rounds_only
+from deploy.agents import agent_sockets, start_agents
+from deploy.bench.agent import agent_summary, run_soak
 from deploy.bench.common import Result, markdown_table, spread
+from deploy.bench.curves import batch_per_device, compute_per_device, slowest_share, time_to
 from deploy.breakdown import PARTS, run_breakdown
 from deploy.demo import APP_DIR, STATUS_CHECK_S, DemoConfig, run_demo
 from deploy.flower import FlowerDeployment, FlowerError
@@ -65,11 +68,12 @@ from edge_client.wire.frames import SampleBatch
 from edge_client.wire.mapping import kebab
 from edge_client.wire.run_config import RunSettings
 
-__all__ = ["PLAIN_APP", "ProcessSampler", "run"]
+__all__ = ["NOOP_APP", "PLAIN_APP", "ProcessSampler", "run"]
 
 log = logging.getLogger(__name__)
 
 PLAIN_APP = Path(__file__).resolve().parent / "plain_flower"
+NOOP_APP = Path(__file__).resolve().parent / "noop_flower"
 #: What the plain app's timing file holds per round: its wall time, and its ClientApps' mean
 #: CPU seconds, process start and training seconds (the keys it reports, as fedstream's).
 PLAIN_METRICS = ("wall_s", "cpu_s", "start_s", "train_s")
@@ -77,7 +81,7 @@ PLAIN_METRICS = ("wall_s", "cpu_s", "start_s", "train_s")
 BATCH, STEPS, WIDTH = 32, 20, 32
 #: The controller runs: OmniLearn's heterogeneity, and local work that compute dominates.
 SLOWDOWNS = (1.0, 1.0, 2.0, 4.0)
-CONTROLLER_STEPS, CONTROLLER_WIDTH = 100, 96
+CONTROLLER_STEPS, CONTROLLER_WIDTH = 250, 96
 CONTROLLER_SEEDS = (0, 1, 2)
 #: Test accuracies whose wall time to reach the controller runs report (and the one all reach).
 CONTROLLER_TARGETS = (0.85, 0.9)
@@ -93,7 +97,9 @@ RUN_TIMEOUT_S = 900.0
 #: How often the sampler reads the processes.
 SAMPLE_S = 0.5
 #: What a device runs besides its ClientApp processes.
-DEVICE_ROLES = ("ingest", "supernode", "superexec")
+DEVICE_ROLES = ("ingest", "supernode", "superexec", "agent")
+#: The agent's soak: messages served back to back.
+SOAK_MESSAGES = 500
 #: A 1 GB Raspberry Pi: the device's processes should leave 40 % of it free.
 PI_BYTES = 1 << 30
 
@@ -112,6 +118,8 @@ class _Seen:
     peak: int = 0
     written0: int = 0
     written: int = 0
+    torch: bool = False  # torch's library mapped (it loads after the process starts)
+    cpu_mark: float | None = None  # CPU seconds at the sampler's mark (the first round's end)
 
 
 @dataclass
@@ -129,14 +137,21 @@ class ProcessSampler:
             "flower-superexec": "superexec",
             "flwr-clientapp": "clientapp",
             " ingest ": "ingest",
+            " agent ": "agent",
             " publish ": "publisher",
             "flower-superlink": "superlink",
             "flwr-serverapp": "serverapp",
         }
     )
     seen: dict[int, _Seen] = field(default_factory=dict)
-    #: The largest memory the device processes held at one instant, per device (PSS).
-    device_pss_peak: int = 0
+    #: The largest memory the devices' processes held together at one instant (PSS), and the
+    #: most SuperNodes seen alive at once: :attr:`device_pss_peak` is the one over the other.
+    together_peak: int = 0
+    devices: int = 0
+    #: When this turns true (checked at each sample), each process's CPU seconds are noted:
+    #: what they spend after it is the steady state, start-up left out.
+    mark_when: Callable[[], bool] | None = None
+    marked: bool = False
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def _role(self, pid: int) -> str | None:
@@ -151,7 +166,7 @@ class ProcessSampler:
 
     def sample(self) -> None:
         """Read every live descendant of this process once."""
-        together = 0
+        together = nodes = 0
         for pid in usage.children(os.getpid()):
             entry = self.seen.get(pid)
             if entry is None:
@@ -166,10 +181,19 @@ class ProcessSampler:
             entry.cpu = max(entry.cpu, usage.cpu_s(pid, reaped=False))
             entry.peak = max(entry.peak, usage.peak_rss_bytes(pid))
             entry.written = max(entry.written, usage.disk_write_bytes(pid))
+            if not entry.torch and entry.role in (*DEVICE_ROLES, "clientapp"):
+                entry.torch = usage.maps_torch(pid)
             if entry.role in (*DEVICE_ROLES, "clientapp"):
                 together += usage.pss_bytes(pid)
-        devices = sum(1 for e in self.seen.values() if e.role == "supernode")
-        self.device_pss_peak = max(self.device_pss_peak, together // max(1, devices))
+            nodes += entry.role == "supernode"
+        # Summed over all devices and divided once at the end: the agents and ingest daemons
+        # start before the SuperNodes, so dividing by the SuperNodes seen so far overstates.
+        self.together_peak = max(self.together_peak, together)
+        self.devices = max(self.devices, nodes)
+        if not self.marked and self.mark_when is not None and self.mark_when():
+            self.marked = True
+            for entry in self.seen.values():
+                entry.cpu_mark = entry.cpu
 
     @contextmanager
     def running(self) -> Iterator[ProcessSampler]:
@@ -187,6 +211,11 @@ class ProcessSampler:
             self._stop.set()
             thread.join()
 
+    @property
+    def device_pss_peak(self) -> int:
+        """The largest memory the device processes held at one instant, per device (PSS)."""
+        return self.together_peak // max(1, self.devices)
+
     def by_role(self) -> dict[str, dict[str, float]]:
         """Per role: processes, mean CPU seconds and bytes written while sampled, and the
         largest peak resident memory."""
@@ -195,7 +224,12 @@ class ProcessSampler:
             of = [e for e in self.seen.values() if e.role == role]
             out[role] = {
                 "processes": len(of),
+                "with_torch": sum(e.torch for e in of),
                 "cpu_s": statistics.mean(e.cpu - e.cpu0 for e in of),
+                # all of them after the mark (a process started after it: all its seconds)
+                "cpu_s_after_mark": sum(
+                    e.cpu - (e.cpu0 if e.cpu_mark is None else e.cpu_mark) for e in of
+                ),
                 "peak_rss": max(e.peak for e in of),
                 "written": statistics.mean(e.written - e.written0 for e in of),
             }
@@ -242,6 +276,7 @@ def _fedstream_run(name: str, records: list[RoundRecord], total_s: float) -> _Ru
         return statistics.mean(float(getattr(m, key)) for m in r.devices.values())
 
     live = [r for r in records if r.devices]
+    agent_cpu = [mean_of(r, "agent_cpu_s") for r in live]
     return _Run(
         name,
         [r.wall_s for r in records],
@@ -250,20 +285,34 @@ def _fedstream_run(name: str, records: list[RoundRecord], total_s: float) -> _Ru
         [mean_of(r, "train_s") for r in live],
         records,
         total_s,
+        extra={"agent_cpu_s_per_message": round(statistics.mean(agent_cpu), 3)}
+        if agent_cpu and any(agent_cpu)
+        else {},
     )
 
 
 @contextmanager
 def _deployment(
-    home: Path, buffers: dict[str, Path], slowdowns: tuple[float, ...] = (1.0,)
+    home: Path,
+    buffers: dict[str, Path],
+    slowdowns: tuple[float, ...] = (1.0,),
+    agents: bool = False,
 ) -> Iterator[FlowerDeployment]:
-    """A SuperLink and one SuperNode per buffer, kept for several runs one after the other
-    (the plain app reads ``seed`` from the node config, fedstream's the device's keys)."""
-    with ProcessGroup() as group:
+    """A SuperLink and one SuperNode per buffer (with ``agents``: and one device agent
+    each, which their node configs name), kept for several runs one after the other (the
+    plain app reads ``seed`` from the node config, fedstream's the device's keys)."""
+    with agent_sockets(agents) as sockets, ProcessGroup() as group:
         flower = FlowerDeployment(group, home)
         flower.start_superlink()
+        by_dev = start_agents(group, buffers, sockets, home / "logs") if sockets else {}
         for i, (dev, path) in enumerate(buffers.items()):
-            node = NodeConfig(dev, str(path), slowdown=slowdowns[i % len(slowdowns)], threads=1)
+            node = NodeConfig(
+                dev,
+                str(path),
+                slowdown=slowdowns[i % len(slowdowns)],
+                threads=1,
+                agent=str(by_dev.get(dev, "")),
+            )
             flower.start_supernode(dev, {**node.to_node_config(), "seed": i})
         flower.wait_nodes(len(buffers))
         yield flower
@@ -322,6 +371,19 @@ def _plain(
     return _Run(name, wall, cpu, start, train, total_s=total, extra={"pull_interval_s": pull_s})
 
 
+def _noop(flower: FlowerDeployment, tmp: Path, rounds: int) -> _Run:
+    """Flower's own floor: a ClientApp that imports Flower only and replies at once
+    (:mod:`noop_flower`, in this folder), on the deployment's SuperNodes."""
+    timing = tmp / f"noop-{time.monotonic_ns()}.json"
+    started = time.monotonic()
+    config = {"num-server-rounds": rounds, "min-nodes": len(flower.nodes)}
+    run_id = flower.submit(NOOP_APP, {**config, "timing-file": str(timing)})
+    _finish(flower, run_id, timing.exists)
+    got = json.loads(timing.read_text())["rounds"]
+    wall, cpu, start, train = ([r[kebab(key)] for r in got] for key in PLAIN_METRICS)
+    return _Run("flower-do-nothing", wall, cpu, start, train, total_s=time.monotonic() - started)
+
+
 def _fill_buffers(where: Path, devices: int, samples: int) -> dict[str, Path]:
     """Buffers holding ``samples`` windows of the synthetic task each (no stream)."""
     task = SensorTask()
@@ -374,19 +436,22 @@ def _live(
     rounds: int,
     commit_interval: float = COMMIT_INTERVAL_S,
     rep: int = 0,
+    agent: bool = False,
 ) -> _Run:
     """``fedstream demo``'s path, no slowdowns, with the device processes sampled (the
-    ingest daemons committing every ``commit_interval`` seconds at most); ``rep`` numbers
-    the repetition (its own folder)."""
+    ingest daemons committing every ``commit_interval`` seconds at most; with ``agent``, a
+    device agent each); ``rep`` numbers the repetition (its own folder)."""
     name = "fedstream-live" + (
         "" if commit_interval == COMMIT_INTERVAL_S else f"-commit-{commit_interval:g}s"
     )
+    name += "-agent" if agent else ""
     config = DemoConfig(
         devices=devices,
         out=tmp / f"{name}-{rep}",
         live=False,
         slowdowns=[1.0] * devices,
         commit_interval=commit_interval,
+        agent=agent,
         run_config={  # the demo's defaults, but the comparison's work, probing as fedstream-idle
             kebab(k): v
             for k, v in {
@@ -398,7 +463,12 @@ def _live(
             }.items()
         },
     )
-    sampler = ProcessSampler()
+
+    def first_round_done() -> bool:  # the steady state starts after round 1
+        runs = config.out.glob("*/metrics.jsonl")
+        return any(len(rounds_only(read_metrics(m))) >= 1 for m in runs)
+
+    sampler = ProcessSampler(mark_when=first_round_done)
     started = time.monotonic()
     with sampler.running():
         ok = run_demo(config, Console(file=io.StringIO()))
@@ -435,6 +505,13 @@ def _footprint(
     written = {role: roles.get(role, {}).get("written", 0.0) * devices for role in DEVICE_ROLES}
     written["clientapp"] = float(sum(m.write_bytes for m in replies))
     per_sample = sum(written.values()) / accepted if accepted else None
+    # A device's CPU per round in the steady state (after round 1: start-ups left out), all
+    # its processes: the long-lived ones as sampled since the end of round 1, and each later
+    # message's ClientApp as it reports itself (its process's whole life).
+    lasting = sum(roles[r]["cpu_s_after_mark"] for r in DEVICE_ROLES if r in roles) / devices
+    later = [m for r in records[1:] for m in r.devices.values()]
+    steady_rounds = max(1, len(records) - 1)
+    clientapps = sum(m.cpu_s for m in later) / devices
     return {
         "pss_peak_bytes": sampler.device_pss_peak,
         "pi_1gb_headroom": round(1 - sampler.device_pss_peak / PI_BYTES, 3),
@@ -449,23 +526,16 @@ def _footprint(
             None if per_sample is None or not sample_bytes else round(per_sample / sample_bytes, 2)
         ),
         "cpu_s_while_sampled": {k: round(v["cpu_s"], 2) for k, v in roles.items()},
+        "device_cpu_s_per_round": round((lasting + clientapps) / steady_rounds, 3),
+        "device_cpu_s_per_round_parts": {
+            "long-lived": round(lasting / steady_rounds, 3),
+            "clientapps": round(clientapps / steady_rounds, 3),
+        },
+        # Processes that had torch mapped, by role; a ClientApp seen for a moment only may
+        # be missed (sampled every SAMPLE_S).
+        "torch_processes": {k: int(v["with_torch"]) for k, v in roles.items()},
+        "processes_seen": {k: int(v["processes"]) for k, v in roles.items()},
     }
-
-
-def _compute_per_device(records: list[RoundRecord]) -> dict[str, list[float]]:
-    """Each device's steady-state compute seconds, round by round."""
-    names = sorted({d for r in records for d in r.devices})
-    return {d: [round(r.devices[d].compute_s, 3) for r in records if d in r.devices] for d in names}
-
-
-def _batch_per_device(records: list[RoundRecord]) -> dict[str, list[int]]:
-    """Each device's trained batch, round by round."""
-    names = sorted({d for r in records for d in r.devices})
-    return {d: [r.devices[d].batch_size for r in records if d in r.devices] for d in names}
-
-
-def _time_to(records: list[RoundRecord], target: float) -> float | None:
-    return next((r.run_wall_s for r in records if r.test_accuracy >= target), None)
 
 
 # -- the scenario ---------------------------------------------------------------------------
@@ -475,14 +545,16 @@ def run(quick: bool = False, progress: Callable[[str], None] = print) -> Result:
     """Every variant, the compared ones :data:`REPETITIONS` times alternated; the table and
     the JSON entries (one per run, ``repetition`` numbering the compared ones).
 
-    Each repetition starts a SuperLink and its SuperNodes for the plain apps and
-    fedstream-idle, then the live run (the demo's own processes); the controller pair gets
-    another (its SuperNodes slowed down). ``quick``: 2 devices and 2 rounds everywhere, one
-    repetition (the controller pair: slowdowns 1 and 4), without the plain app's untuned
-    form and the old commit interval.
+    Each repetition starts a SuperLink and its SuperNodes for Flower's do-nothing app, the
+    plain apps and fedstream-idle, another whose SuperNodes name a device agent each for
+    fedstream-idle-agent, then the live runs (the demo's own processes), without and with
+    agents; the controller pair gets another (its SuperNodes slowed down, agents on); last,
+    an agent's soak. ``quick``: 2 devices and 2 rounds everywhere, one repetition (the
+    controller pair: slowdowns 1 and 4), a soak of 50 messages.
     """
     devices, rounds = (2, 2) if quick else (4, 6)
     controller_rounds = 2 if quick else 8
+    controller_steps = 50 if quick else CONTROLLER_STEPS
     slowdowns = (1.0, 4.0) if quick else SLOWDOWNS
     repetitions = 1 if quick else REPETITIONS
     runs: list[_Run] = []
@@ -497,27 +569,26 @@ def run(quick: bool = False, progress: Callable[[str], None] = print) -> Result:
     with tempfile.TemporaryDirectory(prefix="fedstream-bench-deploy-") as name:
         tmp = Path(name)
         idle = [_settings(devices, rounds, tmp / f"idle-{k}") for k in range(repetitions)]
-        buffers = _fill_buffers(tmp / "buffers", devices, _samples_for(*idle))
+        agent = [_settings(devices, rounds, tmp / f"agent-{k}") for k in range(repetitions)]
+        buffers = _fill_buffers(tmp / "buffers", devices, _samples_for(*idle, *agent))
         for k in range(repetitions):
             progress(f" repetition {k + 1} of {repetitions}")
             with _deployment(tmp / f"flwr-{k}", buffers) as flower:
-                if not quick:  # the untuned form: what the optimizer's import costs
-                    untuned = functools.partial(_plain, flower, tmp, rounds, "torch")
-                    timed("plain (torch)", untuned, k)
+                timed("Flower's do-nothing app", functools.partial(_noop, flower, tmp, rounds), k)
                 for pull in (0.0, PULL_INTERVAL_S):
                     plain = functools.partial(_plain, flower, tmp, rounds, "functional", pull)
                     timed(f"plain (functional, pulls {pull or 3:g} s)", plain, k)
                 run_idle = functools.partial(_idle, flower, "fedstream-idle", idle[k])
                 timed("fedstream-idle", run_idle, k)
-            timed("fedstream-live", functools.partial(_live, tmp, devices, rounds, rep=k), k)
-            if not quick:  # the ingest daemon's commits as they were before: every 10 ms
-                old = functools.partial(_live, tmp, devices, rounds, 0.01, rep=k)
-                timed("fedstream-live (10 ms commits)", old, k)
-        # The dynamic controller probes each device's speed before round 1 (by default: one
-        # more Flower exchange); without the probe, round 1 splits B equally, as fixed does.
-        controllers = {"fixed": ("fixed", 3), "dynamic": ("dynamic", 3)}
-        if not quick:
-            controllers["dynamic-no-probe"] = ("dynamic", 0)
+            with _deployment(tmp / f"flwr-agent-{k}", buffers, agents=True) as flower:
+                run_agent = functools.partial(_idle, flower, "fedstream-idle-agent", agent[k])
+                timed("fedstream-idle-agent", run_agent, k)
+            for with_agent in (False, True):
+                live = functools.partial(_live, tmp, devices, rounds, rep=k, agent=with_agent)
+                timed("fedstream-live" + ("-agent" if with_agent else ""), live, k)
+        # The controllers in wall time, with agents: the dynamic one probes each device's
+        # speed before round 1 (one more Flower exchange, charged to its time); without the
+        # probe, round 1 splits B equally, as fixed does.
         plans = [
             (
                 f"controller-{name}",
@@ -526,44 +597,57 @@ def run(quick: bool = False, progress: Callable[[str], None] = print) -> Result:
                     devices,
                     controller_rounds,
                     tmp / f"controller-{name}-{seed}",
-                    controller=controller,
-                    controller_probe=probe,
-                    local_steps=CONTROLLER_STEPS,
+                    controller=name.split("-")[0],
+                    controller_probe=3 if name == "dynamic" else 0,
+                    local_steps=controller_steps,
                     model_width=CONTROLLER_WIDTH,
                     seed=seed,
                 ),
             )
             for seed in ((0,) if quick else CONTROLLER_SEEDS)
-            for name, (controller, probe) in controllers.items()
+            for name in ("fixed", "dynamic", *(() if quick else ("dynamic-no-probe",)))
         ]
         needed = _samples_for(*(settings for _, _, settings in plans))
         buffers = _fill_buffers(tmp / "controller-buffers", devices, needed)
-        with _deployment(tmp / "flwr-controller", buffers, slowdowns) as flower:
+        with _deployment(tmp / "flwr-controller", buffers, slowdowns, agents=True) as flower:
             for label, seed, settings in plans:  # seeds alternate the controllers
                 run_it = functools.partial(_idle, flower, label, settings)
                 timed(f"{label} (seed {seed})", run_it)
                 runs[-1].extra["seed"] = seed
+        soak = _soak(tmp, 50 if quick else SOAK_MESSAGES, progress)
     compared = [r for r in runs if r.name.startswith("controller-")]
     # The accuracy every one of them reaches, besides the fixed targets.
     common = round(min(max(r.test_accuracy for r in x.records) for x in compared), 4)
     for r in compared:
         r.extra["time_to_s"] = {
-            str(t): _time_to(r.records, t) for t in (*CONTROLLER_TARGETS, common)
+            str(t): time_to(r.records, t) for t in (*CONTROLLER_TARGETS, common)
         }
         r.extra["common_target"] = common
         r.extra["curve"] = [[x.run_wall_s, round(x.test_accuracy, 4)] for x in r.records]
         r.extra["slowdowns"] = list(slowdowns)
-        r.extra["compute_s_per_device"] = _compute_per_device(r.records)
-        r.extra["batch_per_device"] = _batch_per_device(r.records)
+        r.extra["compute_s_per_device"] = compute_per_device(r.records)
+        r.extra["batch_per_device"] = batch_per_device(r.records)
+        r.extra["slowest_training_share"] = slowest_share(r.records, len(slowdowns))
     entries = [r.entry() for r in runs]
     _add_ratios(entries)
     meta = {
         **_meta(quick, devices, rounds),
         "repetitions": repetitions,
         "ratios": _ratio_summary(entries),
+        "agent": agent_summary(entries),
+        "soak": soak,
         "controllers": _controller_summary(entries),
     }
     return Result("deployment", entries, _table(entries, meta["ratios"]), meta)
+
+
+def _soak(tmp: Path, messages: int, progress: Callable[[str], None]) -> dict[str, Any]:
+    """The agent's soak (:func:`~deploy.bench.agent.run_soak`): ``messages`` rounds of 2
+    steps of :data:`BATCH` samples, on a buffer filled for them."""
+    steps = 2
+    settings = _settings(1, messages, tmp / "soak-out", local_steps=steps)
+    buffer = _fill_buffers(tmp / "soak", 1, messages * BATCH * steps + 100)["dev-0"]
+    return run_soak(buffer, settings, BATCH, tmp / "soak-logs", progress)
 
 
 def _add_ratios(entries: list[dict[str, Any]]) -> None:

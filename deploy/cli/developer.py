@@ -111,6 +111,13 @@ def demo(
     policy: Annotated[Policy, typer.Option(help="Buffer policy.")] = POLICY_DEFAULT,
     out: Annotated[Path, typer.Option(help="Where runs/<id>/ goes.")] = Path("runs"),
     live: Annotated[bool, typer.Option(help="Live table (off: one table per round).")] = True,
+    agent: Annotated[
+        bool,
+        typer.Option(
+            help="One fedstream agent per device (torch loaded once; each Flower message's "
+            "ClientApp hands over to it). Off: every message's ClientApp loads torch itself."
+        ),
+    ] = True,
     stream_only: Annotated[
         bool, typer.Option("--stream-only", help="Only the streaming half (no training).")
     ] = False,
@@ -294,6 +301,7 @@ def demo(
             labels=labels,
             dirichlet=dirichlet,
             secure=secure,
+            agent=agent,
             kill_aggregator=kill_aggregator,
             kill_broker=kill_broker,
             source=source,

@@ -40,6 +40,7 @@ from deploy.cli.options import (
 from deploy.local import STOP_SIGNALS
 from edge_client.emulation.constants import PUBLISH_CONNECT_TIMEOUT_S, PUBLISH_PROGRESS_S
 from edge_client.runtime.constants import (
+    AGENT_THREADS,
     COMMIT_INTERVAL_S,
     DEFAULT_CAPACITY,
     DEFAULT_LABEL_WAIT_S,
@@ -54,6 +55,7 @@ from edge_client.wire.constants import DEFAULT_MAX_PAYLOAD_BYTES
 
 if TYPE_CHECKING:
     from edge_client.emulation import PublisherConfig, SampleSource, SeriesReadings
+    from edge_client.runtime.agent import DeviceAgent
     from edge_client.runtime.windowing import WindowSpec
 
 __all__ = ["infer", "ingest", "publish", "status"]
@@ -526,6 +528,14 @@ def infer(
     credentials: Credentials = NO_CREDENTIALS,
     readings: Readings = NO_READINGS,
     max_payload: MaxPayloadOption = DEFAULT_MAX_PAYLOAD_BYTES,
+    agent_socket: Annotated[
+        Path | None,
+        typer.Option(
+            "--agent-socket",
+            help="Also serve as this device's agent on this Unix socket (the ClientApp's "
+            "node config names it as agent): training and inference share one torch process.",
+        ),
+    ] = None,
     verbose: VerboseOption = False,
 ) -> None:
     """Run the newest model on every sample of the device's stream; publish predictions to
@@ -551,4 +561,50 @@ def infer(
         )
     except (ValueError, OSError) as err:
         raise fail(str(err)) from err
-    run_daemon(daemon)
+    if agent_socket is None:
+        run_daemon(daemon)
+        return
+    agent = _start_agent(agent_socket, device_id)
+    try:
+        run_daemon(daemon)
+    finally:
+        agent.stop()
+
+
+def agent(
+    socket_path: Annotated[
+        Path,
+        typer.Option(
+            "--socket",
+            help="The Unix socket to serve on; name it as agent in the SuperNode's node config "
+            "(its directory is made private to this user).",
+        ),
+    ],
+    device_id: Annotated[
+        str | None,
+        typer.Option("--device-id", help="Serve only this device (others are refused)."),
+    ] = None,
+    threads: Annotated[int, typer.Option(help="torch intra-op threads.", min=1)] = AGENT_THREADS,
+    verbose: VerboseOption = False,
+) -> None:
+    """Serve this device's training: torch, the task and the model loaded once; the
+    ClientApp (node config agent=<socket>) hands each Flower message over."""
+    from edge_client.runtime.agent import DeviceAgent
+
+    setup_logging(verbose)
+    try:
+        DeviceAgent(socket_path, threads=threads, device_id=device_id).run()
+    except (PermissionError, OSError) as err:
+        raise fail(str(err), code=1) from err
+
+
+def _start_agent(socket_path: Path, device_id: str) -> DeviceAgent:
+    """A device agent serving in this process's background (``infer --agent-socket``)."""
+    from edge_client.runtime.agent import DeviceAgent
+
+    agent = DeviceAgent(socket_path, device_id=device_id)
+    try:
+        agent.start()
+    except OSError as err:
+        raise fail(str(err), code=1) from err
+    return agent

@@ -237,8 +237,16 @@ class LazyBuffer:
             n -= use
         return gone
 
-    def take(self, n: int) -> SampleBatch:
-        """Remove and return up to ``n`` of the oldest samples (generated now)."""
+    def settle_taken(self) -> None:
+        """Nothing is held: a virtual device's round is not killed half-way."""
+
+    def restore_taken(self) -> int:
+        """Nothing is held (:meth:`settle_taken`)."""
+        return 0
+
+    def take(self, n: int, *, hold: bool = False) -> SampleBatch:
+        """Remove and return up to ``n`` of the oldest samples (generated now; ``hold`` is
+        for a real buffer's trainer, which may die)."""
         if n < 0:
             raise ValueError(f"cannot take {n} samples")
         ranges = self._drop_oldest(n)

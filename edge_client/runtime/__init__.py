@@ -9,8 +9,13 @@
 - :mod:`~edge_client.runtime.dedup`, :mod:`~edge_client.runtime.rate`: exact
   de-duplication, the stream-rate EWMA;
 - :mod:`~edge_client.runtime.client_app`: the ClientApp (``app``, or
-  :func:`make_client_app` around a user's task), which evaluates and trains with
-  :mod:`~edge_client.runtime.trainer`, as its :mod:`~edge_client.runtime.node_config` says;
+  :func:`make_client_app` around a user's task), which runs a round
+  (:mod:`~edge_client.runtime.rounds`: evaluation and training with
+  :mod:`~edge_client.runtime.trainer`) in its own process, or hands it to the device's
+  agent, as its :mod:`~edge_client.runtime.node_config` says;
+- :mod:`~edge_client.runtime.agent`: ``fedstream agent``, the device's long-lived trainer
+  (torch and the task loaded once), and :mod:`~edge_client.runtime.agent_channel`, the
+  Unix-socket channel the ClientApp reaches it by;
 - :mod:`~edge_client.runtime.virtual_nodes`: the hook through which the simulation engine's
   virtual devices reach the ClientApp (the stream emulation provides it; the runtime never
   imports the emulation);
@@ -34,6 +39,7 @@ from typing import TYPE_CHECKING
 from edge_client.lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from edge_client.runtime.agent import DeviceAgent
     from edge_client.runtime.buffer import AppendResult, BufferStore, BufferStoreError
     from edge_client.runtime.client_app import make_client_app
     from edge_client.runtime.dedup import SeqWindow
@@ -89,6 +95,7 @@ _EXPORTS = {
     "store_model": "model_store",
     "share": "injection",
     "train_local": "trainer",
+    "DeviceAgent": "agent",
 }
 __all__ = [
     "AppendResult",
@@ -96,6 +103,7 @@ __all__ = [
     "BrokerURL",
     "BufferStore",
     "BufferStoreError",
+    "DeviceAgent",
     "DeviceStateStore",
     "DriftStatus",
     "DriftWatch",

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
 import sqlite3
 import time
@@ -69,6 +70,7 @@ __all__ = [
     "sample_bytes",
 ]
 
+log = logging.getLogger(__name__)
 
 COUNTERS = (
     "messages",
@@ -102,8 +104,17 @@ class SampleBuffer(Protocol):
         buffer, frozen at its round's virtual time, cannot: training takes what it holds)."""
         ...
 
-    def take(self, n: int) -> SampleBatch:
-        """Remove and return up to ``n`` of the oldest samples."""
+    def take(self, n: int, *, hold: bool = False) -> SampleBatch:
+        """Remove and return up to ``n`` of the oldest samples (with ``hold``: kept aside
+        until :meth:`settle_taken`, put back by :meth:`restore_taken`)."""
+        ...
+
+    def settle_taken(self) -> None:
+        """The held samples are spent (their round's reply is ready): forget them."""
+        ...
+
+    def restore_taken(self) -> int:
+        """Put held samples back, oldest first (their round died); return how many."""
         ...
 
     def stats(self) -> dict[str, Any]:
@@ -391,13 +402,56 @@ class BufferStore(SqliteStore):
 
     # -- training side --------------------------------------------------------------------
 
-    def take(self, n: int) -> SampleBatch:
+    def settle_taken(self) -> None:
+        """Forget the samples held by :meth:`take` (``hold=True``): their round is done."""
+        with self._write() as db:
+            db.execute("DELETE FROM taken")
+
+    def restore_taken(self) -> int:
+        """Put the samples a round took and never settled back into the buffer, ahead of
+        everything else (they are the oldest), and uncount their consumption; past the
+        capacity of a truncation buffer the oldest go, counted as dropped.
+
+        Returns
+        -------
+        int
+            Samples put back (0 when the last round settled, the usual case).
+        """
+        with self._write() as db:
+            rows = db.execute("SELECT n, ts, y, x FROM taken ORDER BY id").fetchall()
+            if not rows:
+                return 0
+            first = db.execute("SELECT min(id) FROM chunks").fetchone()[0]
+            low = min(int(first if first is not None else 1), 1) - len(rows)
+            db.executemany(
+                "INSERT INTO chunks (id, n, ts, y, x) VALUES (?, ?, ?, ?, ?)",
+                [(low + i, *row) for i, row in enumerate(rows)],
+            )
+            db.execute("DELETE FROM taken")
+            back = sum(int(r[0]) for r in rows)
+            fill = self._counter(db, "fill") + back
+            evicted = 0
+            if self.policy == POLICY_TRUNCATION and fill > self.capacity:
+                evicted = self._evict_oldest(db, fill - self.capacity)
+            self._add(db, {"consumed": -back, "fill": back - evicted, "dropped": evicted})
+        log.warning(
+            "%s: put back %d samples a round took and never finished (its trainer stopped)",
+            self.path,
+            back,
+        )
+        return back
+
+    def take(self, n: int, *, hold: bool = False) -> SampleBatch:
         """Atomically remove and return up to ``n`` of the oldest samples.
 
         Parameters
         ----------
         n : int
             Samples wanted; fewer are returned when fewer are buffered.
+        hold : bool
+            Keep them aside in the same transaction until :meth:`settle_taken` (the round
+            that trains on them has its reply), so that a trainer killed mid-round loses
+            none: :meth:`restore_taken` puts them back.
 
         Returns
         -------
@@ -436,6 +490,11 @@ class BufferStore(SqliteStore):
                 db.execute("UPDATE chunks SET start = ? WHERE id = ?", partial)
             if got:
                 self._add(db, {"consumed": got, "fill": -got})
+                if hold:
+                    db.execute(
+                        "INSERT INTO taken (n, ts, y, x) VALUES (?, ?, ?, ?)",
+                        (got, *(b"".join(a.tobytes() for a in arr) for arr in (tss, ys, xs))),
+                    )
         if not got:
             return SampleBatch(
                 x=np.empty((0, *self.shape), np.float32),

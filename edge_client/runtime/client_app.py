@@ -1,15 +1,17 @@
 """The fedstream ClientApp: one Flower message = one round of training from the buffer (or,
 once before the first round, a timing probe: a ``query`` message).
 
-Flower 1.42 starts a fresh process per message, so everything that must outlive a round
-lives in the device's buffer file (samples fed by ``fedstream ingest``, the device state,
-the outbox) or comes in the message. The node says which device it is
-(:class:`~edge_client.runtime.node_config.NodeConfig`); the run config says which task and
-sample shape (:class:`~edge_client.wire.run_config.RunSettings`), unless the app was built
-around a task (:func:`make_client_app`); the message brings the global model and the
-device's :class:`~edge_client.wire.records.RoundPlan`. The reply is a
-:class:`~edge_client.wire.records.DeviceReply`, with the prequential evaluation of the
-received model on the samples trained on.
+Flower 1.42 starts a fresh process per message. A device whose node config names an
+``agent`` (a Unix socket: ``fedstream agent``) trains there: this process imports no torch,
+hands the message to the agent, which keeps torch, the task and the model loaded between
+messages, and returns its reply (:mod:`~edge_client.runtime.agent_channel`). Without one,
+the round runs in this process (:mod:`~edge_client.runtime.rounds`): the simulation engine,
+tests, the simplest setup. Same wire format, same replies.
+
+The node says which device it is (:class:`~edge_client.runtime.node_config.NodeConfig`); the
+run config says which task and sample shape (:class:`~edge_client.wire.run_config.RunSettings`),
+unless the app was built around a task (:func:`make_client_app`); the message brings the
+global model and the device's :class:`~edge_client.wire.records.RoundPlan`.
 
 In Flower's simulation engine a node has only ``partition-id``: it becomes a virtual device
 fed by a replayed stream, through the hook of :mod:`edge_client.runtime.virtual_nodes` (the
@@ -19,50 +21,33 @@ the runtime never imports the emulation, and a real device never loads it).
 
 from __future__ import annotations
 
-import contextlib
+import importlib.util
 import logging
-import math
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
-from typing import Any
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-import numpy as np
-import torch
 from flwr.app import Context, Error, Message
 from flwr.clientapp import ClientApp
-from flwr.common.constant import PARTITION_ID_KEY, ErrorCode
+from flwr.common.constant import ErrorCode
 
-from edge_client.runtime.buffer import BufferStore, SampleBuffer
-from edge_client.runtime.device_state import DeviceState, DeviceStateStore
-from edge_client.runtime.drift_watch import errors_of
-from edge_client.runtime.injection import round_pool, share_when_picked
-from edge_client.runtime.model_store import store_model
+from edge_client.runtime.agent_channel import AgentError, AgentRequest, send_request
+from edge_client.runtime.constants import AGENT_REPLY_TIMEOUT_S
 from edge_client.runtime.node_config import NodeConfig
-from edge_client.runtime.seeding import device_rng
-from edge_client.runtime.trainer import (
-    TrainResult,
-    diverged,
-    pick_device,
-    probe_step_times,
-    train_local,
+from edge_client.runtime.usage import cpu_s, peak_rss_bytes, process_age_s
+from edge_client.runtime.virtual_nodes import (
+    VirtualNodes,
+    is_virtual,
+    provide_virtual_nodes,
+    virtual_nodes,
 )
-from edge_client.runtime.usage import cpu_s, disk_write_bytes, peak_rss_bytes, process_age_s
-from edge_client.runtime.virtual_nodes import VirtualNodes, provide_virtual_nodes, virtual_nodes
-from edge_client.task.interface import Scores, Task
-from edge_client.task.loading import load_task
-from edge_client.task.preprocess import Preprocessor
-from edge_client.wire.codec import compress, encode
-from edge_client.wire.records import (
-    ARRAYS,
-    CONFIG,
-    DeviceReply,
-    ProbePlan,
-    ProbeReply,
-    ReplyMetrics,
-    RoundPlan,
-)
+from edge_client.task.constants import IMPORT_PATH
+from edge_client.wire.records import CONFIG, ReplyMetrics
 from edge_client.wire.run_config import RunSettings
+
+if TYPE_CHECKING:
+    from edge_client.task.interface import Task
 
 __all__ = [
     "absent_reply",
@@ -70,21 +55,23 @@ __all__ = [
     "compose_client_app",
     "expired_reply",
     "make_client_app",
-    "probe_steps",
-    "train_round",
 ]
 
 log = logging.getLogger(__name__)
 
 
-def make_client_app(task: Task | None = None) -> ClientApp:
+def make_client_app(task: Task | str | None = None) -> ClientApp:
     """fedstream's ClientApp around a task: streams, batch plans, codec and faults as
     fedstream's own app has them, learning ``task``.
 
     Parameters
     ----------
-    task : Task, optional
-        What is learned. None: the task the run config names (``task``, ``model``, ...).
+    task : Task or str, optional
+        What is learned: a task object, or its import path (``"my_app.task:HarTask"``: a
+        Task class, instance, or function returning one). None: the task the run config
+        names (``task``, ``model``, ...). Give the import path (or name it in the run
+        config) for devices with an agent: this process then imports neither torch nor
+        the task, and the agent loads it from the app Flower installed for the run.
 
     Returns
     -------
@@ -97,9 +84,8 @@ def make_client_app(task: Task | None = None) -> ClientApp:
     In a Flower app's ``client_app.py``::
 
         from edge_client.runtime.client_app import make_client_app
-        from my_app.task import HarTask
 
-        app = make_client_app(HarTask())
+        app = make_client_app("my_app.task:HarTask")
 
     On real devices only: :func:`edge_client.flower_app.make_client_app` (the same
     signature) adds the simulation engine's virtual devices.
@@ -108,7 +94,7 @@ def make_client_app(task: Task | None = None) -> ClientApp:
 
 
 def compose_client_app(
-    task: Task | None = None, virtual: Callable[[], VirtualNodes] | None = None
+    task: Task | str | None = None, virtual: Callable[[], VirtualNodes] | None = None
 ) -> ClientApp:
     """:func:`make_client_app`, with the simulation engine's virtual devices made by
     ``virtual`` (:mod:`edge_client.runtime.virtual_nodes`).
@@ -117,6 +103,8 @@ def compose_client_app(
     the simulation engine loads the app once and sends it, pickled, to its workers (which
     import only what the app refers to).
     """
+    if isinstance(task, str) and not IMPORT_PATH.match(task):
+        raise ValueError(f"task {task!r}: expected an import path 'package.module:Name'")
     client_app = ClientApp()
 
     @client_app.train()
@@ -124,16 +112,96 @@ def compose_client_app(
         """Train this round's plan on the device's buffer; reply with the model delta."""
         if virtual is not None:
             provide_virtual_nodes(virtual)
-        return expired_reply(msg) or absent_reply(msg, context) or train_round(msg, context, task)
+        return expired_reply(msg) or absent_reply(msg, context) or _handle(msg, context, task)
 
     @client_app.query()
     def probe(msg: Message, context: Context) -> Message:
         """Time SGD steps at the probe's batch sizes (the controller's first timings)."""
         if virtual is not None:
             provide_virtual_nodes(virtual)
-        return expired_reply(msg) or absent_reply(msg, context) or probe_steps(msg, context, task)
+        return expired_reply(msg) or absent_reply(msg, context) or _handle(msg, context, task)
 
     return client_app
+
+
+def _handle(msg: Message, context: Context, task: Task | str | None) -> Message:
+    """The message's reply: from the device's agent when its node config names one (and
+    the task can travel to it), else from this process."""
+    agent = _agent(context)
+    if agent and (task is None or isinstance(task, str)):
+        return _via_agent(agent, msg, context, task)
+    if agent:
+        log.warning(
+            "node config names agent %s, but this app holds its task as an object: training "
+            "in this process (give make_client_app the task's import path to use the agent)",
+            agent,
+        )
+    from edge_client.runtime import rounds  # torch: only where this process trains
+    from edge_client.task.loading import task_at
+
+    resolved = task_at(task) if isinstance(task, str) else task
+    if msg.metadata.message_type.startswith("query"):
+        return rounds.probe_steps(msg, context, resolved)
+    return rounds.train_round(msg, context, resolved)
+
+
+def _agent(context: Context) -> str:
+    """The agent's socket the node config names ("" for none, and for virtual nodes)."""
+    if is_virtual(context) or not NodeConfig.given_in(context.node_config):
+        return ""
+    return NodeConfig.from_node_config(context.node_config).agent
+
+
+def _via_agent(agent: str, msg: Message, context: Context, task: str | None) -> Message:
+    """Hand ``msg`` to the agent at ``agent`` and return its reply as this app's: an error
+    reply naming the agent when it cannot be reached, dies mid-message or refuses."""
+    start_s = process_age_s()
+    meta = msg.metadata
+    left = meta.created_at + meta.ttl - time.time() if meta.ttl > 0 else AGENT_REPLY_TIMEOUT_S
+    kind = "query" if meta.message_type.startswith("query") else "train"
+    path = task or str(context.run_config.get("task", ""))
+    request = AgentRequest(
+        kind=kind,
+        message=msg,
+        run_id=context.run_id,
+        node_config=context.node_config,
+        run_config=context.run_config,
+        task=task,
+        app_dir=_app_dir(path) if IMPORT_PATH.match(path) else None,
+    )
+    try:
+        reply = send_request(agent, request, timeout=left)
+    except AgentError as err:
+        log.error("round not trained: %s", err)
+        return Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, f"agent: {err}"), reply_to=msg)
+    if reply.error is not None or reply.message is None:
+        why = f"agent at {agent}: {reply.error}"
+        log.error("round not trained: %s", why)
+        return Message(Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, why), reply_to=msg)
+    if reply.message.has_error():
+        return Message(reply.message.error, reply_to=msg)
+    content = reply.message.content
+    # This process's own costs, as a ClientApp without an agent reports them.
+    ReplyMetrics.amend(
+        content, start_s=start_s, cpu_s=cpu_s(reaped=False), peak_rss=peak_rss_bytes()
+    )
+    return Message(content, reply_to=msg)
+
+
+def _app_dir(path: str) -> str | None:
+    """The directory holding the top-level package of import path ``path`` (the app
+    Flower installed for the run), found without importing it; None when it is not
+    importable here."""
+    top = path.split(":")[0].split(".")[0]
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    if spec.submodule_search_locations:
+        return str(Path(next(iter(spec.submodule_search_locations))).parent)
+    return str(Path(spec.origin).parent) if spec.origin else None
 
 
 def expired_reply(msg: Message) -> Message | None:
@@ -161,7 +229,7 @@ def expired_reply(msg: Message) -> Message | None:
 def absent_reply(msg: Message, context: Context) -> Message | None:
     """A simulation engine's virtual device that its population has away now answers
     ``NODE_UNAVAILABLE`` at once (None: it is there, or this is a real device)."""
-    if not _virtual(context):
+    if not is_virtual(context):
         return None
     settings = RunSettings.from_run_config(context.run_config)
     why = virtual_nodes().absence(context.node_config, settings, context.state, _round(msg))
@@ -175,312 +243,5 @@ def _round(msg: Message) -> int:
     return int(value) if isinstance(value, int | float) else 0
 
 
-def train_round(msg: Message, context: Context, task: Task | None = None) -> Message:
-    """One round: prequential evaluation and training on the device's buffer, the reply.
-
-    A buffer that holds samples of another shape than the run's ``sample-shape`` is not
-    touched: the reply carries the buffer's shape, no update, and the aggregator leaves
-    the device out.
-    """
-    entered, start_s = time.perf_counter(), process_age_s()
-    plan = RoundPlan.from_record(msg.content.config_records[CONFIG])
-    settings, task, node = _prepare(context, task, plan.server_round)
-    with _open_device(context, settings, node, plan.server_round) as (store, state):
-        if store.shape != settings.shape:
-            return _shape_mismatch(msg, node.device_id, store, settings.shape)
-        model = task.build_model(settings.shape, settings.num_classes)
-        received = msg.content.array_records[ARRAYS].to_torch_state_dict()
-        model.load_state_dict({k: v.float() for k, v in received.items()})  # fp16 broadcast too
-        start = _numpy_state(model)
-        rng = device_rng(settings.seed, node.device_id, plan.server_round)  # a seeded run repeats
-        preprocessor = task.preprocessor()
-        if preprocessor is not None:
-            state.load_preprocessor(preprocessor)
-        with round_pool(node, plan) as pool:
-            setup_s = time.perf_counter() - entered
-            result = train_local(
-                model,
-                store,
-                plan,
-                task=task,
-                preprocessor=preprocessor,
-                slowdown=node.slowdown,
-                device=pick_device(),
-                pool=pool,
-                rng=rng,
-            )
-        trained = time.perf_counter()
-        if _virtual(context):  # its steps' cost on the virtual clock, not Ray's wall time
-            result = _charged(result, virtual_nodes(), node)
-        delta = {k: v - start[k] for k, v in _numpy_state(model).items()}
-        if node.model_dir:  # the received model, for inference (fedstream infer)
-            store_model(
-                node.model_dir,
-                task,
-                settings,
-                start,
-                plan.server_round - 1,
-                node.device_id,
-                result.evaluated,
-            )
-        broke = _diverged(state, context.run_id, result, delta, node.device_id)
-        frame, gap = (
-            (b"", None)  # no update: the aggregator refuses the reply, counted as diverged
-            if broke
-            else _encode(state, context.run_id, delta, plan, result.num_examples > 0)
-        )
-        _keep_round_state(state, node, task, result, preprocessor)
-        shared = share_when_picked(node, plan, result.taken, rng)
-        buffer = store.stats()
-    done = time.perf_counter()
-    timing = _Timing(start_s, setup_s, done - trained, done - entered)
-    metrics = _reply_metrics(result, buffer, settings, node, frame, gap, shared, timing, broke)
-    return Message(DeviceReply(node.device_id, metrics, frame).to_content(), reply_to=msg)
-
-
-def _charged(result: TrainResult, virtual: VirtualNodes, node: NodeConfig) -> TrainResult:
-    """A virtual device's round with its compute as the virtual clock charges it."""
-    if result.batch_size <= 0:
-        return result
-    step_s = virtual.step_s(node, result.batch_size)
-    return replace(result, step_s=step_s, compute_s=step_s * result.local_steps)
-
-
-@dataclass(frozen=True)
-class _Timing:
-    """Where a round's handler spent its time, beyond training (seconds)."""
-
-    start_s: float  # the process's age when the handler began
-    setup_s: float  # from the handler's start to training's
-    encode_s: float  # from the end of training to the reply
-    handler_s: float  # the handler in all
-
-
-def _keep_round_state(
-    state: DeviceState,
-    node: NodeConfig,
-    task: Task,
-    result: TrainResult,
-    preprocessor: Preprocessor | None,
-) -> None:
-    """Keep what the next round starts from: the preprocessor's statistics (when samples
-    were trained on) and the drift watcher (``drift = "adwin"``)."""
-    if preprocessor is not None and result.num_examples > 0:
-        state.save_preprocessor(preprocessor)
-    if node.drift == "adwin" and result.evaluated is not None:
-        _watch_drift(state, node.drift_delta, task, result.evaluated)
-
-
-def _reply_metrics(
-    result: TrainResult,
-    buffer: dict[str, Any],
-    settings: RunSettings,
-    node: NodeConfig,
-    frame: bytes,
-    gap: float | None,
-    shared: tuple[int, int],
-    timing: _Timing,
-    broke: bool,
-) -> ReplyMetrics:
-    """The reply's metrics: what training did, the buffer, the update's size, injection,
-    the prequential scores, the handler's timing and the process's costs."""
-    scores = result.evaluated
-    return ReplyMetrics(
-        num_examples=result.num_examples,
-        batch_size=result.batch_size,
-        local_steps=result.local_steps,
-        compute_s=result.compute_s,
-        step_s=result.step_s,
-        wait_s=result.wait_s,
-        train_loss=result.train_loss,
-        lr=result.lr,
-        **_buffer_metrics(buffer),
-        bytes_up=len(frame),
-        compress_gap=gap,
-        inject_used=result.inject_used,
-        inject_opt_in=int(node.inject),
-        inject_bytes=shared[0],
-        inject_samples=shared[1],
-        eval_metric=scores.metric if scores else math.nan,
-        eval_loss=scores.loss if scores else math.nan,
-        eval_count=scores.count if scores else 0,
-        eval_s=result.eval_s,
-        sample_shape=list(settings.shape),
-        start_s=timing.start_s,
-        setup_s=timing.setup_s,
-        take_s=result.take_s,
-        train_s=result.train_s,
-        encode_s=timing.encode_s,
-        handler_s=timing.handler_s,
-        cpu_s=cpu_s(reaped=False),
-        peak_rss=peak_rss_bytes(),
-        write_bytes=disk_write_bytes(),
-        drift_changes=int((buffer.get("drift") or {}).get("changes", 0)),
-        train_diverged=int(broke),
-    )
-
-
-def probe_steps(msg: Message, context: Context, task: Task | None = None) -> Message:
-    """Time SGD steps of the run's model at the probe's batch sizes, on random inputs of
-    the run's ``sample-shape``; reply with :class:`~edge_client.wire.records.ProbeReply`."""
-    settings, task, node = _prepare(context, task)
-    probe_plan = ProbePlan.from_record(msg.content.config_records[CONFIG])
-    if _virtual(context):  # on the virtual clock: nothing to time
-        step_s = [virtual_nodes().step_s(node, b) for b in probe_plan.batches]
-    else:
-        step_s = probe_step_times(
-            task.build_model(settings.shape, settings.num_classes),
-            settings.shape,
-            settings.num_classes,
-            probe_plan.batches,
-            probe_plan.steps,
-            task=task,
-            slowdown=node.slowdown,
-            device=pick_device(),
-        )
-    reply = ProbeReply(node.device_id, probe_plan.batches, step_s)
-    return Message(reply.to_content(), reply_to=msg)
-
-
+#: fedstream's own ClientApp: the task the run config names.
 app = make_client_app()
-
-
-def _shape_mismatch(
-    msg: Message, device_id: str, store: SampleBuffer, expected: tuple[int, ...]
-) -> Message:
-    """The reply of a device whose buffer holds samples of another shape: no update, its
-    buffer's shape, its samples left where they are."""
-    log.warning(
-        "device %s: the buffer holds samples of shape %s, the run expects %s: not training "
-        "(set sample-shape, or ingest with --shape)",
-        device_id,
-        store.shape,
-        expected,
-    )
-    buffer = store.stats()
-    metrics = ReplyMetrics(
-        num_examples=0,
-        batch_size=0,
-        step_s=0.0,
-        train_loss=math.nan,
-        **_buffer_metrics(buffer),
-        sample_shape=list(store.shape),
-    )
-    return Message(DeviceReply(device_id, metrics, b"").to_content(), reply_to=msg)
-
-
-def _prepare(
-    context: Context, task: Task | None, server_round: int = 0
-) -> tuple[RunSettings, Task, NodeConfig]:
-    """A handler's run settings, task (the app's, or the one the run config names) and
-    device (a virtual one as of ``server_round``), with torch's threads set as the node
-    says."""
-    settings = RunSettings.from_run_config(context.run_config)
-    task = task or load_task(settings)
-    node = _node(context, settings, server_round)
-    if node.threads > 0:
-        torch.set_num_threads(node.threads)
-    return settings, task, node
-
-
-def _buffer_metrics(buffer: dict[str, Any]) -> dict[str, Any]:
-    """The reply's figures of the device's buffer, from its ``stats()``."""
-    return {
-        "stream_rate": float(buffer["rate"]),
-        "buffer_fill": int(buffer["fill"]),
-        "buffer_dropped": int(buffer["dropped"]),
-    }
-
-
-def _virtual(context: Context) -> bool:
-    """Whether this node is a simulation engine's (only Flower's ``partition-id``)."""
-    node = context.node_config
-    return not NodeConfig.given_in(node) and PARTITION_ID_KEY in node
-
-
-def _node(context: Context, settings: RunSettings, server_round: int) -> NodeConfig:
-    """This node's device: from its node config, or a virtual one in the simulation engine."""
-    if not _virtual(context):
-        return NodeConfig.from_node_config(context.node_config)
-    return virtual_nodes().node(context.node_config, context.run_id, settings, server_round)
-
-
-@contextlib.contextmanager
-def _open_device(
-    context: Context, settings: RunSettings, node: NodeConfig, server_round: int
-) -> Iterator[tuple[SampleBuffer, DeviceState]]:
-    """The device's buffer and state: its buffer file, or a virtual device's lazy buffer and
-    state in its ``context.state`` (``sim-buffers = "lazy"``), as of ``server_round``."""
-    if _virtual(context) and settings.sim_buffers == "lazy":
-        virtual = virtual_nodes()
-        with virtual.open_device(
-            context.node_config, settings, context.state, server_round
-        ) as device:
-            yield device
-    else:
-        with BufferStore(node.buffer) as store, DeviceStateStore(node.buffer) as state:
-            yield store, state
-
-
-def _watch_drift(state: DeviceState, delta: float, task: Task, scores: Scores) -> None:
-    """Feed the round's prequential errors, sample by sample, to the device's drift watcher
-    (River is imported here: about 1-3 s per round, so only with ``drift = "adwin"``)."""
-    if scores.values is None or not len(scores.values):
-        return
-    watch = state.drift_watch(delta)
-    if watch.update(errors_of(scores.values, task.higher_is_better)):
-        log.warning("drift: the prequential error rose (%d changes so far)", watch.status.changes)
-    state.save_drift_watch(watch)
-
-
-def _diverged(
-    state: DeviceState,
-    run_id: int,
-    result: TrainResult,
-    delta: dict[str, np.ndarray],
-    device_id: str,
-) -> bool:
-    """Whether this round's training diverged (:func:`~edge_client.runtime.trainer.diverged`,
-    or an update that is not finite), against the first loss the device measured in the run
-    (kept in its state: the first round it trains in sets it)."""
-    if result.num_examples <= 0:
-        return False
-    first = state.first_loss(run_id)
-    if first is None and math.isfinite(result.first_loss) and result.first_loss > 0:
-        first = result.first_loss
-        state.save_first_loss(run_id, first)
-    finite = all(np.isfinite(v).all() for v in delta.values())
-    if finite and not diverged(result.train_loss, first):
-        return False
-    log.warning(
-        "device %s: training diverged (loss %.4g, the first %s): no update sent; lower lr "
-        "or standardise the inputs",
-        device_id,
-        result.train_loss,
-        "unknown" if first is None else f"{first:.4g}",
-    )
-    return True
-
-
-def _numpy_state(model: torch.nn.Module) -> dict[str, np.ndarray]:
-    return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
-
-
-def _encode(
-    state: DeviceState,
-    run_id: int,
-    delta: dict[str, np.ndarray],
-    plan: RoundPlan,
-    trained: bool,
-) -> tuple[bytes, float | None]:
-    """Code the delta with the device's error-feedback state (kept in the buffer file).
-
-    A round that trained nothing sends a zero delta and leaves the state alone (the server
-    gives it no weight, so a residual spent on it would be lost).
-    """
-    feedback = state.feedback(run_id, delta)
-    if not trained:
-        return encode(delta, "none"), feedback.gap
-    packed = compress(delta, feedback, plan.compress, plan.compress_ratio)
-    state.save_feedback(run_id, packed.state)
-    return packed.frame, packed.state.gap

@@ -14,7 +14,7 @@ SQLITE_BUSY_TIMEOUT_S: Final = 30.0
 SQLITE_PAGE_SIZE: Final = 65_536
 CHUNK_MAX_SAMPLES: Final = 1024  # samples per stored row (several messages share a row)
 # The buffer file's layout (SQLite user_version); files of older layouts migrate on open.
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 # De-duplication remembers out-of-order sequence numbers this far behind the newest:
 # more than any publisher can have outstanding (MQTT message ids are 16 bit).
 DEDUP_WINDOW: Final = 65_536
@@ -107,3 +107,9 @@ INFER_STATUS_S: Final = 10.0  # seconds between the daemon's log lines of its co
 # What the ingest daemon logs once the broker acknowledged its subscriptions: from then on the
 # broker holds its session, so a launcher may start publishers (deploy.demo_streams waits for it).
 INGEST_SUBSCRIBED_LOG: Final = "subscribed to"
+
+# The device agent (edge_client.runtime.agent) and its channel to the ClientApp.
+AGENT_PROTOCOL: Final = 1  # bumped when a frame's layout changes
+AGENT_MAX_FRAME_BYTES: Final = 1 << 30  # a frame announcing more is refused
+AGENT_THREADS: Final = 1  # torch intra-op threads of an agent (several share small devices)
+AGENT_REPLY_TIMEOUT_S: Final = 600.0  # a message without a TTL waits this long for the agent

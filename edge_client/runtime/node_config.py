@@ -8,7 +8,9 @@ and ``model-dir`` (where the ClientApp keeps each global model it receives as a 
 export, for ``fedstream infer --model``; empty: not kept), ``drift`` (``adwin``: watch the
 prequential error of the samples each round trains on for changes,
 :mod:`edge_client.runtime.drift_watch`; ``none``: not here, e.g. because ``fedstream infer``
-watches every sample) and ``drift-delta`` (ADWIN's confidence).
+watches every sample), ``drift-delta`` (ADWIN's confidence) and ``agent`` (the Unix socket
+of the device's ``fedstream agent``: the ClientApp hands each message to it instead of
+loading torch itself; empty: it trains in its own process).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class NodeConfig:
     model_dir: str = ""
     drift: str = "none"
     drift_delta: float = DEFAULT_DELTA
+    agent: str = ""
 
     def __post_init__(self) -> None:
         validate_device_id(self.device_id)

@@ -83,8 +83,17 @@ def _to_v3(db: sqlite3.Connection) -> None:
             db.execute(f"ALTER TABLE publishers ADD COLUMN {column}")
 
 
+def _to_v4(db: sqlite3.Connection) -> None:
+    """3 -> 4: the samples a round has taken and not yet settled (its trainer may die)."""
+    db.execute(
+        "CREATE TABLE IF NOT EXISTS taken "
+        "(id INTEGER PRIMARY KEY, n INTEGER NOT NULL, ts BLOB NOT NULL, y BLOB NOT NULL, "
+        "x BLOB NOT NULL)"
+    )
+
+
 #: MIGRATIONS[v] takes a file from layout v to v + 1 (one per version: a test holds it).
-MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_to_v1, _to_v2, _to_v3)
+MIGRATIONS: tuple[Callable[[sqlite3.Connection], None], ...] = (_to_v1, _to_v2, _to_v3, _to_v4)
 
 
 Initialise = Callable[[sqlite3.Connection], object]

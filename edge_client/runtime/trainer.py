@@ -228,7 +228,7 @@ def _take(
     and apply the ``preprocessor`` on the own ones."""
     k_steps = plan.local_steps
     mixed = planned_mix(plan.inject_mix, batch, pool)
-    data = store.take((batch - mixed) * k_steps)
+    data = store.take((batch - mixed) * k_steps, hold=True)  # settled when the reply is ready
     own = len(data) // k_steps
     pooled = draw_pooled(pool, mixed, k_steps, rng)
     own_x, own_y = data.x[: own * k_steps], data.y[: own * k_steps]

@@ -78,6 +78,20 @@ def peak_rss_bytes(pid: int | None = None) -> int:
     return _kib_field(pid, "status", "VmHWM:")
 
 
+def rss_bytes(pid: int) -> int:
+    """The process's resident memory now, in bytes (``VmRSS``; 0 when unknown)."""
+    return _kib_field(pid, "status", "VmRSS:")
+
+
+def maps_torch(pid: int) -> bool:
+    """Whether the process has torch's library mapped (it imported torch; False when
+    unknown)."""
+    try:
+        return "libtorch" in (_PROC / str(pid) / "maps").read_text()
+    except OSError:
+        return False
+
+
 def pss_bytes(pid: int) -> int:
     """The process's proportional set size in bytes: its resident memory with each page
     shared with other processes (the interpreter, torch's libraries) divided among them, so

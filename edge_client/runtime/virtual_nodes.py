@@ -19,14 +19,20 @@ from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from flwr.app import RecordDict
+    from flwr.app import Context, RecordDict
 
     from edge_client.runtime.buffer import SampleBuffer
     from edge_client.runtime.device_state import DeviceState
     from edge_client.runtime.node_config import NodeConfig
     from edge_client.wire.run_config import RunSettings
 
-__all__ = ["VirtualNodes", "VirtualNodesError", "provide_virtual_nodes", "virtual_nodes"]
+__all__ = [
+    "VirtualNodes",
+    "VirtualNodesError",
+    "is_virtual",
+    "provide_virtual_nodes",
+    "virtual_nodes",
+]
 
 
 class VirtualNodes(Protocol):
@@ -105,3 +111,14 @@ def virtual_nodes() -> VirtualNodes:
             )
         _nodes = _factory()
     return _nodes
+
+
+def is_virtual(context: Context) -> bool:
+    """Whether this node is a simulation engine's (only Flower's ``partition-id``, no device
+    in its node config)."""
+    from flwr.common.constant import PARTITION_ID_KEY
+
+    from edge_client.runtime.node_config import NodeConfig
+
+    node = context.node_config
+    return not NodeConfig.given_in(node) and PARTITION_ID_KEY in node

@@ -19,7 +19,7 @@ from edge_client.task.constants import BUILTIN_TASKS, IMPORT_PATH, MODELS
 from edge_client.task.forecasting import Forecast
 from edge_client.task.interface import Classification, ModelFactory, Task
 
-__all__ = ["TaskSettings", "import_object", "load_task"]
+__all__ = ["TaskSettings", "import_object", "load_task", "task_at"]
 
 
 class TaskSettings(Protocol):
@@ -54,12 +54,24 @@ def load_task(settings: TaskSettings) -> Task:
         if settings.model not in MODELS:
             model = _model_factory(settings.model)
         return Classification(model, settings.model_width, settings.preprocess)
-    obj = import_object(settings.task, "task")
+    return task_at(settings.task)
+
+
+def task_at(path: str) -> Task:
+    """The task at import path ``path``: a Task instance, a Task class or a function
+    returning one (called without arguments).
+
+    Raises
+    ------
+    ValueError
+        If the path does not import or names something else; the message says why.
+    """
+    obj = import_object(path, "task")
     if not isinstance(obj, Task) and callable(obj):  # a Task class, or a function making one
         obj = obj()
     if not isinstance(obj, Task):
         raise ValueError(
-            f"task = {settings.task!r} is a {type(obj).__name__}, not a fedstream Task "
+            f"task = {path!r} is a {type(obj).__name__}, not a fedstream Task "
             "(a subclass of edge_client.task.Task, an instance, or a function returning one)"
         )
     return obj

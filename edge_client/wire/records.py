@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Self, TypeVar
 
 from flwr.app import ConfigRecord, MetricRecord, RecordDict
@@ -256,6 +256,11 @@ class ReplyMetrics(_Record):
     drift_changes : int
         Rises of the prequential error the device's drift watcher has detected so far
         (:mod:`edge_client.runtime.drift_watch`; 0 without a watcher).
+    agent_cpu_s : float
+        CPU seconds the device's agent spent on this message (0: trained in the ClientApp's
+        own process, which ``cpu_s`` then covers).
+    agent_peak_rss : int
+        Peak resident bytes of the agent (0 without one).
     """
 
     num_examples: int
@@ -291,10 +296,26 @@ class ReplyMetrics(_Record):
     write_bytes: int = 0
     drift_changes: int = 0
     train_diverged: int = 0
+    agent_cpu_s: float = 0.0
+    agent_peak_rss: int = 0
 
     def to_record(self) -> MetricRecord:
         """The ``metrics`` record (an unknown gap is left out)."""
         return MetricRecord(to_mapping(self))
+
+    @classmethod
+    def amend(cls, content: RecordDict, **values: float) -> None:
+        """Set fields of a reply's ``metrics`` record in place (by field name), where the
+        reply has one: what the process that returns a reply knows and the one that built
+        it did not (the device agent builds it, the ClientApp returns it)."""
+        record = content.metric_records.get(METRICS)
+        if record is None:
+            return
+        names = {f.name for f in fields(cls)}
+        for name, value in values.items():
+            if name not in names:
+                raise ValueError(f"ReplyMetrics has no field {name!r}")
+            record[kebab(name)] = value
 
 
 @dataclass(frozen=True)

@@ -35,10 +35,13 @@ def test_the_quick_deployment_benchmark_runs_and_its_breakdowns_add_up(tmp_path:
     assert doc == json.loads((tmp_path / "copy.json").read_text())
     by = {e["variant"]: e for e in doc["entries"]}
     assert set(by) == {
+        "flower-do-nothing",
         "plain-flower-tuned",
         "plain-flower-tuned-pull",
         "fedstream-idle",
+        "fedstream-idle-agent",
         "fedstream-live",
+        "fedstream-live-agent",
         "controller-fixed",
         "controller-dynamic",
     }
@@ -49,7 +52,8 @@ def test_the_quick_deployment_benchmark_runs_and_its_breakdowns_add_up(tmp_path:
         assert e["rounds"] == 2 and all(w > 0 for w in e["round_wall_s"])
         assert e["clientapp_cpu_s_per_round"] > 0
     # fedstream's rounds: the parts add up to the wall time, within the stated tolerance
-    for name in ("fedstream-idle", "fedstream-live", "controller-fixed", "controller-dynamic"):
+    fedstream = ("fedstream-idle", "fedstream-live", "controller-fixed", "controller-dynamic")
+    for name in (*fedstream, "fedstream-idle-agent", "fedstream-live-agent"):
         shares = by[name]["breakdown"]["shares"]
         assert list(shares) == list(PARTS)
         assert sum(shares.values()) == pytest.approx(1.0, abs=0.01)
@@ -60,7 +64,17 @@ def test_the_quick_deployment_benchmark_runs_and_its_breakdowns_add_up(tmp_path:
     footprint = by["fedstream-live"]["footprint"]
     assert footprint["accepted_samples"] > 0 and footprint["written_per_accepted_sample"] > 0
     assert footprint["pss_peak_bytes"] > 0
-    assert set(footprint["peak_rss_bytes"]) == {"ingest", "supernode", "superexec", "clientapp"}
+    assert set(footprint["peak_rss_bytes"]) == {
+        "ingest", "supernode", "superexec", "agent", "clientapp"
+    }  # fmt: skip
+    # with agents: the ClientApps hand over and load no torch; one agent per device does
+    with_agent = by["fedstream-live-agent"]["footprint"]
+    assert with_agent["torch_processes"].get("clientapp", 0) == 0
+    assert with_agent["processes_seen"]["agent"] == 2 == with_agent["torch_processes"]["agent"]
+    assert footprint["torch_processes"]["clientapp"] > 0  # without: each message loads it
+    assert by["fedstream-live-agent"]["agent_cpu_s_per_message"] > 0
+    assert doc["agent"]["per_repetition"][0]["do_nothing_clientapp_cpu_s"] > 0
+    assert doc["soak"]["messages"] == 50 and len(doc["soak"]["rss_bytes"]) == 2
     for name in ("controller-fixed", "controller-dynamic"):
         common = str(by[name]["common_target"])
         assert by[name]["time_to_s"][common] is not None

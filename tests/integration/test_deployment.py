@@ -75,6 +75,11 @@ def test_demo_on_a_users_recording_learns_and_the_slower_device_gets_the_smaller
     assert (run_dir / "report.png").stat().st_size > 10_000
     probe, *records = read_metrics(run_dir / "metrics.jsonl")  # the timing probe's first
     assert probe.round == 0 and [r.round for r in records] == [1, 2, 3]
+    # Through the devices' agents (the demo's default): each message's
+    # ClientApp handed over, and no ClientApp process loaded torch (its peak well under it).
+    assert "device agents" in out
+    assert all(m.agent_cpu_s > 0 for r in records for m in r.devices.values())
+    assert all(m.peak_rss < 200 * 2**20 for r in records for m in r.devices.values())
 
 
 def simulate(tmp_path: Path, config: dict[str, object]) -> list[RoundRecord]:

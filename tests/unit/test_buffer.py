@@ -182,3 +182,41 @@ def test_concurrent_writer_and_takers_lose_and_duplicate_nothing(tmp_path: Path)
             assert mine == sorted(mine)
     s = BufferStore(path).stats()
     assert (s["accepted"], s["consumed"], s["fill"]) == (total, total, 0)
+
+
+def test_held_samples_go_back_first_when_their_round_dies_and_are_spent_once_settled(
+    tmp_path: Path,
+) -> None:
+    # Prepare: 15 samples; a round holds 7 (0..6), then 5 more arrive, then its trainer dies.
+    store = make(tmp_path)
+    store.append([batch(0, 10), batch(10, 5)])
+    store.take(7, hold=True)
+    store.append([batch(15, 5)])
+    # Execute: the next round's trainer (a new process: the file reopened) restores them.
+    store.close()
+    again = make(tmp_path)
+    back = again.restore_taken()
+    taken = again.take(100, hold=True)
+    again.settle_taken()
+    # Assert: none lost, none twice, in the order they came; the counters add up.
+    stats = again.stats()
+    assert back == 7 and list(taken.y) == list(range(20))
+    assert taken.x[3, 0, 0] == 3.0 and list(taken.ts) == list(range(20))
+    assert again.restore_taken() == 0  # settled: nothing goes back
+    assert stats["consumed"] == 20 and stats["fill"] == 0 and stats["accepted"] == 20
+
+
+def test_restored_samples_past_a_truncation_buffers_capacity_are_dropped_oldest_first(
+    tmp_path: Path,
+) -> None:
+    # Prepare: capacity 10; a round holds 6, then 8 more arrive (fill 4 + 8 = 12 -> 10).
+    store = make(tmp_path, capacity=10)
+    store.append([batch(0, 10)])
+    store.take(6, hold=True)
+    store.append([batch(10, 8)])
+    # Execute
+    store.restore_taken()
+    # Assert: the buffer keeps the newest 10, as if the round had never taken any.
+    stats = store.stats()
+    assert list(store.take(100).y) == list(range(8, 18))
+    assert stats["fill"] == 10 and stats["dropped"] == 2 + 6 and stats["consumed"] == 0

@@ -19,7 +19,7 @@ from edge_client.runtime.mqtt import BrokerOptions, BrokerURL, make_client
 WIDE = {"COLUMNS": "2000"}
 
 LAYOUT = {
-    "deploy.cli.device": {"ingest", "infer", "status", "publish"},
+    "deploy.cli.device": {"ingest", "infer", "agent", "status", "publish"},
     "deploy.cli.operator": {
         "fleet", "serve", "stop", "resume", "models", "report", "app", "run-config",
     },
@@ -44,8 +44,8 @@ def test_every_command_lives_in_its_audiences_module_in_the_help_order() -> None
     # Assert: the package's layout, and the order `fedstream --help` always listed
     assert found == LAYOUT
     assert list(root.commands) == [
-        "broker", "publish", "ingest", "status", "fleet", "infer", "models", "stop", "report",
-        "app", "run-config", "demo", "simulate", "resume", "serve", "bench",
+        "broker", "publish", "ingest", "status", "fleet", "infer", "agent", "models", "stop",
+        "report", "app", "run-config", "demo", "simulate", "resume", "serve", "bench",
     ]  # fmt: skip
 
 

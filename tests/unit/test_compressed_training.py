@@ -17,8 +17,8 @@ from aggregator.round_log import RoundRecord
 from aggregator.server_app import run_rounds
 from deploy.inprocess import InProcessGrid, VirtualDevice
 from edge_client.runtime.buffer import BufferStore
-from edge_client.runtime.client_app import train_round as fedstream_train
 from edge_client.runtime.device_state import DeviceStateStore
+from edge_client.runtime.rounds import train_round as fedstream_train
 from edge_client.task.constants import DEFAULT_SHAPE
 from edge_client.task.models import build_model
 from edge_client.wire.codec import FeedbackState, decode

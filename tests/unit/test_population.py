@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 from flwr.app import Context, Message, RecordDict
-from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
-from flwr.supercore.task_identity import TaskIdentity
+from flwr.common.constant import ErrorCode
 
+from deploy.inprocess import as_superlink
 from edge_client.emulation.population import DeviceProfile, profile_of
 from edge_client.flower_app import absent_reply
 from edge_client.wire.constants import RATE_SETS
@@ -112,9 +112,7 @@ def test_an_away_virtual_device_answers_node_unavailable_at_once(tmp_path: Path)
     def context(pid: int) -> Context:
         return Context(1, pid + 1, {"partition-id": pid, "num-partitions": 2}, RecordDict(), config)
 
-    TaskIdentity.run_id = 1  # as the SuperLink's side that makes messages (deploy.inprocess)
-    TaskIdentity.node_id = SUPERLINK_NODE_ID
-    TaskIdentity.task_id = 1
+    as_superlink()  # as the SuperLink's side that makes messages
     msg = Message(RecordDict(), dst_node_id=1, message_type="train")
     # Execute
     away, there = absent_reply(msg, context(0)), absent_reply(msg, context(1))

@@ -14,7 +14,7 @@ from flwr.clientapp import ClientApp
 from aggregator.robust import robust_aggregate
 from aggregator.server_app import run_rounds
 from deploy.inprocess import InProcessGrid, VirtualDevice
-from edge_client.runtime.client_app import train_round as fedstream_train
+from edge_client.runtime.rounds import train_round as fedstream_train
 from edge_client.wire.codec import encode
 from edge_client.wire.records import ARRAYS, CONFIG, DeviceReply, RoundPlan
 from edge_client.wire.run_config import RunSettings

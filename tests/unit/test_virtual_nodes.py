@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 from flwr.app import Context, Message, RecordDict
-from flwr.common.constant import SUPERLINK_NODE_ID
-from flwr.supercore.task_identity import TaskIdentity
 
+from deploy.inprocess import as_superlink
 from edge_client.emulation.simulation import SimulationNodes
 from edge_client.runtime import client_app, virtual_nodes
 from edge_client.runtime.virtual_nodes import VirtualNodesError, provide_virtual_nodes
@@ -26,9 +25,7 @@ def no_provider(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
 
 def _message() -> Message:
-    TaskIdentity.run_id = 1  # as the SuperLink's side that makes messages (deploy.inprocess)
-    TaskIdentity.node_id = SUPERLINK_NODE_ID
-    TaskIdentity.task_id = 1
+    as_superlink()  # as the SuperLink's side that makes messages
     return Message(RecordDict(), dst_node_id=1, message_type="train")
 
 

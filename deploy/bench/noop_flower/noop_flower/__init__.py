@@ -1,0 +1,1 @@
+"""A do-nothing Flower app: the floor of ``fedstream bench deployment`` (no fedstream code)."""

@@ -1,0 +1,363 @@
+"""One round of fedstream's ClientApp, in the process that runs it: the ClientApp's own
+process (Flower's per-message ``flwr-clientapp``, or the simulation engine's worker) or the
+device's agent (:mod:`~edge_client.runtime.agent`), which keeps torch and the task loaded
+between messages.
+
+:func:`train_round` evaluates the received model on the round's samples (prequential), trains
+the device's plan on them and replies with the coded delta; :func:`probe_steps` times SGD
+steps for the controller's first plan. Everything that must outlive a round lives in the
+device's buffer file (samples, device state, outbox) or comes in the message.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import Context, Message
+
+from edge_client.runtime.buffer import BufferStore, SampleBuffer
+from edge_client.runtime.device_state import DeviceState, DeviceStateStore
+from edge_client.runtime.drift_watch import errors_of
+from edge_client.runtime.injection import round_pool, share_when_picked
+from edge_client.runtime.model_store import store_model
+from edge_client.runtime.node_config import NodeConfig
+from edge_client.runtime.seeding import device_rng
+from edge_client.runtime.trainer import (
+    TrainResult,
+    diverged,
+    pick_device,
+    probe_step_times,
+    train_local,
+)
+from edge_client.runtime.usage import cpu_s, disk_write_bytes, peak_rss_bytes, process_age_s
+from edge_client.runtime.virtual_nodes import VirtualNodes, is_virtual, virtual_nodes
+from edge_client.task.interface import Scores, Task
+from edge_client.task.loading import load_task
+from edge_client.task.preprocess import Preprocessor
+from edge_client.wire.codec import compress, encode
+from edge_client.wire.records import (
+    ARRAYS,
+    CONFIG,
+    DeviceReply,
+    ProbePlan,
+    ProbeReply,
+    ReplyMetrics,
+    RoundPlan,
+)
+from edge_client.wire.run_config import RunSettings
+
+__all__ = ["probe_steps", "train_round"]
+
+log = logging.getLogger(__name__)
+
+
+def train_round(msg: Message, context: Context, task: Task | None = None) -> Message:
+    """One round: prequential evaluation and training on the device's buffer, the reply.
+
+    A buffer that holds samples of another shape than the run's ``sample-shape`` is not
+    touched: the reply carries the buffer's shape, no update, and the aggregator leaves
+    the device out.
+    """
+    entered, start_s = time.perf_counter(), process_age_s()
+    plan = RoundPlan.from_record(msg.content.config_records[CONFIG])
+    settings, task, node = _prepare(context, task, plan.server_round)
+    with _open_device(context, settings, node, plan.server_round) as (store, state):
+        if store.shape != settings.shape:
+            return _shape_mismatch(msg, node.device_id, store, settings.shape)
+        store.restore_taken()  # a round that died before its reply gives its samples back
+        model = task.build_model(settings.shape, settings.num_classes)
+        received = msg.content.array_records[ARRAYS].to_torch_state_dict()
+        model.load_state_dict({k: v.float() for k, v in received.items()})  # fp16 broadcast too
+        start = _numpy_state(model)
+        rng = device_rng(settings.seed, node.device_id, plan.server_round)  # a seeded run repeats
+        preprocessor = task.preprocessor()
+        if preprocessor is not None:
+            state.load_preprocessor(preprocessor)
+        with round_pool(node, plan) as pool:
+            setup_s = time.perf_counter() - entered
+            result = train_local(
+                model,
+                store,
+                plan,
+                task=task,
+                preprocessor=preprocessor,
+                slowdown=node.slowdown,
+                device=pick_device(),
+                pool=pool,
+                rng=rng,
+            )
+        trained = time.perf_counter()
+        if is_virtual(context):  # its steps' cost on the virtual clock, not Ray's wall time
+            result = _charged(result, virtual_nodes(), node)
+        delta = {k: v - start[k] for k, v in _numpy_state(model).items()}
+        if node.model_dir:  # the received model, for inference (fedstream infer)
+            store_model(
+                node.model_dir,
+                task,
+                settings,
+                start,
+                plan.server_round - 1,
+                node.device_id,
+                result.evaluated,
+            )
+        broke = _diverged(state, context.run_id, result, delta, node.device_id)
+        frame, gap = (
+            (b"", None)  # no update: the aggregator refuses the reply, counted as diverged
+            if broke
+            else _encode(state, context.run_id, delta, plan, result.num_examples > 0)
+        )
+        _keep_round_state(state, node, task, result, preprocessor)
+        shared = share_when_picked(node, plan, result.taken, rng)
+        store.settle_taken()  # the reply is ready: its samples are spent
+        buffer = store.stats()
+    done = time.perf_counter()
+    timing = _Timing(start_s, setup_s, done - trained, done - entered)
+    metrics = _reply_metrics(result, buffer, settings, node, frame, gap, shared, timing, broke)
+    return Message(DeviceReply(node.device_id, metrics, frame).to_content(), reply_to=msg)
+
+
+def _charged(result: TrainResult, virtual: VirtualNodes, node: NodeConfig) -> TrainResult:
+    """A virtual device's round with its compute as the virtual clock charges it."""
+    if result.batch_size <= 0:
+        return result
+    step_s = virtual.step_s(node, result.batch_size)
+    return replace(result, step_s=step_s, compute_s=step_s * result.local_steps)
+
+
+@dataclass(frozen=True)
+class _Timing:
+    """Where a round's handler spent its time, beyond training (seconds)."""
+
+    start_s: float  # the process's age when the handler began
+    setup_s: float  # from the handler's start to training's
+    encode_s: float  # from the end of training to the reply
+    handler_s: float  # the handler in all
+
+
+def _keep_round_state(
+    state: DeviceState,
+    node: NodeConfig,
+    task: Task,
+    result: TrainResult,
+    preprocessor: Preprocessor | None,
+) -> None:
+    """Keep what the next round starts from: the preprocessor's statistics (when samples
+    were trained on) and the drift watcher (``drift = "adwin"``)."""
+    if preprocessor is not None and result.num_examples > 0:
+        state.save_preprocessor(preprocessor)
+    if node.drift == "adwin" and result.evaluated is not None:
+        _watch_drift(state, node.drift_delta, task, result.evaluated)
+
+
+def _reply_metrics(
+    result: TrainResult,
+    buffer: dict[str, Any],
+    settings: RunSettings,
+    node: NodeConfig,
+    frame: bytes,
+    gap: float | None,
+    shared: tuple[int, int],
+    timing: _Timing,
+    broke: bool,
+) -> ReplyMetrics:
+    """The reply's metrics: what training did, the buffer, the update's size, injection,
+    the prequential scores, the handler's timing and the process's costs."""
+    scores = result.evaluated
+    return ReplyMetrics(
+        num_examples=result.num_examples,
+        batch_size=result.batch_size,
+        local_steps=result.local_steps,
+        compute_s=result.compute_s,
+        step_s=result.step_s,
+        wait_s=result.wait_s,
+        train_loss=result.train_loss,
+        lr=result.lr,
+        **_buffer_metrics(buffer),
+        bytes_up=len(frame),
+        compress_gap=gap,
+        inject_used=result.inject_used,
+        inject_opt_in=int(node.inject),
+        inject_bytes=shared[0],
+        inject_samples=shared[1],
+        eval_metric=scores.metric if scores else math.nan,
+        eval_loss=scores.loss if scores else math.nan,
+        eval_count=scores.count if scores else 0,
+        eval_s=result.eval_s,
+        sample_shape=list(settings.shape),
+        start_s=timing.start_s,
+        setup_s=timing.setup_s,
+        take_s=result.take_s,
+        train_s=result.train_s,
+        encode_s=timing.encode_s,
+        handler_s=timing.handler_s,
+        cpu_s=cpu_s(reaped=False),
+        peak_rss=peak_rss_bytes(),
+        write_bytes=disk_write_bytes(),
+        drift_changes=int((buffer.get("drift") or {}).get("changes", 0)),
+        train_diverged=int(broke),
+    )
+
+
+def probe_steps(msg: Message, context: Context, task: Task | None = None) -> Message:
+    """Time SGD steps of the run's model at the probe's batch sizes, on random inputs of
+    the run's ``sample-shape``; reply with :class:`~edge_client.wire.records.ProbeReply`."""
+    settings, task, node = _prepare(context, task)
+    probe_plan = ProbePlan.from_record(msg.content.config_records[CONFIG])
+    if is_virtual(context):  # on the virtual clock: nothing to time
+        step_s = [virtual_nodes().step_s(node, b) for b in probe_plan.batches]
+    else:
+        step_s = probe_step_times(
+            task.build_model(settings.shape, settings.num_classes),
+            settings.shape,
+            settings.num_classes,
+            probe_plan.batches,
+            probe_plan.steps,
+            task=task,
+            slowdown=node.slowdown,
+            device=pick_device(),
+        )
+    reply = ProbeReply(node.device_id, probe_plan.batches, step_s)
+    return Message(reply.to_content(), reply_to=msg)
+
+
+def _shape_mismatch(
+    msg: Message, device_id: str, store: SampleBuffer, expected: tuple[int, ...]
+) -> Message:
+    """The reply of a device whose buffer holds samples of another shape: no update, its
+    buffer's shape, its samples left where they are."""
+    log.warning(
+        "device %s: the buffer holds samples of shape %s, the run expects %s: not training "
+        "(set sample-shape, or ingest with --shape)",
+        device_id,
+        store.shape,
+        expected,
+    )
+    buffer = store.stats()
+    metrics = ReplyMetrics(
+        num_examples=0,
+        batch_size=0,
+        step_s=0.0,
+        train_loss=math.nan,
+        **_buffer_metrics(buffer),
+        sample_shape=list(store.shape),
+    )
+    return Message(DeviceReply(device_id, metrics, b"").to_content(), reply_to=msg)
+
+
+def _prepare(
+    context: Context, task: Task | None, server_round: int = 0
+) -> tuple[RunSettings, Task, NodeConfig]:
+    """A handler's run settings, task (the app's, or the one the run config names) and
+    device (a virtual one as of ``server_round``), with torch's threads set as the node
+    says."""
+    settings = RunSettings.from_run_config(context.run_config)
+    task = task or load_task(settings)
+    node = _node(context, settings, server_round)
+    if node.threads > 0:
+        torch.set_num_threads(node.threads)
+    return settings, task, node
+
+
+def _buffer_metrics(buffer: dict[str, Any]) -> dict[str, Any]:
+    """The reply's figures of the device's buffer, from its ``stats()``."""
+    return {
+        "stream_rate": float(buffer["rate"]),
+        "buffer_fill": int(buffer["fill"]),
+        "buffer_dropped": int(buffer["dropped"]),
+    }
+
+
+def _node(context: Context, settings: RunSettings, server_round: int) -> NodeConfig:
+    """This node's device: from its node config, or a virtual one in the simulation engine."""
+    if not is_virtual(context):
+        return NodeConfig.from_node_config(context.node_config)
+    return virtual_nodes().node(context.node_config, context.run_id, settings, server_round)
+
+
+@contextlib.contextmanager
+def _open_device(
+    context: Context, settings: RunSettings, node: NodeConfig, server_round: int
+) -> Iterator[tuple[SampleBuffer, DeviceState]]:
+    """The device's buffer and state: its buffer file, or a virtual device's lazy buffer and
+    state in its ``context.state`` (``sim-buffers = "lazy"``), as of ``server_round``."""
+    if is_virtual(context) and settings.sim_buffers == "lazy":
+        virtual = virtual_nodes()
+        with virtual.open_device(
+            context.node_config, settings, context.state, server_round
+        ) as device:
+            yield device
+    else:
+        with BufferStore(node.buffer) as store, DeviceStateStore(node.buffer) as state:
+            yield store, state
+
+
+def _watch_drift(state: DeviceState, delta: float, task: Task, scores: Scores) -> None:
+    """Feed the round's prequential errors, sample by sample, to the device's drift watcher
+    (River is imported here: about 1-3 s per round, so only with ``drift = "adwin"``)."""
+    if scores.values is None or not len(scores.values):
+        return
+    watch = state.drift_watch(delta)
+    if watch.update(errors_of(scores.values, task.higher_is_better)):
+        log.warning("drift: the prequential error rose (%d changes so far)", watch.status.changes)
+    state.save_drift_watch(watch)
+
+
+def _diverged(
+    state: DeviceState,
+    run_id: int,
+    result: TrainResult,
+    delta: dict[str, np.ndarray],
+    device_id: str,
+) -> bool:
+    """Whether this round's training diverged (:func:`~edge_client.runtime.trainer.diverged`,
+    or an update that is not finite), against the first loss the device measured in the run
+    (kept in its state: the first round it trains in sets it)."""
+    if result.num_examples <= 0:
+        return False
+    first = state.first_loss(run_id)
+    if first is None and math.isfinite(result.first_loss) and result.first_loss > 0:
+        first = result.first_loss
+        state.save_first_loss(run_id, first)
+    finite = all(np.isfinite(v).all() for v in delta.values())
+    if finite and not diverged(result.train_loss, first):
+        return False
+    log.warning(
+        "device %s: training diverged (loss %.4g, the first %s): no update sent; lower lr "
+        "or standardise the inputs",
+        device_id,
+        result.train_loss,
+        "unknown" if first is None else f"{first:.4g}",
+    )
+    return True
+
+
+def _numpy_state(model: torch.nn.Module) -> dict[str, np.ndarray]:
+    return {k: v.detach().cpu().numpy().copy() for k, v in model.state_dict().items()}
+
+
+def _encode(
+    state: DeviceState,
+    run_id: int,
+    delta: dict[str, np.ndarray],
+    plan: RoundPlan,
+    trained: bool,
+) -> tuple[bytes, float | None]:
+    """Code the delta with the device's error-feedback state (kept in the buffer file).
+
+    A round that trained nothing sends a zero delta and leaves the state alone (the server
+    gives it no weight, so a residual spent on it would be lost).
+    """
+    feedback = state.feedback(run_id, delta)
+    if not trained:
+        return encode(delta, "none"), feedback.gap
+    packed = compress(delta, feedback, plan.compress, plan.compress_ratio)
+    state.save_feedback(run_id, packed.state)
+    return packed.frame, packed.state.gap
