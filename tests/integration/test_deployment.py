@@ -42,11 +42,15 @@ def test_demo_on_a_users_recording_learns_and_the_slower_device_gets_the_smaller
     # Prepare: a recording of another shape and class count than the built-in task.
     write_recording(tmp_path / "rec.npz", 4000, seed=0)
     write_recording(tmp_path / "test.npz", 500, seed=1)
-    # Execute: with the timing probe (the demo leaves it off by default).
+    # Execute: with the timing probe (the demo leaves it off by default), and streams fast
+    # enough that neither caps its device's batch (at the demo's 400 and 300 samples/s, the
+    # agents' short rounds let the fast device's stream cap it below the slow one's share:
+    # rate-aware, as planned, but not what this test is about).
     rc, out, summary = demo(
         tmp_path,
         *("--source", str(tmp_path / "rec.npz"), "--test", str(tmp_path / "test.npz")),
         *("--devices", "2", "--rounds", "3", "--local-steps", "40", "--slowdowns", "1,4"),
+        *("--rates", "1500,1500"),
         *("--run-config", "controller-probe=3"),
     )
     # Assert: the model was built for the recording, and learned it well above chance (0.2).
@@ -68,8 +72,7 @@ def test_demo_on_a_users_recording_learns_and_the_slower_device_gets_the_smaller
     # has the smaller batch in round 1.
     batches = summary["devices"]
     assert batches["dev-1"]["batch_size"][0] < batches["dev-0"]["batch_size"][0]
-    # later rounds: never the larger (on a loaded machine both streams' availability caps can
-    # bind, and cap both at B / 2: seen in CI)
+    # later rounds: never the larger
     assert batches["dev-1"]["batch_size"][-1] <= batches["dev-0"]["batch_size"][-1]
     run_dir = next(tmp_path.glob("run-*"))
     assert (run_dir / "report.png").stat().st_size > 10_000
