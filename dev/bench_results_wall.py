@@ -113,17 +113,11 @@ def deployment(doc: Doc) -> str:
 
 
 def _controllers(doc: Doc) -> str:
-    """The controller pair's sentence: with agents (the JSON since device agents: each
-    seed's time to 0.9, dynamic against fixed, and the slowest device's training share),
-    or as before."""
+    """The controller trio's sentence: each seed's time to 0.9 against the fixed split's,
+    with round 1 split equally (the goal's arm) and with the timing probe, and the slowest
+    device's training share."""
     c = doc["controllers"]
-    fixed, dyn = c["controller-fixed"], c["controller-dynamic"]
-    if "agent" not in doc:
-        return f"""With slowdowns and more local work, the batch controller's median round is
-            {dyn["round_wall_median_s"]} s against the fixed split's
-            {fixed["round_wall_median_s"]} s, and with its timing probe it reaches 0.9 in
-            {dyn["time_to_s"]["0.9"]} s against {fixed["time_to_s"]["0.9"]} s
-            ({fmt_seeds(dyn["seeds"])})."""
+    fixed = c["controller-fixed"]
     by = {
         name: {e["seed"]: e for e in doc["entries"] if e["variant"] == f"controller-{name}"}
         for name in ("fixed", "dynamic", "dynamic-no-probe")
@@ -139,24 +133,15 @@ def _controllers(doc: Doc) -> str:
         return out
 
     probe, no_probe = ratio("dynamic"), ratio("dynamic-no-probe")
-    shares = [by["fixed"][s]["slowest_training_share"] for s in seeds]
-    if not by["dynamic-no-probe"]:  # the JSON before the probe's replacement was measured
-        met = all(r is not None and r <= 1 - CONTROLLER_GAIN for r in probe)
-        return f"""With device agents, slowdowns 1, 1, 2, 4 and local work that makes training
-            {fmt_pct(shares)} of the slowest device's round under the fixed split, the batch
-            controller's median round is {dyn["round_wall_median_s"]} s against the fixed
-            split's {fixed["round_wall_median_s"]} s, and (its timing probe charged) it
-            reaches test accuracy 0.9 in {fmt_x(probe)} the fixed split's time (goal <=
-            {1 - CONTROLLER_GAIN:.1f}x in every seed: {fmt_verdict(met)}) ({fmt_seeds(seeds)})."""
     met = all(r is not None and r <= 1 - CONTROLLER_GAIN for r in no_probe)
+    shares = [by["fixed"][s]["slowest_training_share"] for s in seeds]
     replaced = c["controller-dynamic-no-probe"]
-    batch = doc.get("controller_batch_per_device", "")
-    return f"""With device agents, slowdowns 1, 1, 2, 4, {batch} samples a step on each
-        device, {doc["controller_local_steps"]} local steps of a
-        {doc["controller_model_width"]}-wide CNN ({doc.get("controller_aggregation", "")}), so
-        that training is {fmt_pct(shares)} of the slowest device's round under the fixed
-        split: the batch controller's median round is {replaced["round_wall_median_s"]} s against
-        the fixed split's {fixed["round_wall_median_s"]} s; round 1 split equally (the agents'
+    return f"""With device agents, slowdowns 1, 1, 2, 4, {doc["controller_batch_per_device"]}
+        samples a step on each device, {doc["controller_local_steps"]} local steps of a
+        {doc["controller_model_width"]}-wide CNN ({doc["controller_aggregation"]}), so that
+        training is {fmt_pct(shares)} of the slowest device's round under the fixed split: the
+        batch controller's median round is {replaced["round_wall_median_s"]} s against the
+        fixed split's {fixed["round_wall_median_s"]} s; round 1 split equally (the agents'
         warm step times in its replies replace the timing probe, and the round trains), it
         reaches test accuracy 0.9 in {replaced["time_to_s"]["0.9"]} s against
         {fixed["time_to_s"]["0.9"]} s: {fmt_x(no_probe)} the fixed split's time (goal <=
