@@ -49,6 +49,9 @@ SLOPE_REL_SE = 0.3  # a fitted per-sample cost this uncertain is not trusted
 # A step time this far (relative) from the device's fitted cost means its speed changed
 # (throttling, another job, a new level): forget its older timings and re-fit from the new.
 SPEED_CHANGE = 0.3
+# A device whose timings span one batch size trains its next round at two sizes this far
+# either side of its batch (RoundPlan.time_spread): the slope, with no extra exchange.
+SLOPE_SPREAD = 0.5
 
 
 @dataclass
@@ -148,6 +151,17 @@ class BatchController:
             if abs(step_seconds - predicted) > SPEED_CHANGE * predicted:
                 state.history = []  # the device changed speed: old timings would mislead
         state.history = [*state.history, [float(batch), float(step_seconds)]][-HISTORY:]
+
+    def time_spread(self, device_id: str) -> float:
+        """How far apart the device's next round should time two step sizes
+        (:data:`SLOPE_SPREAD`) so its cost model gets a slope: when the controller is
+        dynamic and the device's timings span fewer than two batch sizes (a newcomer, one
+        whose speed changed, one whose plan has held for :data:`HISTORY` rounds); else 0."""
+        if self.config.controller != "dynamic":
+            return 0.0
+        state = self.devices.get(device_id)
+        sizes = {b for b, _ in state.history} if state is not None else set()
+        return SLOPE_SPREAD if len(sizes) < 2 else 0.0
 
     def calibrate(self, device_id: str, timings: Sequence[tuple[int, float]]) -> None:
         """Start a device's timings from a probe: ``(batch, step seconds)`` pairs, largest

@@ -355,6 +355,7 @@ class StreamStrategy:
             inject_publish=injection.publish,
             inject_beta=injection.beta,
             inject_budget=injection.budget,
+            time_spread=self.controller.time_spread(self.fleet.device_of(node)),
         )
         record = local.to_record()  # a fresh record per message
         for key, value in config.items():
@@ -515,8 +516,8 @@ class StreamStrategy:
         metrics = replace(reply.metrics, bytes_up=len(reply.frame))  # as received
         self.fleet.record_reply(device, metrics)
         report.add_reply(device, metrics, planned)
-        if metrics.num_examples > 0:
-            self.controller.observe(device, metrics.batch_size, metrics.step_s)
+        for batch, step_s in metrics.timings():  # a spread round's two sizes: the slope
+            self.controller.observe(device, batch, step_s)
         if delta is None:  # its scores of the model it received count, its training not
             self.refuse(report, device, DIVERGED)
             return None

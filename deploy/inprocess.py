@@ -60,6 +60,7 @@ from edge_client.runtime.injection import open_pool, receive
 from edge_client.runtime.node_config import NodeConfig
 from edge_client.runtime.outbox import Outbox
 from edge_client.runtime.seeding import device_rng
+from edge_client.runtime.trainer import step_sizes
 from edge_client.task.datasets import load_dataset
 from edge_client.wire import records
 from edge_client.wire.mapping import kebab
@@ -563,15 +564,33 @@ class InProcessGrid(LocalGrid):
         With a step-time model each of the round's steps is drawn from it: the round costs
         their sum and the device reports their median past the first (as the trainer
         measures it), so a noisy model is as noisy per step as it says, no more per round.
+        A spread round's two step sizes are each charged and reported the same way.
         """
         m = reply.metrics
         step_s, compute_s = m.step_s, m.compute_s
+        timings = m.timings() if m.step_batches else []
         if self.step_time is not None and m.batch_size > 0:
-            steps = [self.step_time(m.batch_size) for _ in range(max(1, m.local_steps))]
-            step_s = float(statistics.median(steps[1:] or steps))
-            compute_s = sum(steps)
+            # the round's step sizes, as the trainer chose them (a spread round: two sizes)
+            low = min(b for b, _ in timings) if timings else m.batch_size
+            sizes = step_sizes(m.batch_size, max(1, m.local_steps), 1 - low / m.batch_size)
+            steps = [(b, self.step_time(b)) for b in sizes]
+            timed = steps[1:] or steps
+            compute_s = sum(t for _, t in steps)
+            timings = [
+                (b, float(statistics.median(t for size, t in timed if size == b)))
+                for b, _ in timings
+            ]
+            step_s = (
+                statistics.fmean(t for _, t in timings)
+                if timings
+                else float(statistics.median(t for _, t in timed))
+            )
         return replace(
-            m, step_s=step_s * dev.slowdown, compute_s=compute_s * dev.slowdown, wait_s=wait_s
+            m,
+            step_s=step_s * dev.slowdown,
+            compute_s=compute_s * dev.slowdown,
+            wait_s=wait_s,
+            step_times=[t * dev.slowdown for _, t in timings] or None,
         )
 
     def _deliver_injections(self) -> None:

@@ -40,7 +40,7 @@ import statistics
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,7 +68,7 @@ from edge_client.wire.frames import SampleBatch
 from edge_client.wire.mapping import kebab
 from edge_client.wire.run_config import RunSettings
 
-__all__ = ["NOOP_APP", "PLAIN_APP", "ProcessSampler", "run"]
+__all__ = ["NOOP_APP", "PLAIN_APP", "ProcessSampler", "rerun_controllers", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -562,18 +562,16 @@ def run(quick: bool = False, progress: Callable[[str], None] = print) -> Result:
     controller pair: slowdowns 1 and 4), a soak of 50 messages.
     """
     devices, rounds = (2, 2) if quick else (4, 6)
-    controller_rounds = 2 if quick else CONTROLLER_ROUNDS
-    controller_steps = 10 if quick else CONTROLLER_STEPS
-    slowdowns = (1.0, 4.0) if quick else SLOWDOWNS
     repetitions = 1 if quick else REPETITIONS
     runs: list[_Run] = []
 
-    def timed(label: str, step: Callable[[], _Run], repetition: int | None = None) -> None:
+    def timed(label: str, step: Callable[[], _Run], repetition: int | None = None) -> _Run:
         began = time.monotonic()
         runs.append(step())
         if repetition is not None:
             runs[-1].extra["repetition"] = repetition
         progress(f"  {label}: {time.monotonic() - began:.0f} s")
+        return runs[-1]
 
     with tempfile.TemporaryDirectory(prefix="fedstream-bench-deploy-") as name:
         tmp = Path(name)
@@ -595,39 +593,67 @@ def run(quick: bool = False, progress: Callable[[str], None] = print) -> Result:
             for with_agent in (False, True):
                 live = functools.partial(_live, tmp, devices, rounds, rep=k, agent=with_agent)
                 timed("fedstream-live" + ("-agent" if with_agent else ""), live, k)
-        # The controllers in wall time, with agents: the dynamic one probes each device's
-        # speed before round 1 (one more Flower exchange, charged to its time); without the
-        # probe, round 1 splits B equally, as fixed does.
-        plans = [
-            (
-                f"controller-{name}",
-                seed,
-                _settings(
-                    devices,
-                    controller_rounds,
-                    tmp / f"controller-{name}-{seed}",
-                    controller=name.split("-")[0],
-                    controller_probe=3 if name == "dynamic" else 0,
-                    global_batch=CONTROLLER_BATCH * devices,
-                    local_steps=controller_steps,
-                    model_width=CONTROLLER_WIDTH,
-                    aggregation=CONTROLLER_AGGREGATION,
-                    seed=seed,
-                ),
-            )
-            for seed in ((0,) if quick else CONTROLLER_SEEDS)
-            for name in ("fixed", "dynamic", *(() if quick else ("dynamic-no-probe",)))
-        ]
-        needed = _samples_for(*(settings for _, _, settings in plans))
-        buffers = _fill_buffers(tmp / "controller-buffers", devices, needed)
-        with _deployment(tmp / "flwr-controller", buffers, slowdowns, agents=True) as flower:
-            for label, seed, settings in plans:  # seeds alternate the controllers
-                run_it = functools.partial(_idle, flower, label, settings)
-                timed(f"{label} (seed {seed})", run_it)
-                runs[-1].extra["seed"] = seed
+        _controllers(tmp, devices, quick, timed)
         soak = _soak(tmp, 50 if quick else SOAK_MESSAGES, progress)
+    _judge_controllers(runs, _slowdowns(quick))
+    entries = [r.entry() for r in runs]
+    _add_ratios(entries)
+    meta = {
+        **_meta(quick, devices, rounds),
+        "repetitions": repetitions,
+        "ratios": _ratio_summary(entries),
+        "agent": agent_summary(entries),
+        "soak": soak,
+        "controllers": _controller_summary(entries),
+    }
+    return Result("deployment", entries, _table(entries, meta["ratios"]), meta)
+
+
+def _controllers(
+    tmp: Path, devices: int, quick: bool, timed: Callable[[str, Callable[[], _Run]], _Run]
+) -> None:
+    """The controllers in wall time, with agents, seeds alternating them: ``fixed``,
+    ``dynamic`` probing each device's speed before round 1 (one more Flower exchange,
+    charged to its time) and, but in the quick run, ``dynamic-no-probe``, whose round 1
+    splits B equally, as fixed does, and times two step sizes on each device (the slope)."""
+    slowdowns = _slowdowns(quick)
+    plans = [
+        (
+            f"controller-{name}",
+            seed,
+            _settings(
+                devices,
+                2 if quick else CONTROLLER_ROUNDS,
+                tmp / f"controller-{name}-{seed}",
+                controller=name.split("-")[0],
+                controller_probe=3 if name == "dynamic" else 0,
+                global_batch=CONTROLLER_BATCH * devices,
+                local_steps=10 if quick else CONTROLLER_STEPS,
+                model_width=CONTROLLER_WIDTH,
+                aggregation=CONTROLLER_AGGREGATION,
+                seed=seed,
+            ),
+        )
+        for seed in ((0,) if quick else CONTROLLER_SEEDS)
+        for name in ("fixed", "dynamic", *(() if quick else ("dynamic-no-probe",)))
+    ]
+    needed = _samples_for(*(settings for _, _, settings in plans))
+    buffers = _fill_buffers(tmp / "controller-buffers", devices, needed)
+    with _deployment(tmp / "flwr-controller", buffers, slowdowns, agents=True) as flower:
+        for label, seed, settings in plans:
+            run_it = functools.partial(_idle, flower, label, settings)
+            timed(f"{label} (seed {seed})", run_it).extra["seed"] = seed
+
+
+def _slowdowns(quick: bool) -> tuple[float, ...]:
+    """The controller runs' devices' slowdowns (the quick run's two devices: 1 and 4)."""
+    return (1.0, 4.0) if quick else SLOWDOWNS
+
+
+def _judge_controllers(runs: list[_Run], slowdowns: Sequence[float]) -> None:
+    """The controller runs' curves and what is read off them (time to each target, and to
+    the accuracy every one of them reaches; batches, compute and training share per round)."""
     compared = [r for r in runs if r.name.startswith("controller-")]
-    # The accuracy every one of them reaches, besides the fixed targets.
     common = round(min(max(r.test_accuracy for r in x.records) for x in compared), 4)
     for r in compared:
         r.extra["time_to_s"] = {
@@ -639,16 +665,28 @@ def run(quick: bool = False, progress: Callable[[str], None] = print) -> Result:
         r.extra["compute_s_per_device"] = compute_per_device(r.records)
         r.extra["batch_per_device"] = batch_per_device(r.records)
         r.extra["slowest_training_share"] = slowest_share(r.records, len(slowdowns))
-    entries = [r.entry() for r in runs]
+
+
+def rerun_controllers(doc: dict[str, Any], progress: Callable[[str], None] = print) -> Result:
+    """Run the controller comparison again (not quick) and put it in place of ``doc``'s (a
+    ``deployment.json`` as read), the other runs kept: the part to re-run when only the
+    controller changed (about 25 minutes, against 50 for the whole scenario)."""
+    runs: list[_Run] = []
+
+    def timed(label: str, step: Callable[[], _Run]) -> _Run:
+        began = time.monotonic()
+        runs.append(step())
+        progress(f"  {label}: {time.monotonic() - began:.0f} s")
+        return runs[-1]
+
+    with tempfile.TemporaryDirectory(prefix="fedstream-bench-controllers-") as name:
+        _controllers(Path(name), doc["devices"], False, timed)
+    _judge_controllers(runs, SLOWDOWNS)
+    kept = [e for e in doc["entries"] if not e["variant"].startswith("controller-")]
+    entries = [*kept, *(r.entry() for r in runs)]
     _add_ratios(entries)
-    meta = {
-        **_meta(quick, devices, rounds),
-        "repetitions": repetitions,
-        "ratios": _ratio_summary(entries),
-        "agent": agent_summary(entries),
-        "soak": soak,
-        "controllers": _controller_summary(entries),
-    }
+    meta = {k: v for k, v in doc.items() if k not in ("scenario", "created", "entries")}
+    meta["controllers"] = _controller_summary(entries)
     return Result("deployment", entries, _table(entries, meta["ratios"]), meta)
 
 

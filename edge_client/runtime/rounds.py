@@ -128,8 +128,15 @@ def _charged(result: TrainResult, virtual: VirtualNodes, node: NodeConfig) -> Tr
     """A virtual device's round with its compute as the virtual clock charges it."""
     if result.batch_size <= 0:
         return result
-    step_s = virtual.step_s(node, result.batch_size)
-    return replace(result, step_s=step_s, compute_s=step_s * result.local_steps)
+    timings = tuple((b, virtual.step_s(node, b)) for b, _ in result.step_timings)
+    step_s = (
+        sum(t for _, t in timings) / len(timings)
+        if timings
+        else virtual.step_s(node, result.batch_size)
+    )
+    return replace(
+        result, step_s=step_s, compute_s=step_s * result.local_steps, step_timings=timings
+    )
 
 
 @dataclass(frozen=True)
@@ -177,6 +184,8 @@ def _reply_metrics(
         local_steps=result.local_steps,
         compute_s=result.compute_s,
         step_s=result.step_s,
+        step_batches=[b for b, _ in result.step_timings] or None,
+        step_times=[t for _, t in result.step_timings] or None,
         wait_s=result.wait_s,
         train_loss=result.train_loss,
         lr=result.lr,

@@ -29,6 +29,7 @@ __all__ = [
     "diverged",
     "pick_device",
     "probe_step_times",
+    "step_sizes",
     "train_local",
 ]
 
@@ -54,6 +55,8 @@ class TrainResult:
     take_s: float = 0.0  # seconds taking and preparing the samples (after waiting)
     train_s: float = 0.0  # wall seconds of the K steps (warm-up, slowdown included)
     first_loss: float = math.nan  # the first step's: the model as received, before any step
+    # Under a plan's time spread: (batch, median seconds per step) of each step size
+    step_timings: tuple[tuple[int, float], ...] = ()
 
 
 def diverged(train_loss: float, first_loss: float | None) -> bool:
@@ -261,21 +264,38 @@ def _tensors(
     return x.to(device), y.to(device)
 
 
+def step_sizes(batch: int, steps: int, spread: float) -> list[int]:
+    """Each local step's batch: ``batch`` every step, or under a time ``spread`` alternately
+    ``(1 - spread) * batch`` and ``(1 + spread) * batch`` (an odd last step at ``batch``), so
+    that the steps train ``batch * steps`` samples either way.
+
+    The first step warms up and is not timed, so the alternation starts at the larger size:
+    each size is then timed at least once from four steps on. Fewer steps, or a spread that
+    rounds to no difference, train every step at ``batch``.
+    """
+    low = max(1, round(batch * (1.0 - spread)))
+    if spread <= 0 or steps < 4 or low >= batch:
+        return [batch] * steps
+    high = 2 * batch - low
+    sizes = [high if k % 2 == 0 else low for k in range(steps - steps % 2)]
+    return sizes + [batch] * (steps % 2)
+
+
 def _steps(
     model: nn.Module,
     x: torch.Tensor,
     y: torch.Tensor,
     plan: RoundPlan,
     *,
-    batch: int,
+    sizes: list[int],
     lr: float,
     task: Task,
     device: torch.device,
     slowdown: float,
-) -> tuple[list[float], list[float]]:
-    """Train the plan's K SGD steps (momentum 0.9, FedProx's proximal term when
-    ``proximal_mu`` > 0); each step's loss, and the seconds of every step but the first
-    (warm-up; the only one when K = 1)."""
+) -> tuple[dict[int, list[float]], list[float]]:
+    """Train the plan's K SGD steps, step ``k`` on the next ``sizes[k]`` samples (momentum
+    0.9, FedProx's proximal term when ``proximal_mu`` > 0); each step's loss, and the
+    seconds of every step but the first (warm-up; the only one when K = 1) by step size."""
     model.to(device).train()
     global_params = [p.detach().clone() for p in model.parameters()]
     opt = LocalSGD(model.parameters(), lr=lr, momentum=0.9)
@@ -285,10 +305,12 @@ def _steps(
         distance = cast(torch.Tensor, sum(((p - g) ** 2).sum() for p, g in pairs))
         return plan.proximal_mu / 2 * distance
 
-    times: list[float] = []
+    times: dict[int, list[float]] = {}
     losses: list[float] = []
-    for k in range(plan.local_steps):
-        xb, yb = x[k * batch : (k + 1) * batch], y[k * batch : (k + 1) * batch]
+    start = 0
+    for k, size in enumerate(sizes):
+        xb, yb = x[start : start + size], y[start : start + size]
+        start += size
         loss, elapsed = _sgd_step(
             model,
             opt,
@@ -299,8 +321,8 @@ def _steps(
             slowdown=slowdown,
             penalty=proximal if plan.proximal_mu > 0 else None,
         )
-        if k > 0 or plan.local_steps == 1:
-            times.append(elapsed)
+        if k > 0 or len(sizes) == 1:
+            times.setdefault(size, []).append(elapsed)
         losses.append(loss)
     return times, losses
 
@@ -327,6 +349,8 @@ def train_local(
     (it waits for ``b_min*K`` samples if needed), scaling its learning rate by the batch it
     trains over the planned one (linear scaling rule). Step times exclude the first (warm-up)
     step; ``slowdown`` > 1 really stretches each step's wall time to emulate a slower device.
+    Under the plan's ``time_spread`` the steps alternate two sizes around the batch
+    (:func:`step_sizes`) and each size is timed (``step_timings``).
     With a ``pool`` of injected samples and ``plan.inject_mix`` > 0, each batch holds
     ``round(mix * b)`` samples drawn from the pool (not consumed) and the rest from the buffer
     (:mod:`edge_client.runtime.injection.mixing`).
@@ -358,11 +382,17 @@ def train_local(
     # the deadline) trains at the plan's rate scaled by the batch actually trained.
     lr = plan.lr * min(1.0, batch / plan.batch_size) if plan.batch_size > 0 else plan.lr
     x, y = _tensors(taken, k_steps, task, device, preprocessor)
+    sizes = step_sizes(batch, k_steps, plan.time_spread)
     times, losses = _steps(
-        model, x, y, plan, batch=batch, lr=lr, task=task, device=device, slowdown=slowdown
+        model, x, y, plan, sizes=sizes, lr=lr, task=task, device=device, slowdown=slowdown
     )
     train_s = time.perf_counter() - t_train
-    step_s = float(np.median(times))  # robust to the odd scheduler hiccup
+    # medians: robust to the odd scheduler hiccup
+    medians = {b: float(np.median(t)) for b, t in times.items()}
+    spread = sorted(b for b in medians if b != batch)  # the sizes of a spread round
+    timings = tuple((b, medians[b]) for b in spread)
+    # a spread's two sizes straddle the batch evenly: its step time is their mean
+    step_s = float(np.mean([medians[b] for b in spread])) if spread else medians[batch]
     return TrainResult(
         num_examples=batch * plan.local_steps,
         batch_size=batch,
@@ -379,4 +409,5 @@ def train_local(
         take_s=t_eval - t_take,
         train_s=train_s,
         first_loss=losses[0],
+        step_timings=timings,
     )

@@ -121,6 +121,10 @@ class RoundPlan(_Record):
     inject_publish, inject_beta, inject_budget
         Picked this round to share a fraction ``inject_beta`` of the samples it trains on,
         in at most ``inject_budget`` bytes.
+    time_spread : float
+        ``s`` in [0, 1): alternate steps train ``(1 - s) * b`` and ``(1 + s) * b`` samples
+        (the same ``b * K`` in all) and the reply times each size, so that the controller
+        learns the slope of the device's step time from one round; 0: every step at ``b``.
     format_version : int
         The record layout.
     """
@@ -139,6 +143,7 @@ class RoundPlan(_Record):
     inject_publish: bool = False
     inject_beta: float = default("inject_beta")
     inject_budget: int = 0  # off: nothing shared
+    time_spread: float = 0.0  # off: every step at batch_size
     format_version: int = RECORD_VERSION
 
     #: Fields that carry a run-config setting: checked as the run config checks it.
@@ -163,6 +168,8 @@ class RoundPlan(_Record):
             raise ValueError(f"compress must be one of {CODEC_MODES}, got {self.compress!r}")
         if self.deadline_s < 0:
             raise ValueError(f"deadline-s must be >= 0, got {self.deadline_s}")
+        if not 0.0 <= self.time_spread < 1.0:
+            raise ValueError(f"time-spread must be in [0, 1), got {self.time_spread}")
 
     def samples_to_wait_for(self) -> int:
         """How many buffered samples the device waits for before it trains (the wait rule).
@@ -192,7 +199,11 @@ class ReplyMetrics(_Record):
     batch_size, local_steps : int
         The batch and the steps it actually trained.
     step_s : float
-        Median steady-state seconds per step (no imports, warm-up or waiting).
+        Median steady-state seconds per step (no imports, warm-up or waiting); under a
+        plan's ``time_spread``, the mean of the two sizes' medians (the time at the batch).
+    step_batches, step_times : list, optional
+        Under a plan's ``time_spread``: the step sizes trained and each one's median
+        seconds per step (the controller's slope); None otherwise.
     train_loss : float
         Mean training loss (NaN when nothing was trained).
     train_diverged : int
@@ -298,6 +309,15 @@ class ReplyMetrics(_Record):
     train_diverged: int = 0
     agent_cpu_s: float = 0.0
     agent_peak_rss: int = 0
+    step_batches: list[int] | None = None
+    step_times: list[float] | None = None
+
+    def timings(self) -> list[tuple[int, float]]:
+        """The ``(batch, seconds per step)`` pairs this reply measured: each size of a
+        spread round, else the one batch it trained (none when it trained nothing)."""
+        if self.step_batches and self.step_times and len(self.step_batches) == len(self.step_times):
+            return list(zip(self.step_batches, self.step_times, strict=True))
+        return [(self.batch_size, self.step_s)] if self.num_examples > 0 else []
 
     def to_record(self) -> MetricRecord:
         """The ``metrics`` record (an unknown gap is left out)."""

@@ -299,3 +299,33 @@ def test_the_first_round_follows_the_speeds_a_probe_measured(
     assert probed.clock == pytest.approx(probe.virtual_s + first.virtual_s, rel=1e-4)
     probed.close()
     blind.close()
+
+
+def test_without_a_probe_the_second_round_follows_the_speeds_round_one_timed(
+    tmp_path: Path, fast: Fast, fleet: Fleet
+) -> None:
+    # Prepare: a device 4x slower than the other, steps with a fixed cost as large as 10
+    # samples' (so one timing, read as a proportional law, would misplan); no probe.
+    def affine(b: int) -> float:
+        return 1e-3 + 1e-4 * b
+
+    settings = fast(
+        num_rounds=2,
+        global_batch=64,
+        b_max=64,
+        controller_probe=0,
+        local_steps=6,
+        out_dir=str(tmp_path / "out"),
+    )
+    grid = InProcessGrid(fleet(1, 4), tmp_path / "buffers", step_time=affine)
+    # Execute
+    first, second = run_rounds(grid, settings)
+    # Assert: round 1 splits B equally and each device times two step sizes around its
+    # batch; round 2's plan then gives both devices the same step time (within 5 %)
+    assert first.planned == {"dev-0": 32, "dev-1": 32}
+    line = json.loads((tmp_path / "out" / "metrics.jsonl").read_text().splitlines()[0])
+    assert line["devices"]["dev-1"]["step-batches"] == [16, 48]
+    b0, b1 = second.planned["dev-0"], second.planned["dev-1"]
+    assert b0 + b1 == 64 and b1 < b0
+    assert affine(b1) * 4 / affine(b0) == pytest.approx(1.0, abs=0.05)
+    grid.close()
