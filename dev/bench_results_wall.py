@@ -141,8 +141,8 @@ def _controllers(doc: Doc) -> str:
         {doc["controller_model_width"]}-wide CNN ({doc["controller_aggregation"]}), so that
         training is {fmt_pct(shares)} of the slowest device's round under the fixed split: the
         batch controller's median round is {replaced["round_wall_median_s"]} s against the
-        fixed split's {fixed["round_wall_median_s"]} s; round 1 split equally (the agents'
-        warm step times in its replies replace the timing probe, and the round trains), it
+        fixed split's {fixed["round_wall_median_s"]} s; round 1 split equally (no timing
+        probe: each device times two step sizes in it, so round 2's plan has the slope), it
         reaches test accuracy 0.9 in {replaced["time_to_s"]["0.9"]} s against
         {fixed["time_to_s"]["0.9"]} s: {fmt_x(no_probe)} the fixed split's time (goal <=
         {1 - CONTROLLER_GAIN:.1f}x in every seed: {fmt_verdict(met)}); with the timing probe
