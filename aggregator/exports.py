@@ -34,10 +34,15 @@ def export_model(
     model: nn.Module,
     arrays: ArrayRecord,
     record: RoundRecord,
+    personal: frozenset[str] = frozenset(),
 ) -> ModelVersion:
     """Write ``arrays`` (loaded into ``model``, the task's architecture for ``learning``'s
     sample shape) as version ``record.round`` of ``export-dir``, with the round's
-    prequential and held-out scores."""
+    prequential and held-out scores.
+
+    Under personalisation the manifest's ``personal-layers`` names the tensors each device
+    keeps: the program holds their initial values, which a device replaces by its own (its
+    ``fedstream infer`` serves the model its ClientApp stored, personal layers included)."""
     model.load_state_dict(arrays.to_torch_state_dict())
     predictor = task.predictor(model)
     example = torch.randn(2, *task.input_shape(learning.shape))
@@ -46,6 +51,7 @@ def export_model(
         "source": "aggregator",
         "prequential": scores_entry(task.metric, record.accuracy, record.loss, record.eval_count),
         "eval-data": scores_entry(task.metric, record.test_accuracy, record.test_loss),
+        "personal-layers": sorted(personal),
     }
     version = write_version(
         settings.export_dir,
@@ -78,12 +84,21 @@ class ExportSchedule:
         The model's sample shape and the task's names, for the manifest.
     task : Task
         What is learned.
+    personal : frozenset of str, optional
+        The tensors each device keeps (the manifest's ``personal-layers``).
     """
 
-    def __init__(self, settings: ExportSettings, learning: LearningSettings, task: Task) -> None:
+    def __init__(
+        self,
+        settings: ExportSettings,
+        learning: LearningSettings,
+        task: Task,
+        personal: frozenset[str] = frozenset(),
+    ) -> None:
         self.settings = settings
         self.learning = learning
         self.task = task
+        self.personal = personal
         self.exported = 0  # the last version exported
 
     def after_round(
@@ -106,6 +121,8 @@ class ExportSchedule:
             self._export(scratch(), arrays, last)
 
     def _export(self, model: nn.Module, arrays: ArrayRecord, record: RoundRecord) -> int:
-        version = export_model(self.task, self.settings, self.learning, model, arrays, record)
+        version = export_model(
+            self.task, self.settings, self.learning, model, arrays, record, self.personal
+        )
         self.exported = version.version
         return self.exported

@@ -45,6 +45,7 @@ from aggregator.stopping import StopRequest
 from aggregator.strategy import DIVERGED, RoundReport, StreamStrategy
 from edge_client.task.interface import Scores, Task, init_model
 from edge_client.task.loading import load_task
+from edge_client.task.personal import run_personal_keys
 from edge_client.wire.records import ProbeReply, RecordError
 from edge_client.wire.run_config import RunSettings
 
@@ -141,6 +142,7 @@ class RunSession:
         learning = settings.learning
         model = init_model(task, learning.shape, learning.num_classes, settings.seed)
         arrays = ArrayRecord(model.state_dict())
+        personal = run_personal_keys(model, learning)  # a bad pattern fails here, at start
         controller = BatchController(settings)
         fleet = FleetRegistry()
         start, saved = 1, {}
@@ -161,7 +163,7 @@ class RunSession:
             settings,
             task,
             arrays,
-            StreamStrategy(settings, controller, fleet),
+            StreamStrategy(settings, controller, fleet, personal),
             start,
             saved,
             _model=model,
@@ -175,7 +177,7 @@ class RunSession:
                 learning.lr,
                 int(saved.get(DIVERGED_ROUNDS, 0)),
             ),
-            exports=ExportSchedule(settings.exports, learning, task),
+            exports=ExportSchedule(settings.exports, learning, task, personal),
         )
         session.strategy.drift.load_state_dict(saved.get(DRIFT, {}))
         session.sinks = open_sinks(settings.sinks, settings.to_run_config())

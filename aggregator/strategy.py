@@ -198,6 +198,9 @@ class StreamStrategy:
         configured by ``settings`` by default.
     fleet : FleetRegistry, optional
         Nodes, devices and counters (restored from a checkpoint on resume).
+    personal : frozenset of str, optional
+        The model's personal tensors (:mod:`edge_client.task.personal`): the devices keep
+        them, so updates leave them out and the global model keeps its initial values.
     """
 
     def __init__(
@@ -205,8 +208,10 @@ class StreamStrategy:
         settings: RunSettings,
         controller: BatchController | None = None,
         fleet: FleetRegistry | None = None,
+        personal: frozenset[str] = frozenset(),
     ) -> None:
         self.settings = settings
+        self.personal = personal  # tensors the devices keep: not in updates, never changed
         self.controller = controller or BatchController(settings)
         self.fleet = fleet or FleetRegistry()
         self.drift = DriftReaction(settings.drift)
@@ -321,7 +326,7 @@ class StreamStrategy:
         mode = round_mode(codec.compress, gaps, codec.compress_delta)
         injectors = self.injection.pick(self.fleet.opted_in(devices.values()), server_round)
         down = self._broadcast(arrays, model)
-        shapes = {k: v.shape for k, v in model.items()}
+        shapes = {k: v.shape for k, v in model.items() if k not in self.personal}
         return _Round(
             server_round=server_round,
             model=model,
@@ -452,7 +457,10 @@ class StreamStrategy:
         if result is None:
             return None, report
         step, report.aggregated = result
-        new = {k: (g + step[k]).astype(np.float32) for k, g in current.model.items()}
+        new = {
+            k: (g + step[k] if k in step else g).astype(np.float32)
+            for k, g in current.model.items()
+        }
         return ArrayRecord({k: Array(v) for k, v in new.items()}), report
 
     def boost_of(self, update: Update, report: RoundReport) -> float:

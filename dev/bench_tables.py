@@ -95,7 +95,7 @@ def _compression(doc: Doc) -> str:
 
 
 def _deployment(doc: Doc) -> str:
-    from deploy.bench import deployment
+    from deploy.bench.deployment_table import deployment_table
 
     controllers = doc.get("controllers") or {}
     targets = sorted({t for c in controllers.values() for t in c["time_to_s"]}, key=float)
@@ -108,7 +108,7 @@ def _deployment(doc: Doc) -> str:
         ]
         for name, c in controllers.items()
     ]
-    table = deployment._table(doc["entries"], doc.get("ratios"))
+    table = deployment_table(doc["entries"], doc.get("ratios"))
     if rows:
         headers = ["controller", "seeds", "round wall s, median (range)"]
         headers += [f"wall s to test accuracy {t}" for t in targets]

@@ -53,8 +53,9 @@ from aggregator.exchange import PULL_INTERVAL_S
 from aggregator.round_log import RoundRecord, read_metrics, rounds_only
 from deploy.agents import agent_sockets, start_agents
 from deploy.bench.agent import agent_summary, run_soak
-from deploy.bench.common import Result, markdown_table, spread
+from deploy.bench.common import Result, spread
 from deploy.bench.curves import batch_per_device, compute_per_device, slowest_share, time_to
+from deploy.bench.deployment_table import deployment_table
 from deploy.breakdown import PARTS, run_breakdown
 from deploy.demo import APP_DIR, STATUS_CHECK_S, DemoConfig, run_demo
 from deploy.flower import FlowerDeployment, FlowerError
@@ -606,7 +607,7 @@ def run(quick: bool = False, progress: Callable[[str], None] = print) -> Result:
         "soak": soak,
         "controllers": _controller_summary(entries),
     }
-    return Result("deployment", entries, _table(entries, meta["ratios"]), meta)
+    return Result("deployment", entries, deployment_table(entries, meta["ratios"]), meta)
 
 
 def _controllers(
@@ -687,7 +688,7 @@ def rerun_controllers(doc: dict[str, Any], progress: Callable[[str], None] = pri
     _add_ratios(entries)
     meta = {k: v for k, v in doc.items() if k not in ("scenario", "created", "entries")}
     meta["controllers"] = _controller_summary(entries)
-    return Result("deployment", entries, _table(entries, meta["ratios"]), meta)
+    return Result("deployment", entries, deployment_table(entries, meta["ratios"]), meta)
 
 
 def _soak(tmp: Path, messages: int, progress: Callable[[str], None]) -> dict[str, Any]:
@@ -759,75 +760,3 @@ def _meta(quick: bool, devices: int, rounds: int) -> dict[str, Any]:
         "clock": "wall clock, Flower's deployment engine on this machine (2 cores shared)",
         "parts": list(PARTS),
     }
-
-
-def _times(entry: dict[str, Any]) -> str:
-    """Seconds to each target accuracy (``-``: not reached), for the controller runs."""
-    if "time_to_s" not in entry:
-        return "-"
-    return ", ".join(
-        f"{t}: {'-' if v is None else f'{v:.0f} s'}" for t, v in entry["time_to_s"].items()
-    )
-
-
-def _num(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
-
-
-def _table(entries: list[dict[str, Any]], ratios: dict[str, Any] | None = None) -> str:
-    """One row per run; with ``ratios`` (the JSON's), their summary over the repetitions."""
-    rows = []
-    for e in entries:
-        b = e.get("breakdown") or {}
-        rows.append(
-            [
-                e["variant"],
-                str(e.get("repetition", "-")),
-                f"{e['round_wall_median_s']:.2f} ({e['round_wall_min_s']:.2f}-"
-                f"{e['round_wall_max_s']:.2f})",
-                f"{e['vs_plain_tuned']:.2f}x",
-                f"{e['vs_plain_tuned_pull']:.2f}x" if "vs_plain_tuned_pull" in e else "-",
-                _num(e["clientapp_cpu_s_per_round"]),
-                _num(e["clientapp_start_s"]),
-                _num(e["clientapp_train_s"]),
-                f"{100 * b['training_share']:.0f} %" if b else "-",
-                str(e.get("seed", "-")),
-                _times(e),
-            ]
-        )
-    table = markdown_table(
-        [
-            "variant",
-            "repetition",
-            "round wall s, median (range)",
-            "vs plain tuned",
-            "vs plain tuned, 0.2 s pulls",
-            "ClientApp CPU s",
-            "process start s",
-            "train s",
-            "training share",
-            "seed",
-            "wall s to test accuracy",
-        ],
-        rows,
-    )
-    if ratios:
-        table += "\n\n" + ratio_table(ratios)
-    return table
-
-
-def ratio_table(ratios: dict[str, Any]) -> str:
-    """The median round of each compared variant over each baseline's, within each
-    repetition: mean (min-max) over them."""
-    rows = [
-        [
-            variant,
-            *(
-                f"{r['mean']:.2f}x ({r['min']:.2f}-{r['max']:.2f}, {len(r['per_repetition'])})"
-                for r in by_base.values()
-            ),
-        ]
-        for variant, by_base in ratios.items()
-    ]
-    headers = ["variant"] + [f"vs {base}, mean (min-max, repetitions)" for base in BASELINES]
-    return markdown_table(headers, rows)

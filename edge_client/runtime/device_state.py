@@ -35,6 +35,7 @@ _FEEDBACK_GAP = "codec-gap"
 _INJECT_SEQ = "inject-seq"
 _PREPROCESS = "preprocess-state"  # JSON: {"kind": ..., "state": ...}
 _FIRST_LOSS = "first-loss"  # JSON: {"run": ..., "loss": ...}
+_PERSONAL = "personal-layers"  # the personal tensors, as an uncompressed codec frame
 
 
 class DeviceState:
@@ -113,6 +114,23 @@ class DeviceState:
     def save_first_loss(self, run_id: int, loss: float) -> None:
         """Keep ``loss`` as the first loss of run ``run_id``."""
         self._set({_FIRST_LOSS: json.dumps({"run": run_id, "loss": loss}).encode()})
+
+    def personal(self, like: Mapping[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+        """The device's personal tensors as last saved, or None when it has none, or they
+        do not fit ``like`` (another model's names or shapes: they start afresh). Kept in
+        name order, whatever order the caller's mappings have."""
+        frame = self._get(_PERSONAL)
+        if not frame:
+            return None
+        try:
+            return decode(frame, {k: like[k].shape for k in sorted(like)})
+        except CodecError as err:
+            log.info("personal layers of another model kept aside, starting afresh: %s", err)
+            return None
+
+    def save_personal(self, values: Mapping[str, np.ndarray]) -> None:
+        """Keep the personal tensors ``values`` for the next round (one transaction)."""
+        self._set({_PERSONAL: encode({k: values[k] for k in sorted(values)}, "none")})
 
     def inject_seq(self) -> int:
         """The sequence number of the last frame this device shared (0: none yet)."""

@@ -41,6 +41,7 @@ from edge_client.runtime.usage import cpu_s, disk_write_bytes, peak_rss_bytes, p
 from edge_client.runtime.virtual_nodes import VirtualNodes, is_virtual, virtual_nodes
 from edge_client.task.interface import Scores, Task
 from edge_client.task.loading import load_task
+from edge_client.task.personal import run_personal_keys
 from edge_client.task.preprocess import Preprocessor
 from edge_client.wire.codec import compress, encode
 from edge_client.wire.records import (
@@ -76,6 +77,7 @@ def train_round(msg: Message, context: Context, task: Task | None = None) -> Mes
         model = task.build_model(settings.shape, settings.num_classes)
         received = msg.content.array_records[ARRAYS].to_torch_state_dict()
         model.load_state_dict({k: v.float() for k, v in received.items()})  # fp16 broadcast too
+        personal = _overlay_personal(model, settings, state)
         start = _numpy_state(model)
         rng = device_rng(settings.seed, node.device_id, plan.server_round)  # a seeded run repeats
         preprocessor = task.preprocessor()
@@ -97,7 +99,11 @@ def train_round(msg: Message, context: Context, task: Task | None = None) -> Mes
         trained = time.perf_counter()
         if is_virtual(context):  # its steps' cost on the virtual clock, not Ray's wall time
             result = _charged(result, virtual_nodes(), node)
-        delta = {k: v - start[k] for k, v in _numpy_state(model).items()}
+        trained_state = _numpy_state(model)
+        # personal tensors stay on the device: kept in its state, never in the update
+        delta = {k: v - start[k] for k, v in trained_state.items() if k not in personal}
+        if personal and result.num_examples > 0:
+            state.save_personal({k: trained_state[k] for k in personal})
         if node.model_dir:  # the received model, for inference (fedstream infer)
             store_model(
                 node.model_dir,
@@ -122,6 +128,21 @@ def train_round(msg: Message, context: Context, task: Task | None = None) -> Mes
     timing = _Timing(start_s, setup_s, done - trained, done - entered)
     metrics = _reply_metrics(result, buffer, settings, node, frame, gap, shared, timing, broke)
     return Message(DeviceReply(node.device_id, metrics, frame).to_content(), reply_to=msg)
+
+
+def _overlay_personal(
+    model: torch.nn.Module, settings: RunSettings, state: DeviceState
+) -> frozenset[str]:
+    """Put the device's personal tensors (``personalize``, ``personal-layers``) on the
+    received model, where it has them (its first round keeps the received ones); return
+    their keys (empty without personalisation)."""
+    personal = run_personal_keys(model, settings.learning)
+    if personal:
+        received = model.state_dict()
+        kept = state.personal({k: received[k].numpy() for k in personal})
+        if kept is not None:
+            model.load_state_dict({k: torch.from_numpy(v) for k, v in kept.items()}, strict=False)
+    return personal
 
 
 def _charged(result: TrainResult, virtual: VirtualNodes, node: NodeConfig) -> TrainResult:

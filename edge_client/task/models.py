@@ -19,21 +19,31 @@ class SensorCNN(nn.Module):
     About 6k parameters for 6x32 windows and 6 classes.
     """
 
-    def __init__(self, channels: int, num_classes: int, width: int = 32) -> None:
+    def __init__(
+        self, channels: int, num_classes: int, width: int = 32, norm: bool = False
+    ) -> None:
         super().__init__()
-        self.features = nn.Sequential(
-            nn.Conv1d(channels, width, kernel_size=5, padding=2),
-            nn.ReLU(),
-            nn.Conv1d(width, width, kernel_size=5, padding=2),
-            nn.ReLU(),
-            nn.AdaptiveAvgPool1d(1),
-            nn.Flatten(),
-        )
+        layers: list[nn.Module] = []
+        for inputs in (channels, width):
+            layers.append(nn.Conv1d(inputs, width, kernel_size=5, padding=2))
+            if norm:  # cnn-bn: batch normalisation after each convolution (FedBN's layers)
+                layers.append(_batch_norm(width))
+            layers.append(nn.ReLU())
+        self.features = nn.Sequential(*layers, nn.AdaptiveAvgPool1d(1), nn.Flatten())
         self.head = nn.Linear(width, num_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits for a batch ``(n, channels, steps)``."""
         return self.head(self.features(x))  # type: ignore[no-any-return]
+
+
+def _batch_norm(width: int) -> nn.BatchNorm1d:
+    """Batch normalisation whose state is all float: the step counter, an integer buffer
+    that only a momentum of None would read, is dropped, so every tensor of the model
+    travels and averages as the others do."""
+    norm = nn.BatchNorm1d(width)
+    norm.register_buffer("num_batches_tracked", None)
+    return norm
 
 
 class SensorMLP(nn.Module):
@@ -60,8 +70,8 @@ def build_model(
 
     Parameters
     ----------
-    name : {"cnn", "mlp"}
-        Architecture.
+    name : {"cnn", "cnn-bn", "mlp"}
+        Architecture (``cnn-bn``: the CNN with batch normalisation after each convolution).
     shape : sequence of int
         Per-sample shape; the CNN needs ``(channels, steps)``.
     num_classes : int
@@ -75,13 +85,13 @@ def build_model(
     """
     if seed is not None:
         torch.manual_seed(seed)
-    if name == "cnn":
+    if name in ("cnn", "cnn-bn"):
         if len(shape) != 2:
             raise ValueError(
                 f"the cnn model needs (channels, steps) samples, got {tuple(shape)}: "
                 "set model = 'mlp' for samples of another shape"
             )
-        return SensorCNN(shape[0], num_classes, *([width] if width else []))
+        return SensorCNN(shape[0], num_classes, width or 32, norm=name == "cnn-bn")
     if name == "mlp":
         return SensorMLP(math.prod(shape), num_classes, *([width] if width else []))
     raise ValueError(f"model must be one of {MODELS}, got {name!r}")

@@ -80,7 +80,10 @@ STALENESS_RULES: Final = ("constant", "polynomial", "hinge")  # aggregator.fedbu
 
 # What is learned (edge_client.task): the names a run config takes for its task, model,
 # preprocessing and emulated streams, and the built-in datasets' shapes it checks against.
-MODELS: Final = ("cnn", "mlp")  # built-in models (a user names theirs by import path)
+MODELS: Final = ("cnn", "cnn-bn", "mlp")  # built-in models (a user names theirs by import path)
+#: What stays on each device (edge_client.task.personal): nothing, the output layer
+#: (FedPer/FedRep), or the normalisation layers (FedBN).
+PERSONALIZE: Final = ("none", "head", "bn")
 BUILTIN_TASKS: Final = ("classification", "forecast")  # a user names theirs by import path
 #: A user's task or model in the run config: ``package.module:Name`` (``module:Outer.Inner``).
 IMPORT_PATH: Final = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")

@@ -117,6 +117,8 @@ class RunSettings(ControllerSettings):
         forecast_horizon: int
         model: str
         model_width: int
+        personalize: str
+        personal_layers: str
         sample_shape: str
         num_classes: int
         preprocess: str
@@ -209,6 +211,12 @@ class RunSettings(ControllerSettings):
             raise ValueError(
                 f"aggregation {aggregation} needs every update of a round: async mode "
                 "takes fedavg or fednova"
+            )
+        personal = self.learning.personalize != "none" or self.learning.personal_layers.strip()
+        if mode == "async" and personal:
+            raise ValueError(
+                "personalize / personal-layers work in sync mode only (mode = 'sync'): "
+                "async aggregation does not yet keep personal layers out of its buffer"
             )
         if self.simulation.sim_labels > self.learning.num_classes:
             raise ValueError(f"sim-labels must be in 0..num-classes ({self.learning.num_classes})")

@@ -29,6 +29,7 @@ from edge_client.wire.constants import (
     IMPORT_PATH,
     MODELS,
     MODES,
+    PERSONALIZE,
     PREPROCESSING,
     SIM_BUFFERS,
     STALENESS_RULES,
@@ -179,11 +180,23 @@ class LearningSettings:
     )
     model: str = knob(
         "cnn",
-        "classification's model: cnn (1D-CNN over (channels, steps) windows), mlp (any "
-        "shape), or a user's nn.Module by import path ('my_pkg.task:Net')",
+        "classification's model: cnn (1D-CNN over (channels, steps) windows), cnn-bn (the "
+        "same with batch normalisation), mlp (any shape), or a user's nn.Module by import "
+        "path ('my_pkg.task:Net')",
     )
     model_width: int = knob(
         0, "CNN channels or MLP hidden units (0: the model's default, 32 or 64)", ge=0
+    )
+    personalize: str = knob(
+        "none",
+        "what each device keeps to itself, trained locally and never sent: none, head (the "
+        "output layer: FedPer/FedRep) or bn (normalisation layers: FedBN; model cnn-bn)",
+        choices=PERSONALIZE,
+    )
+    personal_layers: str = knob(
+        "",
+        "further tensors each device keeps, by state-dict name pattern, comma-separated "
+        "('head.*,adapter.*'; for a user's model)",
     )
     sample_shape: str = knob(
         "6,32",
