@@ -1,23 +1,26 @@
-"""``fedstream bench people``: one device per person, held-out people, and a tuned
-centralised training of the same model as the reference.
+"""``fedstream bench people``: one device per person on a real multi-subject recording,
+held-out people, a tuned centralised training of the same model as the reference, and
+personal layers.
 
-The recording is :func:`~edge_client.emulation.people.people_recording`: 30 people laid out
-as UCI HAR is (each person's windows one after another, activities in blocks, every person's
-sensor shifted by a gain and a bias of its own), synthetic because no real multi-subject
-sensor recording can be had offline here. People 1-21 stream, one virtual device each, in
-recorded order (``fedstream simulate --partition-by subject``, its defaults: one local epoch
-a round, each device standardising its own stream); people 22-30 are held out, each scored
-apart. Time is the streams' virtual clock.
+The recording is a smartwatch's (:mod:`deploy.bench.watch`: 10 people, 7 shoulder
+exercises, accelerometer and gyroscope in their own units, windows of 64 readings). People
+1-7 stream, one virtual device each, in recorded order (``fedstream simulate
+--partition-by subject``, its defaults: one local epoch a round, each device standardising
+its own stream); people 8-10 are held out, scored apart. Time is the streams' virtual clock.
+Arms, each changing one setting of the first: ``none`` (the dynamic controller, FedNova),
+``head`` and ``bn`` (:mod:`edge_client.task.personal`; ``bn`` on ``model = "cnn-bn"``, so
+``none-bn`` is its baseline), ``fixed`` (the equal split) and ``fedavg``.
 
-The reference is centralised training of the same model on the same 21 people's windows,
+The reference is centralised training of the same model on the same 7 people's windows,
 shuffled, with SGD (momentum 0.9), tuned on a grid (learning rate x batch x preprocessing:
 none, or each person's channels standardised by that person's statistics, as the devices
-do) and epochs, chosen on people 19-21 held out of its training (subject-wise
-validation), then trained again on all 21 and scored once on the 9 held out.
+do) and epochs, chosen on the last 3 training people held out of its training
+(subject-wise validation), then trained again on all 7 and scored once on the 3 held out.
 
-A fleet of 1,000 people (``--quick``: 100) runs three rounds twice with one seed: every
-device must reply, the memory of the run's processes (PSS) stay flat from round 2, and the
-two runs' device scores be equal.
+A fleet of 1,000 people (``--quick``: 100; synthetic, :func:`~edge_client.emulation.people.
+people_recording`) runs three rounds twice with one seed: every device must reply, the
+memory of the run's processes (PSS) stay flat from round 2, and the two runs' device scores
+be equal.
 """
 
 from __future__ import annotations
@@ -39,15 +42,46 @@ from rich.console import Console
 from aggregator.round_log import read_metrics, rounds_only
 from deploy.bench.common import SEEDS, Result, footnote, markdown_table, spread, verdict
 from deploy.bench.simulation import simulate
+from deploy.bench.watch import CHANNELS, CLASSES, WINDOW, watch_people
 from deploy.simulate import SimulateConfig, plan_simulation, run_simulation
 from edge_client.emulation.people import PEOPLE_KEY, People, people_recording
 from edge_client.task.interface import Classification, evaluate, init_model
 
 __all__ = ["Config", "centralised", "run"]
 
-SUBJECTS, TRAINING = 30, 21  # as UCI HAR: 21 people train, 9 others are the test
+TRAINING = 7  # the watch recording's people 1-7 stream; 8-10 are the test
 VALIDATION = 3  # the reference's tuning: the last 3 training people held out
-ROUNDS, QUICK_ROUNDS = 40, 10
+ROUNDS, QUICK_ROUNDS = 30, 6
+#: The run config every arm shares (the recording's windows and classes).
+BASE: dict[str, Any] = {
+    "sample-shape": f"{CHANNELS},{WINDOW}",
+    "num-classes": CLASSES,
+    "preprocess": "standardize",
+}
+#: Each arm's change to :data:`BASE`, and the arm it is compared with.
+ARMS: dict[str, dict[str, str]] = {
+    "none": {},
+    "head": {"personalize": "head"},
+    "none-bn": {"model": "cnn-bn"},
+    "bn": {"model": "cnn-bn", "personalize": "bn"},
+    "fixed": {"controller": "fixed"},
+    "fedavg": {"aggregation": "fedavg"},
+}
+SETTLED = 5  # rounds the device scores are averaged over, at the end of a run
+BASELINE_OF = {"head": "none", "bn": "none-bn", "fixed": "none", "fedavg": "none"}
+#: What each arm's summary keeps.
+KEPT = (
+    "ok",
+    "test_accuracy",
+    "test_by_group",
+    "device_score_mean",
+    "device_score_median",
+    "device_score_worst10",
+    "device_scores",
+    "source_passes",
+    "wall_s",
+    "virtual_s",
+)
 LRS, BATCHES, PREPROCESS = (0.01, 0.03, 0.1), (32, 128), ("none", "standardize")
 EPOCHS = (5, 10, 20, 30)
 MOMENTUM = 0.9
@@ -145,11 +179,14 @@ def centralised(
     }
 
 
-def _federated(train: Path, test: Path, rounds: int, seed: int, where: Path) -> dict[str, Any]:
-    """``fedstream simulate --source TRAIN --partition-by subject --test TEST`` (defaults);
-    its summary."""
+def _federated(
+    train: Path, test: Path, rounds: int, seed: int, where: Path, run_config: dict[str, Any]
+) -> dict[str, Any]:
+    """``fedstream simulate --source TRAIN --partition-by subject --test TEST`` with
+    ``run_config`` (else its defaults); its summary."""
     config = SimulateConfig(
         rounds=rounds,
+        run_config=run_config,
         source=train,
         partition_by=PEOPLE_KEY,
         test=test,
@@ -160,6 +197,16 @@ def _federated(train: Path, test: Path, rounds: int, seed: int, where: Path) -> 
     ok = run_simulation(config, Console(quiet=True))
     summary: dict[str, Any] = json.loads(next(where.glob("sim-*/summary.json")).read_text())
     return {**summary, "ok": ok}
+
+
+def _settled(summary: dict[str, Any]) -> dict[str, float]:
+    """The device scores averaged over the last :data:`SETTLED` rounds (``*_settled``): one
+    round's worst device, of 7, moves by several points from round to round."""
+    per_round = summary["device_score_per_round"]
+    return {
+        f"device_score_{k}_settled": float(np.mean(per_round[k][-SETTLED:]))
+        for k in ("mean", "worst10")
+    }
 
 
 def _fleet(devices: int, seed: int, progress: Callable[[str], None]) -> dict[str, Any]:
@@ -203,56 +250,52 @@ def _fleet(devices: int, seed: int, progress: Callable[[str], None]) -> dict[str
 
 
 def run(quick: bool = False, progress: Callable[[str], None] = print) -> Result:
-    """The comparison over :data:`SEEDS` (``quick``: one seed, a small grid, fewer rounds
-    and a fleet of 100), and the fleet's run twice."""
+    """The comparison over :data:`SEEDS` (``quick``: one seed, a small grid, fewer rounds,
+    the arms ``none`` and ``head``, and a fleet of 100), and the fleet's run twice."""
     seeds = SEEDS[:1] if quick else SEEDS
     rounds = QUICK_ROUNDS if quick else ROUNDS
     grid = (
         [(0.03, 32, "standardize")] if quick else list(itertools.product(LRS, BATCHES, PREPROCESS))
     )
     epochs = (5, 10) if quick else EPOCHS
+    arms = {k: ARMS[k] for k in (("none", "head") if quick else ARMS)}
+    people = watch_people()
+    subjects = sorted(set(people.subject.tolist()))
+    train, test = people.where(subjects[:TRAINING]), people.where(subjects[TRAINING:])
     entries: list[dict[str, Any]] = []
     for seed in seeds:
-        people = people_recording(SUBJECTS, seed=seed)
-        train = people.where(range(1, TRAINING + 1))
-        test = people.where(range(TRAINING + 1, SUBJECTS + 1))
         progress(f"  seed {seed}: tuned centralised training ({len(grid)} settings)")
         reference = centralised(train, test, seed, grid, epochs)
-        progress(f"  seed {seed}: fedstream simulate, {TRAINING} people, {rounds} rounds")
+        results: dict[str, dict[str, Any]] = {}
         where = Path(tempfile.mkdtemp(prefix="fedstream-bench-people-"))
         try:
-            fed = _federated(
-                train.save(where / "train.npz"), test.save(where / "test.npz"), rounds, seed, where
-            )
+            files = train.save(where / "train.npz"), test.save(where / "test.npz")
+            for name, change in arms.items():
+                progress(f"  seed {seed}: {name}, {TRAINING} people, {rounds} rounds")
+                run_dir = where / name
+                fed = _federated(*files, rounds, seed, run_dir, {**BASE, **change})
+                results[name] = {k: fed[k] for k in KEPT} | {"run_config": change} | _settled(fed)
         finally:
             shutil.rmtree(where, ignore_errors=True)
-        by_group: dict[str, float] = fed["test_by_group"]
+        base = results["none"]
+        by_group: dict[str, float] = base["test_by_group"]
         entries.append(
             {
                 "seed": seed,
                 "centralised": reference,
-                "federated": {
-                    k: fed[k]
-                    for k in (
-                        "ok",
-                        "test_accuracy",
-                        "test_by_group",
-                        "device_score_mean",
-                        "device_score_median",
-                        "device_score_worst10",
-                        "source_passes",
-                        "wall_s",
-                        "virtual_s",
-                    )
-                },
-                "run_config": fed["run_config"],
-                "ratio": fed["test_accuracy"] / reference["test_accuracy"],
+                "federated": base,
+                "arms": results,
+                "ratio": base["test_accuracy"] / reference["test_accuracy"],
                 "worst_held_out": min(by_group.values()) if by_group else None,
             }
         )
         progress(
-            f"    held-out accuracy: federated {fed['test_accuracy']:.3f}, centralised "
-            f"{reference['test_accuracy']:.3f} ({entries[-1]['ratio']:.2f}x)"
+            f"    held-out accuracy: federated {base['test_accuracy']:.3f}, centralised "
+            f"{reference['test_accuracy']:.3f} ({entries[-1]['ratio']:.2f}x); devices "
+            + ", ".join(
+                f"{k} {r['device_score_mean']:.3f}/{r['device_score_worst10']:.3f}"
+                for k, r in results.items()
+            )
         )
     fleet = _fleet(QUICK_FLEET if quick else FLEET, seeds[0], progress)
     return Result(
@@ -260,11 +303,15 @@ def run(quick: bool = False, progress: Callable[[str], None] = print) -> Result:
         [*entries, {"fleet": fleet}],
         _table([*entries, {"fleet": fleet}], rounds, quick),
         meta={
-            "what": "fedstream simulate on a synthetic 30-person recording (UCI HAR's layout); "
-            "virtual clock",
-            "subjects": SUBJECTS,
+            "what": "fedstream simulate on a smartwatch recording (seglearn 1.2.5's watch "
+            "set: 10 people, 7 exercises); virtual clock",
+            "recording": "seglearn==1.2.5 seglearn/data/watch_dataset.npy (BSD-3-Clause)",
+            "window": WINDOW,
+            "subjects": len(subjects),
             "training_subjects": TRAINING,
             "rounds": rounds,
+            "arms": arms,
+            "baseline_of": BASELINE_OF,
             "grid": {
                 "learning_rates": LRS,
                 "batches": BATCHES,
@@ -318,13 +365,16 @@ def _table(entries: list[dict[str, Any]], rounds: int, quick: bool) -> str:
         f"Ratio over seeds: {spread(ratios)} (goal >= {GOAL}: "
         f"{verdict(min(ratios) >= GOAL)}); median {statistics.median(ratios):.2f}.",
         "",
+        arms_table(seeds),
+        "",
         f"{fleet['devices']} people, {fleet['rounds']} rounds, twice with one seed: "
         f"{fleet['replied']:.0%} of the devices replied in every round; memory "
         f"{fleet['memory_peak_bytes'] / 2**20:.0f} MiB at the peak, "
         + (f"{growth:+.1%} from round 2 to the last" if growth is not None else "growth n/a")
         + f"; the two runs' device scores {'equal' if fleet['repeated'] else 'DIFFER'}.",
         footnote(
-            "A synthetic recording laid out as UCI HAR; fedstream simulate's defaults"
+            "The smartwatch recording (seglearn 1.2.5's watch set); fedstream simulate's "
+            "defaults but the arms' settings"
             + (" (quick: 1 seed, a small grid)" if quick else "")
             + "; the federation's time is the simulation engine's virtual clock (sim-round-s "
             "a round), the figures are accuracies, not times",
@@ -332,3 +382,45 @@ def _table(entries: list[dict[str, Any]], rounds: int, quick: bool) -> str:
         ),
     ]
     return "\n".join(lines)
+
+
+def arms_table(seeds: list[dict[str, Any]]) -> str:
+    """Per arm over the seeds: the devices' prequential scores (mean, worst 10 %; over the
+    last :data:`SETTLED` rounds) and the held-out score, and for a changed arm whether it beat
+    its baseline on both device scores in each seed."""
+    rows = []
+    for name in seeds[0]["arms"]:
+        of = [e["arms"][name] for e in seeds]
+        base = BASELINE_OF.get(name)
+        beats = "-"
+        if base is not None:
+            won = [
+                all(
+                    e["arms"][name][f"device_score_{k}_settled"]
+                    > e["arms"][base][f"device_score_{k}_settled"]
+                    for k in ("mean", "worst10")
+                )
+                for e in seeds
+            ]
+            beats = f"{sum(won)} of {len(won)} (vs {base})"
+        rows.append(
+            [
+                name,
+                ", ".join(f"{k} = {v}" for k, v in of[0]["run_config"].items()) or "-",
+                spread([r["device_score_mean_settled"] for r in of], "{:.3f}"),
+                spread([r["device_score_worst10_settled"] for r in of], "{:.3f}"),
+                spread([r["test_accuracy"] for r in of], "{:.3f}"),
+                beats,
+            ]
+        )
+    return markdown_table(
+        [
+            "arm",
+            "changed",
+            f"devices, mean (last {SETTLED} rounds)",
+            f"devices, worst 10 % (last {SETTLED} rounds)",
+            "held-out",
+            "beats its baseline on both device scores",
+        ],
+        rows,
+    )
