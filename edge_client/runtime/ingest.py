@@ -31,6 +31,7 @@ holds for them, and a redelivered reading is known by its timestamp.
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import logging
 import queue
@@ -67,6 +68,7 @@ from edge_client.runtime.constants import (
     RECENT_TIMESTAMPS,
     REJECT_LOG_INTERVAL_S,
     STATUS_INTERVAL_S,
+    STOP_FLUSH_S,
 )
 from edge_client.runtime.ingest_status import LossLog, RateLog, RejectLog
 from edge_client.runtime.injection import InjectionRelay
@@ -295,8 +297,16 @@ class IngestDaemon(Subscribed):
             self._held_changed.notify_all()  # paho's thread may wait for room
         self._writer.join(timeout)
         self._send_acks()
-        self._publish_status(online=False)
+        last = self._publish_status(online=False)
+        with contextlib.suppress(RuntimeError, ValueError):  # not sent: nothing to wait for
+            last.wait_for_publish(STOP_FLUSH_S)  # the broker holds the last status
         self._client.disconnect()  # after the queued PUBACKs: paho sends packets in order
+        # Let paho's thread send the DISCONNECT before it is stopped: a connection that
+        # just drops makes the broker publish the will, which would replace the last status
+        # (and its counters) with a bare "offline".
+        deadline = time.monotonic() + STOP_FLUSH_S
+        while self._connected.is_set() and time.monotonic() < deadline:
+            time.sleep(0.01)
         self._client.loop_stop()
         if self._metrics is not None:
             self._metrics.shutdown()
@@ -572,7 +582,7 @@ class IngestDaemon(Subscribed):
             return  # stays queued in the buffer file
         self.injection.publish(self._client)
 
-    def _publish_status(self, *, online: bool, error: str | None = None) -> None:
+    def _publish_status(self, *, online: bool, error: str | None = None) -> mqtt.MQTTMessageInfo:
         """The retained status message: counters, fill, rate, and ``error`` while the buffer
         cannot be written."""
         try:
@@ -594,7 +604,8 @@ class IngestDaemon(Subscribed):
         error = error or self._subscribe_error
         if error is not None:
             status["error"] = error
-        self._client.publish(self._status_topic, json.dumps(status), qos=1, retain=True)
+        sent = self._client.publish(self._status_topic, json.dumps(status), qos=1, retain=True)
         self.last_status = status
         self._rate_log.record(status, self._connected.is_set())
         self._losses.record(status)
+        return sent
