@@ -45,7 +45,7 @@ from aggregator.stopping import StopRequest
 from aggregator.strategy import DIVERGED, RoundReport, StreamStrategy
 from edge_client.task.interface import Scores, Task, init_model
 from edge_client.task.loading import load_task
-from edge_client.task.personal import run_personal_keys
+from edge_client.task.personal import run_personal_keys, unshared_keys
 from edge_client.wire.records import ProbeReply, RecordError
 from edge_client.wire.run_config import RunSettings
 
@@ -163,7 +163,7 @@ class RunSession:
             settings,
             task,
             arrays,
-            StreamStrategy(settings, controller, fleet, personal),
+            StreamStrategy(settings, controller, fleet, unshared_keys(model, personal)),
             start,
             saved,
             _model=model,

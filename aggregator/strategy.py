@@ -199,8 +199,8 @@ class StreamStrategy:
     fleet : FleetRegistry, optional
         Nodes, devices and counters (restored from a checkpoint on resume).
     personal : frozenset of str, optional
-        The model's personal tensors (:mod:`edge_client.task.personal`): the devices keep
-        them, so updates leave them out and the global model keeps its initial values.
+        The tensors no update carries (:func:`~edge_client.task.personal.unshared_keys`:
+        the personal ones and step counters): the global model keeps their initial values.
     """
 
     def __init__(
@@ -211,7 +211,7 @@ class StreamStrategy:
         personal: frozenset[str] = frozenset(),
     ) -> None:
         self.settings = settings
-        self.personal = personal  # tensors the devices keep: not in updates, never changed
+        self.personal = personal  # tensors no update carries: the global model keeps them
         self.controller = controller or BatchController(settings)
         self.fleet = fleet or FleetRegistry()
         self.drift = DriftReaction(settings.drift)

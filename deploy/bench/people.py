@@ -293,7 +293,7 @@ def run(quick: bool = False, progress: Callable[[str], None] = print) -> Result:
             f"    held-out accuracy: federated {base['test_accuracy']:.3f}, centralised "
             f"{reference['test_accuracy']:.3f} ({entries[-1]['ratio']:.2f}x); devices "
             + ", ".join(
-                f"{k} {r['device_score_mean']:.3f}/{r['device_score_worst10']:.3f}"
+                f"{k} {r['device_score_mean_settled']:.3f}/{r['device_score_worst10_settled']:.3f}"
                 for k, r in results.items()
             )
         )

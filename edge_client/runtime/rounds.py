@@ -41,7 +41,7 @@ from edge_client.runtime.usage import cpu_s, disk_write_bytes, peak_rss_bytes, p
 from edge_client.runtime.virtual_nodes import VirtualNodes, is_virtual, virtual_nodes
 from edge_client.task.interface import Scores, Task
 from edge_client.task.loading import load_task
-from edge_client.task.personal import run_personal_keys
+from edge_client.task.personal import run_personal_keys, unshared_keys
 from edge_client.task.preprocess import Preprocessor
 from edge_client.wire.codec import compress, encode
 from edge_client.wire.records import (
@@ -78,6 +78,7 @@ def train_round(msg: Message, context: Context, task: Task | None = None) -> Mes
         received = msg.content.array_records[ARRAYS].to_torch_state_dict()
         model.load_state_dict({k: v.float() for k, v in received.items()})  # fp16 broadcast too
         personal = _overlay_personal(model, settings, state)
+        unshared = unshared_keys(model, personal)
         start = _numpy_state(model)
         rng = device_rng(settings.seed, node.device_id, plan.server_round)  # a seeded run repeats
         preprocessor = task.preprocessor()
@@ -100,8 +101,8 @@ def train_round(msg: Message, context: Context, task: Task | None = None) -> Mes
         if is_virtual(context):  # its steps' cost on the virtual clock, not Ray's wall time
             result = _charged(result, virtual_nodes(), node)
         trained_state = _numpy_state(model)
-        # personal tensors stay on the device: kept in its state, never in the update
-        delta = {k: v - start[k] for k, v in trained_state.items() if k not in personal}
+        # personal tensors stay on the device, kept in its state; counters stay too
+        delta = {k: v - start[k] for k, v in trained_state.items() if k not in unshared}
         if personal and result.num_examples > 0:
             state.save_personal({k: trained_state[k] for k in personal})
         if node.model_dir:  # the received model, for inference (fedstream infer)

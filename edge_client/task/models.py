@@ -27,7 +27,7 @@ class SensorCNN(nn.Module):
         for inputs in (channels, width):
             layers.append(nn.Conv1d(inputs, width, kernel_size=5, padding=2))
             if norm:  # cnn-bn: batch normalisation after each convolution (FedBN's layers)
-                layers.append(_batch_norm(width))
+                layers.append(nn.BatchNorm1d(width))
             layers.append(nn.ReLU())
         self.features = nn.Sequential(*layers, nn.AdaptiveAvgPool1d(1), nn.Flatten())
         self.head = nn.Linear(width, num_classes)
@@ -35,15 +35,6 @@ class SensorCNN(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """Logits for a batch ``(n, channels, steps)``."""
         return self.head(self.features(x))  # type: ignore[no-any-return]
-
-
-def _batch_norm(width: int) -> nn.BatchNorm1d:
-    """Batch normalisation whose state is all float: the step counter, an integer buffer
-    that only a momentum of None would read, is dropped, so every tensor of the model
-    travels and averages as the others do."""
-    norm = nn.BatchNorm1d(width)
-    norm.register_buffer("num_batches_tracked", None)
-    return norm
 
 
 class SensorMLP(nn.Module):

@@ -24,7 +24,7 @@ from torch import nn
 from edge_client.wire.constants import PERSONALIZE
 from edge_client.wire.settings_groups import LearningSettings
 
-__all__ = ["personal_keys", "run_personal_keys", "split_patterns"]
+__all__ = ["personal_keys", "run_personal_keys", "split_patterns", "unshared_keys"]
 
 #: Normalisation layers, whose statistics and affine parameters ``bn`` keeps local.
 _NORMS = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm)
@@ -64,7 +64,7 @@ def personal_keys(
     """
     if personalize not in PERSONALIZE:
         raise ValueError(f"personalize must be one of {PERSONALIZE}, got {personalize!r}")
-    keys = list(model.state_dict())
+    keys = [k for k, v in model.state_dict().items() if v.is_floating_point()]
     chosen: set[str] = set()
     if personalize == "head":
         owners = [name for name, m in model.named_modules() if _own_keys(name, m)]
@@ -93,11 +93,19 @@ def personal_keys(
     return frozenset(chosen)
 
 
+def unshared_keys(model: nn.Module, personal: frozenset[str]) -> frozenset[str]:
+    """What no update carries: the personal tensors, and every tensor that is not floating
+    point (a batch norm's step counter: bookkeeping, not something to average)."""
+    counters = {k for k, v in model.state_dict().items() if not v.is_floating_point()}
+    return personal | counters
+
+
 def _own_keys(name: str, module: nn.Module) -> set[str]:
-    """The state-dict keys of ``module``'s own parameters and buffers (not its children's)."""
+    """The state-dict keys of ``module``'s own floating-point parameters and buffers (not its
+    children's; a step counter is left to :func:`unshared_keys`)."""
     prefix = f"{name}." if name else ""
     own = [*module.named_parameters(recurse=False), *module.named_buffers(recurse=False)]
-    return {prefix + k for k, v in own if v is not None}
+    return {prefix + k for k, v in own if v is not None and v.is_floating_point()}
 
 
 def run_personal_keys(model: nn.Module, learning: LearningSettings) -> frozenset[str]:

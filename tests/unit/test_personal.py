@@ -129,3 +129,30 @@ def test_personal_tensors_of_another_model_start_afresh() -> None:
     # Assert
     assert same is not None and np.array_equal(same["head.weight"], head["head.weight"])
     assert other is None
+
+
+def test_a_run_with_personal_batch_norms_keeps_their_statistics_local(
+    tmp_path: Path, fast: Fast, fleet: Fleet
+) -> None:
+    # Prepare: the CNN with batch normalisation, its norms personal
+    settings = fast(num_rounds=2, model="cnn-bn", personalize="bn")
+    grid = InProcessGrid(fleet(1, 1, feature_shift=2.0), tmp_path / "buffers", settings)
+    # Execute
+    records = run_rounds(grid, settings)
+    paths = [store.path for store in grid.stores.values()]
+    grid.close()
+    # Assert: both rounds trained; each device kept running statistics of its own stream
+    assert [r.round for r in records if r.devices] == [1, 2]
+    means = []
+    for path in paths:
+        with DeviceStateStore(path) as state:
+            like = {f"features.{i}.running_mean": np.zeros(32) for i in (1, 4)}
+            like |= {
+                f"features.{i}.{k}": np.zeros(32)
+                for i in (1, 4)
+                for k in ("weight", "bias", "running_var")
+            }
+            kept = state.personal(like)
+        assert kept is not None
+        means.append(kept["features.1.running_mean"])
+    assert not np.allclose(means[0], means[1])
