@@ -15,7 +15,7 @@ from edge_client.runtime.device_state import DeviceStateStore, MemoryDeviceState
 from edge_client.task.interface import Classification, init_model
 from edge_client.task.models import build_model
 from edge_client.task.personal import personal_keys
-from edge_client.wire.artifact import read_manifest
+from edge_client.wire.artifact import latest_version, load_version, read_manifest
 from edge_client.wire.run_config import RunSettings
 
 Fast = Callable[..., RunSettings]
@@ -156,3 +156,21 @@ def test_a_run_with_personal_batch_norms_keeps_their_statistics_local(
         assert kept is not None
         means.append(kept["features.1.running_mean"])
     assert not np.allclose(means[0], means[1])
+
+
+def test_the_model_a_device_keeps_for_inference_has_its_own_personal_layers(
+    tmp_path: Path, fast: Fast, fleet: Fleet
+) -> None:
+    # Prepare: two devices keeping models for inference, heads personal, 3 rounds (round 3
+    # receives a model both share, and each device's head as round 2 left it)
+    settings = fast(num_rounds=3, personalize="head")
+    devices = [VirtualDevice(f"dev-{i}", model_dir=str(tmp_path / f"models-{i}")) for i in range(2)]
+    grid = InProcessGrid(devices, tmp_path / "buffers", settings)
+    # Execute
+    run_rounds(grid, settings)
+    grid.close()
+    kept = [load_version(latest_version(tmp_path / f"models-{i}")) for i in range(2)]  # type: ignore[arg-type]
+    x = torch.randn(16, *SHAPE, generator=torch.Generator().manual_seed(0))
+    # Assert: the same shared layers, different heads: the predictions differ
+    assert all(m.version.version == 2 for m in kept)
+    assert not torch.allclose(kept[0](x), kept[1](x))
