@@ -46,6 +46,7 @@ from deploy.bench.watch import CHANNELS, CLASSES, WINDOW, watch_people
 from deploy.simulate import SimulateConfig, plan_simulation, run_simulation
 from edge_client.emulation.people import PEOPLE_KEY, People, people_recording
 from edge_client.task.interface import Classification, evaluate, init_model
+from edge_client.wire.mapping import kebab
 
 __all__ = ["Config", "centralised", "run"]
 
@@ -54,7 +55,7 @@ VALIDATION = 3  # the reference's tuning: the last 3 training people held out
 ROUNDS, QUICK_ROUNDS = 30, 6
 #: The run config every arm shares (the recording's windows and classes).
 BASE: dict[str, Any] = {
-    "sample-shape": f"{CHANNELS},{WINDOW}",
+    kebab("sample_shape"): f"{CHANNELS},{WINDOW}",
     "num-classes": CLASSES,
     "preprocess": "standardize",
 }
