@@ -198,7 +198,7 @@ class StreamStrategy:
         configured by ``settings`` by default.
     fleet : FleetRegistry, optional
         Nodes, devices and counters (restored from a checkpoint on resume).
-    personal : frozenset of str, optional
+    unshared : frozenset of str, optional
         The tensors no update carries (:func:`~edge_client.task.personal.unshared_keys`:
         the personal ones and step counters): the global model keeps their initial values.
     """
@@ -208,10 +208,10 @@ class StreamStrategy:
         settings: RunSettings,
         controller: BatchController | None = None,
         fleet: FleetRegistry | None = None,
-        personal: frozenset[str] = frozenset(),
+        unshared: frozenset[str] = frozenset(),
     ) -> None:
         self.settings = settings
-        self.personal = personal  # tensors no update carries: the global model keeps them
+        self.unshared = unshared  # tensors no update carries: the global model keeps them
         self.controller = controller or BatchController(settings)
         self.fleet = fleet or FleetRegistry()
         self.drift = DriftReaction(settings.drift)
@@ -326,7 +326,7 @@ class StreamStrategy:
         mode = round_mode(codec.compress, gaps, codec.compress_delta)
         injectors = self.injection.pick(self.fleet.opted_in(devices.values()), server_round)
         down = self._broadcast(arrays, model)
-        shapes = {k: v.shape for k, v in model.items() if k not in self.personal}
+        shapes = {k: v.shape for k, v in model.items() if k not in self.unshared}
         return _Round(
             server_round=server_round,
             model=model,
