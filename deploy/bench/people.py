@@ -9,7 +9,10 @@ exercises, accelerometer and gyroscope in their own units, windows of 64 reading
 its own stream); people 8-10 are held out, scored apart. Time is the streams' virtual clock.
 Arms, each changing one setting of the first: ``none`` (the dynamic controller, FedNova),
 ``head`` and ``bn`` (:mod:`edge_client.task.personal`; ``bn`` on ``model = "cnn-bn"``, so
-``none-bn`` is its baseline), ``fixed`` (the equal split) and ``fedavg``.
+``none-bn`` is its baseline), ``fixed`` (the equal split), ``fedavg`` and ``inject`` (ScaDLES
+data injection: a quarter of the devices share a quarter of what they trained on each round,
+every device draws a quarter of each batch from what others shared; the simulation's stand-in
+for the broker, :mod:`edge_client.emulation.shared_topic`, delivers it between rounds).
 
 The reference is centralised training of the same model on the same 7 people's windows,
 shuffled, with SGD (momentum 0.9), tuned on a grid (learning rate x batch x preprocessing:
@@ -60,16 +63,23 @@ BASE: dict[str, Any] = {
     "preprocess": "standardize",
 }
 #: Each arm's change to :data:`BASE`, and the arm it is compared with.
-ARMS: dict[str, dict[str, str]] = {
+ARMS: dict[str, dict[str, Any]] = {
     "none": {},
     "head": {"personalize": "head"},
     "none-bn": {"model": "cnn-bn"},
     "bn": {"model": "cnn-bn", "personalize": "bn"},
     "fixed": {"controller": "fixed"},
     "fedavg": {"aggregation": "fedavg"},
+    "inject": {"inject-alpha": 0.25, "inject-beta": 0.25},
 }
 SETTLED = 5  # rounds the device scores are averaged over, at the end of a run
-BASELINE_OF = {"head": "none", "bn": "none-bn", "fixed": "none", "fedavg": "none"}
+BASELINE_OF = {
+    "head": "none",
+    "bn": "none-bn",
+    "fixed": "none",
+    "fedavg": "none",
+    "inject": "none",
+}
 #: What each arm's summary keeps.
 KEPT = (
     "ok",

@@ -35,3 +35,6 @@ ACCEL_GRAVITY: Final = 1000.0  # milli-g counts, mostly on az
 #: the wall time Ray's actor took, so the controller's plans, and a seeded run, repeat.
 SIM_STEP_FIXED_S: Final = 0.0006
 SIM_STEP_PER_SAMPLE_S: Final = 0.000024
+
+# --- Data injection without a broker (edge_client.emulation.shared_topic) --------------------
+SHARED_TOPIC_DIR: Final = "inject"  # under the run's directory of virtual devices

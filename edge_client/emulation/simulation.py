@@ -19,9 +19,15 @@ With ``sim-buffers = "lazy"`` (the default) the device's buffer is a
 :class:`~edge_client.emulation.lazy_buffer.LazyBuffer` kept in the node's Flower state
 (``context.state``) between rounds: counts, a few hundred bytes, samples made only when a
 round takes them; so is the device state a real device keeps in its buffer file
-(error-feedback residual, standardisation, drift): no file at all. With ``"files"`` a
+(error-feedback residual, standardisation, drift): no file at all (but the injection pool
+below). With ``"files"`` a
 replayed stream tops a buffer file up before each round
 (:func:`~edge_client.emulation.replay.replay_into`), as a real device's ingest would.
+
+With ``inject-alpha`` above 0 every virtual device takes part in ScaDLES data injection: what
+a picked device shares goes to :class:`~edge_client.emulation.shared_topic.SharedTopic`, the
+run's stand-in for the broker's topic, and reaches the others' pools (files next to where
+their buffer files would be) when their next round starts.
 
 The ClientApp reaches these through the runtime's hook
 (:class:`~edge_client.runtime.virtual_nodes.VirtualNodes`): :class:`SimulationNodes`, which
@@ -45,9 +51,11 @@ from edge_client.emulation.lazy_buffer import LazyBuffer, RecordingSamples, Samp
 from edge_client.emulation.partitions import split_recording
 from edge_client.emulation.population import DeviceProfile, profile_of
 from edge_client.emulation.replay import replay_into
+from edge_client.emulation.shared_topic import SharedTopic
 from edge_client.emulation.sources import pick_classes
 from edge_client.runtime.constants import DEFAULT_CAPACITY
-from edge_client.runtime.device_state import MemoryDeviceState
+from edge_client.runtime.device_state import DeviceState, MemoryDeviceState
+from edge_client.runtime.injection import Post, open_pool, receive
 from edge_client.runtime.node_config import NodeConfig
 from edge_client.wire.partitioning import scheme_of
 from edge_client.wire.population import parse_population
@@ -58,6 +66,7 @@ __all__ = [
     "absence",
     "lazy_device",
     "profile",
+    "receive_shared",
     "simulated_node",
     "virtual_step_s",
     "virtual_stream",
@@ -170,8 +179,8 @@ def simulated_node(
     Returns
     -------
     NodeConfig
-        Device ``sim-<partition-id>``, its file under ``sim-dir`` (lazy: the device state
-        only), its slowdown.
+        Device ``sim-<partition-id>``, its file under ``sim-dir`` (lazy: none), its slowdown,
+        opted in to data injection when the run injects (``inject-alpha`` > 0).
 
     Raises
     ------
@@ -193,7 +202,36 @@ def simulated_node(
             now=virtual_time(settings, server_round),
         )
     # One torch thread: Ray runs one ClientApp per CPU it was given (--client-resources-num-cpus).
-    return NodeConfig(device_id, str(path), slowdown=device.slowdown, threads=1)
+    return NodeConfig(
+        device_id,
+        str(path),
+        slowdown=device.slowdown,
+        threads=1,
+        inject=settings.inject_alpha > 0,
+    )
+
+
+def receive_shared(
+    node: NodeConfig, settings: RunSettings, state: DeviceState, server_round: int
+) -> None:
+    """Receive into the virtual device's injection pool what the others shared since its
+    last round, up to round ``server_round`` (excluded), as its ingest daemon would have;
+    the last round received is kept in ``state``. Nothing for a device not opted in."""
+    if not node.inject:
+        return
+    received = state.inject_received()
+    payloads = SharedTopic(Path(node.buffer).parent).frames(received, server_round)
+    if payloads:
+        with open_pool(node.buffer, settings.shape) as pool:
+            receive(
+                pool,
+                payloads,
+                node.device_id,
+                settings.num_classes,
+                now=virtual_time(settings, server_round),
+            )
+    if server_round - 1 > received:
+        state.set_inject_received(server_round - 1)
 
 
 @contextlib.contextmanager
@@ -276,6 +314,18 @@ class SimulationNodes:
     ) -> contextlib.AbstractContextManager[tuple[LazyBuffer, MemoryDeviceState]]:
         """Its lazy buffer and device state: :func:`lazy_device`."""
         return lazy_device(node_config, settings, state, server_round)
+
+    def receive_shared(
+        self, node: NodeConfig, settings: RunSettings, state: DeviceState, server_round: int
+    ) -> None:
+        """Injected samples into its pool: :func:`receive_shared`."""
+        receive_shared(node, settings, state, server_round)
+
+    def post_shared(self, node: NodeConfig, server_round: int) -> Post:
+        """Where the samples it shares in round ``server_round`` go: the run's
+        :class:`~edge_client.emulation.shared_topic.SharedTopic`."""
+        topic = SharedTopic(Path(node.buffer).parent)
+        return lambda payload: topic.publish(server_round, node.device_id, payload)
 
     def step_s(self, node: NodeConfig, batch: int) -> float:
         """Seconds one SGD step of ``batch`` samples takes: :func:`virtual_step_s`."""

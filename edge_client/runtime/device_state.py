@@ -4,7 +4,8 @@ preprocessing statistics, the first loss it measured in the run, and counters.
 A ClientApp process lives one round (Flower starts one per message), so the codec's
 error-feedback residual, the device's top-k gap estimate, the state of the task's
 preprocessing (:mod:`edge_client.task.preprocess`) and the sequence number of the frames it
-shares for data injection are kept in the buffer file's ``state`` table. The
+shares for data injection (and, for a simulated device, the last round whose shared frames
+it received) are kept in the buffer file's ``state`` table. The
 residual is tagged with the run it belongs to: a new run, or a model of another layout,
 starts from none.
 """
@@ -33,6 +34,7 @@ _FEEDBACK_RUN = "codec-run"
 _FEEDBACK_RESIDUAL = "codec-residual"
 _FEEDBACK_GAP = "codec-gap"
 _INJECT_SEQ = "inject-seq"
+_INJECT_RECEIVED = "inject-received"  # a simulated device: frames of rounds up to it are in
 _PREPROCESS = "preprocess-state"  # JSON: {"kind": ..., "state": ...}
 _FIRST_LOSS = "first-loss"  # JSON: {"run": ..., "loss": ...}
 _PERSONAL = "personal-layers"  # the personal tensors, as an uncompressed codec frame
@@ -139,6 +141,15 @@ class DeviceState:
     def set_inject_seq(self, seq: int) -> None:
         """Record the sequence number of the frame just shared."""
         self._set({_INJECT_SEQ: str(seq).encode()})
+
+    def inject_received(self) -> int:
+        """The last round whose shared frames this device received (0: none yet): a
+        simulated device's, whose broker is :mod:`edge_client.emulation.shared_topic`."""
+        return int(self._get(_INJECT_RECEIVED) or b"0")
+
+    def set_inject_received(self, server_round: int) -> None:
+        """Record that the frames shared up to round ``server_round`` were received."""
+        self._set({_INJECT_RECEIVED: str(server_round).encode()})
 
     def _get(self, key: str) -> bytes | None:
         raise NotImplementedError

@@ -84,6 +84,8 @@ def train_round(msg: Message, context: Context, task: Task | None = None) -> Mes
         preprocessor = task.preprocessor()
         if preprocessor is not None:
             state.load_preprocessor(preprocessor)
+        if is_virtual(context):  # no broker: what others shared arrives now
+            virtual_nodes().receive_shared(node, settings, state, plan.server_round)
         with round_pool(node, plan) as pool:
             setup_s = time.perf_counter() - entered
             result = train_local(
@@ -122,7 +124,8 @@ def train_round(msg: Message, context: Context, task: Task | None = None) -> Mes
             else _encode(state, context.run_id, delta, plan, result.num_examples > 0)
         )
         _keep_round_state(state, node, task, result, preprocessor)
-        shared = share_when_picked(node, plan, result.taken, rng)
+        post = virtual_nodes().post_shared(node, plan.server_round) if is_virtual(context) else None
+        shared = share_when_picked(node, plan, result.taken, rng, state, post)
         store.settle_taken()  # the reply is ready: its samples are spent
         buffer = store.stats()
     done = time.perf_counter()

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
     from edge_client.runtime.buffer import SampleBuffer
     from edge_client.runtime.device_state import DeviceState
+    from edge_client.runtime.injection import Post
     from edge_client.runtime.node_config import NodeConfig
     from edge_client.wire.run_config import RunSettings
 
@@ -68,6 +69,17 @@ class VirtualNodes(Protocol):
     ) -> AbstractContextManager[tuple[SampleBuffer, DeviceState]]:
         """Its buffer at round ``server_round`` and device state, kept in ``state``
         (``sim-buffers = "lazy"``)."""
+        ...
+
+    def receive_shared(
+        self, node: NodeConfig, settings: RunSettings, state: DeviceState, server_round: int
+    ) -> None:
+        """Receive into the device's injection pool what others shared before round
+        ``server_round`` (nothing unless it opted in)."""
+        ...
+
+    def post_shared(self, node: NodeConfig, server_round: int) -> Post:
+        """Where the samples the device shares in round ``server_round`` go."""
         ...
 
     def step_s(self, node: NodeConfig, batch: int) -> float:

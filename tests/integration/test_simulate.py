@@ -38,12 +38,13 @@ def _simulate(out: Path, *args: str) -> tuple[int, str, dict[str, Any], Path | N
 def test_one_device_per_person_scores_each_device_and_each_held_out_person_and_repeats(
     tmp_path: Path,
 ) -> None:
-    # Prepare: 6 people, the first 4 streaming, the last 2 held out
+    # Prepare: 6 people, the first 4 streaming, the last 2 held out; data injection on (half
+    # the devices share each round from round 2, through the simulation's shared topic)
     people = people_recording(6, seed=2)
     train = people.where([1, 2, 3, 4]).save(tmp_path / "train.npz")
     test = people.where([5, 6]).save(tmp_path / "test.npz")
     args = ["--source", str(train), "--partition-by", PEOPLE_KEY, "--test", str(test)]
-    args += ["--rounds", "3", "--seed", "7"]
+    args += ["--rounds", "3", "--seed", "7", "--run-config", "inject-alpha=0.5"]
     # Execute: the same seeded run twice
     rc, out, summary, run_dir = _simulate(tmp_path / "one", *args)
     rc2, _out2, summary2, run_dir2 = _simulate(tmp_path / "two", *args)
@@ -65,11 +66,20 @@ def test_one_device_per_person_scores_each_device_and_each_held_out_person_and_r
     assert set(summary["source_passes"]) == set(records[-1].devices)
     assert (run_dir / "report.png").stat().st_size > 0
     assert "worst 10 %" in out and "held-out accuracy per group" in out
+    # Assert: two devices shared in round 2 (the aggregator learns who opted in from round
+    # 1's replies), and every device mixed what they shared into its batches of round 3
+    assert [sum(m.inject_bytes > 0 for m in r.devices.values()) for r in records] == [0, 2, 2]
+    assert all(m.inject_used == 0 for r in records[:2] for m in r.devices.values())
+    assert all(m.inject_used > 0 for m in records[2].devices.values())
     # Assert: the seeded run repeated: the same scores, device by device, round by round
     again = rounds_only(read_metrics(run_dir2 / "metrics.jsonl"))
     assert [
-        {d: (m.eval_metric, m.num_examples) for d, m in r.devices.items()} for r in records
-    ] == [{d: (m.eval_metric, m.num_examples) for d, m in r.devices.items()} for r in again]
+        {d: (m.eval_metric, m.num_examples, m.inject_used) for d, m in r.devices.items()}
+        for r in records
+    ] == [
+        {d: (m.eval_metric, m.num_examples, m.inject_used) for d, m in r.devices.items()}
+        for r in again
+    ]
     assert summary2["test_by_group"] == summary["test_by_group"]
 
 

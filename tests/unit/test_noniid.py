@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord
+from flwr.common.constant import PARTITION_ID_KEY
 
 from aggregator.injection import pick_injectors
 from aggregator.server_app import run_rounds
@@ -19,9 +20,11 @@ from aggregator.strategy import StreamStrategy
 from deploy.inprocess import InProcessGrid, StaticGrid, VirtualDevice
 from edge_client.emulation.lazy_buffer import StreamSamples
 from edge_client.emulation.replay import replay_into
+from edge_client.emulation.simulation import SimulationNodes, simulated_node
 from edge_client.emulation.sources import SyntheticSource, label_distribution, pick_classes
 from edge_client.runtime.buffer import BufferStore
-from edge_client.runtime.injection import open_pool, receive, share
+from edge_client.runtime.device_state import MemoryDeviceState
+from edge_client.runtime.injection import open_pool, receive, share, share_when_picked
 from edge_client.runtime.outbox import Outbox
 from edge_client.runtime.seeding import device_rng
 from edge_client.runtime.trainer import train_local
@@ -223,6 +226,44 @@ def test_bad_injection_messages_are_refused_and_counted(tmp_path: Path, frames: 
     assert refused == {"bad-magic": 1, "too-large": 1, "untagged": 1}
     assert s["accepted"] == 3 and s["duplicates"] == 1 and s["rejected"] == 3
     assert s["rejected-by-reason"] == {"bad-magic": 1, "too-large": 1, "untagged": 1}
+
+
+def test_virtual_devices_receive_what_others_shared_in_earlier_rounds_once(
+    tmp_path: Path, fast: Fast
+) -> None:
+    # Prepare: three virtual devices of an injecting run; sim-1 and sim-2 share in round 2,
+    # sim-2 again in round 3 (a partial file of round 2 is never read)
+    settings = fast(inject_alpha=0.5, sim_dir=str(tmp_path))
+    nodes = SimulationNodes()
+    node = {i: simulated_node({PARTITION_ID_KEY: i}, 1, settings, 0) for i in (1, 2, 3)}
+    task = SensorTask()
+    x, y = task.sample(40, np.random.default_rng(0))
+    taken = SampleBatch(x=x, y=y, ts=np.zeros(40))
+    plan = RoundPlan(8, 2, 0.1, inject_publish=True, inject_beta=0.5, inject_budget=10**6)
+    states = {i: MemoryDeviceState() for i in node}
+    rng = np.random.default_rng(0)
+    for i, server_round in ((1, 2), (2, 2), (2, 3)):
+        post = nodes.post_shared(node[i], server_round)
+        assert share_when_picked(node[i], plan, taken, rng, states[i], post)[1] == 20
+    (tmp_path / "run-1" / "inject" / "00000002" / ".sim-3.frame.1").write_bytes(b"partial")
+
+    def pooled(i: int) -> dict[str, Any]:
+        with open_pool(node[i].buffer, settings.shape) as pool:
+            return pool.stats()
+
+    # Execute: sim-3 starts round 3, then round 3 again (a retry), then round 4
+    nodes.receive_shared(node[3], settings, states[3], 3)
+    after_3 = pooled(3)
+    nodes.receive_shared(node[3], settings, states[3], 3)
+    nodes.receive_shared(node[3], settings, states[3], 4)
+    after_4 = pooled(3)
+    nodes.receive_shared(node[1], settings, states[1], 3)
+    # Assert: round 2's two frames (40 samples) by round 3, round 3's by round 4, each once;
+    # a device never receives its own; none that did not opt in
+    assert node[3].inject and after_3["fill"] == 40 and after_4["fill"] == 60
+    assert after_4["rejected-by-reason"] == {} and states[3].inject_received() == 3
+    assert pooled(1)["fill"] == 20  # sim-2's frame, not its own
+    assert not simulated_node({PARTITION_ID_KEY: 1}, 1, fast(), 0).inject
 
 
 # -- FedProx --------------------------------------------------------------------------------

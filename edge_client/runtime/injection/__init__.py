@@ -33,7 +33,12 @@ if TYPE_CHECKING:
         round_pool,
     )
     from edge_client.runtime.injection.relay import InjectionRelay
-    from edge_client.runtime.injection.sharing import share, share_when_picked
+    from edge_client.runtime.injection.sharing import (
+        Post,
+        share,
+        share_frame,
+        share_when_picked,
+    )
 
 _EXPORTS = {
     "INJECT_REJECT_REASONS": "pool",
@@ -45,12 +50,15 @@ _EXPORTS = {
     "planned_mix": "mixing",
     "receive": "pool",
     "round_pool": "pool",
+    "Post": "sharing",
     "share": "sharing",
+    "share_frame": "sharing",
     "share_when_picked": "sharing",
 }
 __all__ = [
     "INJECT_REJECT_REASONS",
     "InjectionRelay",
+    "Post",
     "draw_pooled",
     "inject_pool_path",
     "mix_into",
@@ -59,6 +67,7 @@ __all__ = [
     "receive",
     "round_pool",
     "share",
+    "share_frame",
     "share_when_picked",
 ]
 __getattr__ = lazy_exports(__name__, _EXPORTS)
