@@ -23,6 +23,10 @@ _RUN_GAUGES = {
     "test-accuracy": ("fedstream_test_accuracy", "Score on eval-data, last round."),
     "wall-s": ("fedstream_round_wall_seconds", "Wall time of the last round."),
     "devices": ("fedstream_round_devices", "Devices that replied in the last round."),
+    "dp-epsilon-spent": (
+        "fedstream_dp_epsilon_spent",
+        "Differential privacy: epsilon spent at dp-delta after the last round (NaN: no DP).",
+    ),
 }
 #: Device figure -> (gauge name, help); the device label is added.
 _DEVICE_GAUGES = {

@@ -20,6 +20,7 @@ __all__ = [
     "DIVERGED_ROUNDS",
     "DRIFT",
     "MODEL_SETTINGS",
+    "PRIVACY",
     "SKIPPED",
     "check_resumable",
     "load_resume",
@@ -35,6 +36,7 @@ MODEL_SETTINGS = ("task", "model", "model_width", "sample_shape", "num_classes")
 SKIPPED = "skipped-rounds"
 DRIFT = "drift"
 DIVERGED_ROUNDS = "diverged-rounds"
+PRIVACY = "privacy"  # the accountant's rounds and the clip (aggregator.privacy)
 
 
 def load_resume(settings: CheckpointSettings, learning: LearningSettings) -> Checkpoint | None:

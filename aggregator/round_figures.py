@@ -24,7 +24,8 @@ def round_figures(record: RoundRecord) -> tuple[dict[str, float], dict[str, dict
         Run figures (``accuracy`` and ``loss``: prequential, the task's metric;
         ``test-accuracy``, ``test-loss``: on ``eval-data``, absent without; ``wall-s``,
         ``bytes-up``, ``devices``, ``sum-b``, ``skipped`` 1 or 0; asynchronous mode:
-        ``staleness-max``, ``staleness-mean``), and per device ``batch-size``,
+        ``staleness-max``, ``staleness-mean``; differential privacy: ``dp-epsilon-spent``),
+        and per device ``batch-size``,
         ``compute-s``, ``step-s``, ``stream-rate``, ``buffer-fill`` (asynchronous mode:
         ``staleness`` of its last update). NaN figures are left out.
     """
@@ -39,6 +40,8 @@ def round_figures(record: RoundRecord) -> tuple[dict[str, float], dict[str, dict
         "sum-b": float(record.sum_b),
         "skipped": 1.0 if record.skipped else 0.0,
     }
+    if record.dp_epsilon_spent is not None:
+        run[kebab("dp_epsilon_spent")] = record.dp_epsilon_spent
     staleness: dict[str, float] = {}
     for update in record.updates:
         staleness[update.device] = float(update.staleness)

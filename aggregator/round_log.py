@@ -237,6 +237,15 @@ class RoundRecord:
     drift : dict of str to int
         Devices that reported a change in their stream this round
         (:mod:`aggregator.drift_reaction`), with the number of changes each has detected so far.
+    live : int
+        Live devices before ``fraction-train``'s draw (``planned`` holds those drawn).
+    dp_epsilon_spent : float, optional
+        Differential privacy: the epsilon spent at ``dp-delta`` after this round, by the
+        RDP accountant (:mod:`aggregator.privacy`); None without DP.
+    dp_clip : float
+        Differential privacy: the clip of this round (adaptive clipping moves it); 0: off.
+    dp_clipped_here : int
+        Central DP: updates that decoded over the clip (the aggregator clipped them).
     format_version : int
         The line's layout (:data:`FORMAT_VERSION`).
     """
@@ -279,6 +288,10 @@ class RoundRecord:
     diverged_rounds: int = 0
     exported: int = 0
     drift: dict[str, int] = field(default_factory=dict)
+    live: int = 0
+    dp_epsilon_spent: float | None = None
+    dp_clip: float = 0.0
+    dp_clipped_here: int = 0
     format_version: int = FORMAT_VERSION
 
     @property

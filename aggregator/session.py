@@ -31,7 +31,8 @@ from aggregator.device_registry import FleetRegistry
 from aggregator.divergence import DivergenceWatch
 from aggregator.exchange import exchange, wait_for_nodes
 from aggregator.exports import ExportSchedule
-from aggregator.resume import DIVERGED_ROUNDS, DRIFT, SKIPPED, load_resume, save_round
+from aggregator.privacy import Privacy
+from aggregator.resume import DIVERGED_ROUNDS, DRIFT, PRIVACY, SKIPPED, load_resume, save_round
 from aggregator.round_log import (
     METRICS_FILE,
     PROBE_ROUND,
@@ -163,7 +164,15 @@ class RunSession:
             settings,
             task,
             arrays,
-            StreamStrategy(settings, controller, fleet, unshared_keys(model, personal)),
+            StreamStrategy(
+                settings,
+                controller,
+                fleet,
+                unshared_keys(model, personal),
+                Privacy.from_state(
+                    settings.privacy, settings.rounds.fraction_train, saved.get(PRIVACY, {})
+                ),
+            ),
             start,
             saved,
             _model=model,
@@ -180,6 +189,7 @@ class RunSession:
             exports=ExportSchedule(settings.exports, learning, task, personal),
         )
         session.strategy.drift.load_state_dict(saved.get(DRIFT, {}))
+        session.strategy.privacy.check_budget()  # a budget spent: refused before anything
         session.sinks = open_sinks(settings.sinks, settings.to_run_config())
         return session
 
@@ -198,9 +208,22 @@ class RunSession:
 
     def more_rounds(self, server_round: int) -> bool:
         """Whether round (asynchronous mode: version) ``server_round`` is still to make:
-        always for a continuous run (``num-rounds = 0``)."""
+        always for a continuous run (``num-rounds = 0``) while the privacy budget
+        (``dp-epsilon``) pays for it."""
         num_rounds = self.settings.rounds.num_rounds
-        return num_rounds == 0 or server_round <= num_rounds
+        if num_rounds and server_round > num_rounds:
+            return False
+        privacy = self.strategy.privacy
+        if not privacy.affordable():
+            log.info(
+                "privacy budget: round %d would spend epsilon %.3g, over dp-epsilon %g; "
+                "the run ends here",
+                server_round,
+                privacy.spent(privacy.rounds + 1),
+                self.settings.privacy.dp_epsilon,
+            )
+            return False
+        return True
 
     def finished(
         self, record: RoundRecord, stop: Callable[[RoundRecord], bool] | None = None
@@ -344,7 +367,13 @@ class RunSession:
     ) -> RoundRecord:
         """The round's (or aggregation's) line of ``metrics.jsonl``; ``extra``: the
         asynchronous mode's fields."""
-        fleet = self.strategy.fleet
+        fleet, privacy = self.strategy.fleet, self.strategy.privacy
+        devices = report.replies
+        if privacy.on and not self.settings.privacy.dp_device_scores:
+            # scores of one device's private samples, which no noise covers
+            devices = {
+                d: replace(m, eval_metric=math.nan, eval_loss=math.nan) for d, m in devices.items()
+            }
         return RoundRecord(
             round=report.server_round,
             accuracy=report.eval_metric,
@@ -361,7 +390,7 @@ class RunSession:
             sum_b=report.sum_b,
             lr_scale=report.lr_scale,
             planned=report.planned,
-            devices=report.replies,
+            devices=devices,
             failed=dict(fleet.failed),
             rejected=dict(fleet.rejected),
             rejected_reasons=dict(fleet.rejected_reasons),
@@ -379,6 +408,10 @@ class RunSession:
             updates=list(report.updates),
             drift=dict(report.drift),
             diverged=len(report.diverged),
+            live=report.live,
+            dp_epsilon_spent=privacy.spent() if privacy.on else None,
+            dp_clip=report.dp_clip,
+            dp_clipped_here=report.dp_clipped_here,
             **extra,
         )
 
@@ -444,6 +477,7 @@ class RunSession:
                 SKIPPED: dict(self.skipped),
                 DIVERGED_ROUNDS: self.divergence.rounds,
                 DRIFT: self.strategy.drift.state_dict(),
+                PRIVACY: self.strategy.privacy.state_dict(),
                 **state,
             },
         )

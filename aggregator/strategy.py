@@ -44,7 +44,9 @@ from aggregator.controller import BatchController, Plan
 from aggregator.device_registry import FleetRegistry
 from aggregator.drift_reaction import DriftReaction
 from aggregator.injection import InjectionPlanner
+from aggregator.privacy import Privacy
 from aggregator.round_log import UpdateInfo
+from aggregator.sampling import poisson_sample
 from edge_client.wire.codec import NON_FINITE, CodecError, decode, raw_size_limit
 from edge_client.wire.records import (
     ARRAYS,
@@ -108,6 +110,12 @@ class RoundReport:
         Their sample-weighted metric and loss (NaN without any).
     drift : dict of str to int
         Devices whose drift count rose with this round's reply, and the count.
+    live : int
+        Live devices before ``fraction-train``'s draw.
+    dp_clip : float
+        Differential privacy: the round's clip (0: off).
+    dp_clipped_here : int
+        Central DP: updates that decoded over the clip, which the aggregator clipped.
     """
 
     server_round: int
@@ -131,6 +139,9 @@ class RoundReport:
     updates: list[UpdateInfo] = field(default_factory=list)
     bytes_up: int = 0
     inject_bytes: int = 0
+    live: int = 0
+    dp_clip: float = 0.0
+    dp_clipped_here: int = 0
     _sums: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0], repr=False)
 
     def add_reply(self, device: str, metrics: ReplyMetrics, planned: int) -> None:
@@ -182,6 +193,7 @@ class _Round:
     broadcast_bytes: int
     planned: dict[int, int]  # node -> planned batch
     lr_factor: float = 1.0  # the drift reaction's (aggregator.drift_reaction)
+    live: int = 0  # live devices before fraction-train's draw
 
 
 class StreamStrategy:
@@ -201,6 +213,9 @@ class StreamStrategy:
     unshared : frozenset of str, optional
         The tensors no update carries (:func:`~edge_client.task.personal.unshared_keys`:
         the personal ones and step counters): the global model keeps their initial values.
+    privacy : Privacy, optional
+        Differential privacy's clip, noise and accountant (restored from a checkpoint on
+        resume); a fresh one configured by ``settings`` by default.
     """
 
     def __init__(
@@ -209,8 +224,10 @@ class StreamStrategy:
         controller: BatchController | None = None,
         fleet: FleetRegistry | None = None,
         unshared: frozenset[str] = frozenset(),
+        privacy: Privacy | None = None,
     ) -> None:
         self.settings = settings
+        self.privacy = privacy or Privacy(settings.privacy, settings.rounds.fraction_train)
         self.unshared = unshared  # tensors no update carries: the global model keeps them
         self.controller = controller or BatchController(settings)
         self.fleet = fleet or FleetRegistry()
@@ -275,12 +292,19 @@ class StreamStrategy:
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        """One message per live node: the global model and this device's plan.
+        """One message per live node drawn for the round (``fraction-train``): the global
+        model and this device's plan.
 
         ``config`` entries are added to every device's plan record.
         """
-        nodes = self.fleet.live_nodes(grid.get_node_ids())
-        self._round = self._plan_round(server_round, arrays, nodes)
+        live = list(self.fleet.live_nodes(grid.get_node_ids()))
+        nodes = poisson_sample(
+            {n: self.fleet.device_of(n) for n in live},
+            self.settings.rounds.fraction_train,
+            self.settings.seed,
+            server_round,
+        )
+        self._round = replace(self._plan_round(server_round, arrays, nodes), live=len(live))
         return [self._message(node, self._round, config) for node in nodes]
 
     def plan_async(self, arrays: ArrayRecord, version: int, nodes: Sequence[int]) -> None:
@@ -345,6 +369,7 @@ class StreamStrategy:
         """The message that gives ``node`` its device's plan in ``current``."""
         s, learning = self.settings, self.settings.learning
         injection = self.injection.for_device(self.fleet.device_of(node), current.injectors)
+        dp_clip, dp_noise = self.privacy.plan()
         local = RoundPlan(
             server_round=current.server_round,
             batch_size=current.planned[node],
@@ -361,6 +386,8 @@ class StreamStrategy:
             inject_beta=injection.beta,
             inject_budget=injection.budget,
             time_spread=self.controller.time_spread(self.fleet.device_of(node)),
+            dp_clip=dp_clip,
+            dp_noise=dp_noise,
         )
         record = local.to_record()  # a fresh record per message
         for key, value in config.items():
@@ -436,7 +463,8 @@ class StreamStrategy:
         if current is None or current.server_round != server_round:
             raise RuntimeError(f"round {server_round} was not configured (configure_train)")
         sent = sent or {}
-        accumulator = make_accumulator(self.settings.aggregation_rule, current.shapes)
+        private = self.privacy.accumulator(current.shapes, current.live)
+        accumulator = private or make_accumulator(self.settings.aggregation_rule, current.shapes)
         report = self._report(current)
         answered: set[str] = set()
         for msg in replies:  # may be a generator: each reply is dropped once added in
@@ -449,10 +477,16 @@ class StreamStrategy:
                 accumulator.update(
                     update.delta, m.num_examples, update.device, m.local_steps, boost=boost
                 )
+                if private is not None:
+                    private.count_within(bool(m.dp_within_clip))
         for message_id, node in sent.items():  # no reply before the round's timeout
             if message_id not in answered:
                 self.fail(report, self.fleet.device_of(node))
         report.close()
+        if self.privacy.on:
+            report.dp_clip = self.privacy.clip
+            report.dp_clipped_here = private.clipped_here if private is not None else 0
+            self.privacy.after_round(private)
         result = accumulator.result()
         if result is None:
             return None, report
@@ -481,6 +515,7 @@ class StreamStrategy:
             compress=current.mode,
             injectors=current.injectors,
             broadcast_bytes=current.broadcast_bytes,
+            live=current.live,
         )
 
     def read_update(

@@ -51,6 +51,8 @@ def progress_table(
                 f"{fleet.worst10:.3f} worst 10 %"
             )
         title += f", sum b {last.sum_b}"
+        if last.dp_epsilon_spent is not None:
+            title += f", epsilon {last.dp_epsilon_spent:.2f} spent"
         if asynchronous:
             title += f", {len(last.updates)} updates, {last.in_flight} in flight"
     # a light box and short headers: ten columns fit an 80-column terminal unabridged

@@ -65,6 +65,9 @@ def summarize(records: Sequence[RoundRecord], wall_s: float) -> dict[str, Any]:
         "compress_modes": [r.compress for r in records],
         "inject_bytes_per_round": [r.inject_bytes for r in records],
         "inject_bytes": sum(r.inject_bytes for r in records),
+        # Differential privacy: the epsilon spent at dp-delta (None without DP).
+        "dp_epsilon_spent": last.dp_epsilon_spent if last else None,
+        "dp_epsilon_spent_per_round": [r.dp_epsilon_spent for r in records],
         # Asynchronous mode: each update's staleness (versions old), and updates per device.
         "staleness": dict(sorted(Counter(u.staleness for r in records for u in r.updates).items())),
         "updates": dict(sorted(Counter(u.device for r in records for u in r.updates).items())),
@@ -130,6 +133,9 @@ def write_report(records: Sequence[RoundRecord], path: Path, title: str = "") ->
     records = rounds_only(records)
     rounds = [r.round for r in records]
     devices = sorted({d for r in records for d in r.devices})
+    spent = records[-1].dp_epsilon_spent if records else None
+    if spent is not None:  # a private run says what it spent
+        title = f"{title} (differential privacy: epsilon {spent:.2f} spent)".strip()
 
     metric = records[-1].metric if records else "accuracy"
     better = records[-1].higher_is_better if records else True

@@ -264,10 +264,14 @@ def report(
     (where / "summary.json").write_text(json.dumps(summary, indent=2))
     write_report(records, where / "report.png", f"fedstream run: {path.parent.name}")
     last = records[-1]
+    private = (
+        f", epsilon {last.dp_epsilon_spent:.3g} spent" if last.dp_epsilon_spent is not None else ""
+    )
     console.print(
         f"{summary['rounds']} rounds (to round {last.round}), {last.metric} "
         f"{summary['final_accuracy']} "
-        f"prequential, {summary['test_accuracy']} on eval-data; wrote {where / 'summary.json'} "
+        f"prequential, {summary['test_accuracy']} on eval-data{private}; wrote "
+        f"{where / 'summary.json'} "
         f"and {where / 'report.png'}",
         soft_wrap=True,
     )

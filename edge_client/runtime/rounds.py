@@ -118,8 +118,8 @@ def train_round(msg: Message, context: Context, task: Task | None = None) -> Mes
                 result.evaluated,
             )
         broke = _diverged(state, context.run_id, result, delta, node.device_id)
-        frame, gap = (
-            (b"", None)  # no update: the aggregator refuses the reply, counted as diverged
+        frame, gap, within = (
+            (b"", None, True)  # no update: the aggregator refuses the reply, counted as diverged
             if broke
             else _encode(state, context.run_id, delta, plan, result.num_examples > 0)
         )
@@ -130,7 +130,8 @@ def train_round(msg: Message, context: Context, task: Task | None = None) -> Mes
         buffer = store.stats()
     done = time.perf_counter()
     timing = _Timing(start_s, setup_s, done - trained, done - entered)
-    metrics = _reply_metrics(result, buffer, settings, node, frame, gap, shared, timing, broke)
+    coded = _Coded(frame, gap, within, shared)
+    metrics = _reply_metrics(result, buffer, settings, node, coded, timing, broke)
     return Message(DeviceReply(node.device_id, metrics, frame).to_content(), reply_to=msg)
 
 
@@ -174,6 +175,16 @@ class _Timing:
     handler_s: float  # the handler in all
 
 
+@dataclass(frozen=True)
+class _Coded:
+    """What left the device with the reply besides training's figures."""
+
+    frame: bytes  # the update frame (empty: no update)
+    gap: float | None  # the top-k gap EWMA, once known
+    within_clip: bool  # the update needed no clipping (under a plan's dp-clip)
+    shared: tuple[int, int]  # bytes and samples queued for injection
+
+
 def _keep_round_state(
     state: DeviceState,
     node: NodeConfig,
@@ -194,15 +205,19 @@ def _reply_metrics(
     buffer: dict[str, Any],
     settings: RunSettings,
     node: NodeConfig,
-    frame: bytes,
-    gap: float | None,
-    shared: tuple[int, int],
+    coded: _Coded,
     timing: _Timing,
     broke: bool,
 ) -> ReplyMetrics:
     """The reply's metrics: what training did, the buffer, the update's size, injection,
-    the prequential scores, the handler's timing and the process's costs."""
-    scores = result.evaluated
+    the prequential scores, the handler's timing and the process's costs.
+
+    Under local differential privacy the scores stay on the device (unless
+    ``dp-device-scores``): an aggregator it does not trust gets nothing computed on its
+    samples but the noised update.
+    """
+    private = settings.privacy
+    scores = None if private.dp == "local" and not private.dp_device_scores else result.evaluated
     return ReplyMetrics(
         num_examples=result.num_examples,
         batch_size=result.batch_size,
@@ -215,12 +230,13 @@ def _reply_metrics(
         train_loss=result.train_loss,
         lr=result.lr,
         **_buffer_metrics(buffer),
-        bytes_up=len(frame),
-        compress_gap=gap,
+        bytes_up=len(coded.frame),
+        compress_gap=coded.gap,
         inject_used=result.inject_used,
         inject_opt_in=int(node.inject),
-        inject_bytes=shared[0],
-        inject_samples=shared[1],
+        inject_bytes=coded.shared[0],
+        inject_samples=coded.shared[1],
+        dp_within_clip=int(coded.within_clip),
         eval_metric=scores.metric if scores else math.nan,
         eval_loss=scores.loss if scores else math.nan,
         eval_count=scores.count if scores else 0,
@@ -383,15 +399,19 @@ def _encode(
     delta: dict[str, np.ndarray],
     plan: RoundPlan,
     trained: bool,
-) -> tuple[bytes, float | None]:
-    """Code the delta with the device's error-feedback state (kept in the buffer file).
+) -> tuple[bytes, float | None, bool]:
+    """Code the delta with the device's error-feedback state (kept in the buffer file):
+    the frame, the top-k gap EWMA, and whether the update was within the plan's clip.
 
     A round that trained nothing sends a zero delta and leaves the state alone (the server
     gives it no weight, so a residual spent on it would be lost).
     """
     feedback = state.feedback(run_id, delta)
     if not trained:
-        return encode(delta, "none"), feedback.gap
-    packed = compress(delta, feedback, plan.compress, plan.compress_ratio)
+        return encode(delta, "none"), feedback.gap, True
+    # Under differential privacy: clipped (and, local DP, noised) after error feedback
+    packed = compress(
+        delta, feedback, plan.compress, plan.compress_ratio, plan.dp_clip, plan.dp_noise
+    )
     state.save_feedback(run_id, packed.state)
-    return packed.frame, packed.state.gap
+    return packed.frame, packed.state.gap, packed.within_clip

@@ -15,7 +15,10 @@ Modes code the values as ``none`` (float32, exact), ``fp16``, ``int8`` (symmetri
 float32 scale per tensor) or ``topk``: the ``k = ceil(ratio * n)`` largest magnitudes of the
 whole update, as index gaps (1, 2 or 4 bytes, whichever fits the largest) and float16 values.
 With :func:`compress` the device keeps what a frame did not carry (the error-feedback
-residual) and adds it to its next delta, so nothing is lost, only delayed.
+residual) and adds it to its next delta, so nothing is lost, only delayed. Under
+differential privacy it clips what it sends (delta plus residual) to a norm first; what the
+clip cut is dropped, never carried, so the residual holds only what the codec left out and
+the frame decodes to a norm within the clip, rounding included.
 
 ScaDLES adaptive compression: each device reports an EWMA of the top-k *gap*
 ``| ||g|| - ||topk(g)|| | / ||g||`` (:func:`topk_gap`) and the aggregator picks the round's
@@ -33,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 import zstandard as zstd
 
+from edge_client.wire.clipping import clip_to, l2_norm
 from edge_client.wire.constants import (
     CODEC_MAGIC,
     CODEC_MAX_RAW_BYTES,
@@ -371,6 +375,7 @@ class Compressed:
     sent: dict[str, np.ndarray]
     state: FeedbackState
     gap: float  # this round's top-k gap (before the EWMA)
+    within_clip: bool = True  # under a clip: the update needed no clipping
 
 
 def topk_gap(tensors: Mapping[str, np.ndarray], ratio: float) -> float:
@@ -389,19 +394,78 @@ def compress(
     state: FeedbackState,
     mode: str,
     ratio: float = DEFAULT_TOPK_RATIO,
+    clip: float = 0.0,
+    noise: float = 0.0,
+    rng: np.random.Generator | None = None,
 ) -> Compressed:
     """Encode ``delta`` plus the carried residual; keep what the frame lost for next time.
 
     The residual is exactly ``(delta + old residual) - decode(frame)``, so over any number
     of rounds what was sent plus the residual equals the sum of the true deltas. A dense
     ``none`` round sends everything and leaves a zero residual (folded in and reset).
+
+    Parameters
+    ----------
+    clip : float
+        Differential privacy: clip ``delta + residual`` to this L2 norm before coding (0:
+        no clip). What the clip cut is dropped, not carried: the residual keeps only what
+        the codec left out, so its norm stays within the clip. Without ``noise`` the frame
+        is made again, scaled down, until it decodes to a norm within the clip (top-k's
+        float16 values and int8's rounding may push it over).
+    noise : float
+        Local differential privacy: add Gaussian noise of standard deviation ``noise x
+        clip`` to the clipped update before coding (coding it is then post-processing).
+    rng : numpy.random.Generator, optional
+        The noise's generator; one seeded by the operating system's entropy by default (a
+        seeded one would let whoever knows the seed take the noise off).
     """
     g = {k: np.asarray(v, np.float32) for k, v in delta.items()}
     if state.residual is not None:
         g = {k: v + state.residual[k] for k, v in g.items()}
+    within = True
+    if clip > 0:
+        g, within = clip_to(g, clip)
+        if noise > 0:
+            draw = rng or np.random.default_rng()
+            g = {
+                k: v + draw.normal(0.0, noise * clip, v.shape).astype(np.float32)
+                for k, v in g.items()
+            }
     frame = encode(g, mode, ratio)
     sent = decode(frame)
+    if clip > 0 and noise == 0:
+        g, frame, sent = _within_clip(g, frame, sent, clip, mode, ratio)
     residual = {k: v - sent[k] for k, v in g.items()}
     gap = topk_gap(g, ratio)
     ewma = gap if state.gap is None else GAP_EWMA_WEIGHT * gap + (1 - GAP_EWMA_WEIGHT) * state.gap
-    return Compressed(frame, sent, FeedbackState(residual, ewma), gap)
+    return Compressed(frame, sent, FeedbackState(residual, ewma), gap, within)
+
+
+_CLIP_RETRIES = 8  # rescalings of a frame whose rounding took it past the clip
+
+
+def _within_clip(
+    g: dict[str, np.ndarray],
+    frame: bytes,
+    sent: dict[str, np.ndarray],
+    clip: float,
+    mode: str,
+    ratio: float,
+) -> tuple[dict[str, np.ndarray], bytes, dict[str, np.ndarray]]:
+    """Scale ``g`` down and code it again until its frame decodes within ``clip``.
+
+    Coding scales with its input (int8's scale is the tensor's peak, float16 is relative),
+    so one rescaling by ``clip / ||sent||`` nearly always lands within; the margin and the
+    retries cover float rounding. The part scaled away is clipping's, so it is dropped.
+    """
+    for _ in range(_CLIP_RETRIES):
+        norm = l2_norm(sent)
+        if norm <= clip:
+            return g, frame, sent
+        scale = np.float32(clip / norm * (1 - 1e-4))
+        g = {k: v * scale for k, v in g.items()}
+        frame = encode(g, mode, ratio)
+        sent = decode(frame)
+    if l2_norm(sent) > clip:  # never seen; a frame over the clip must not leave the device
+        raise ValueError(f"could not code the update within the clip {clip}")
+    return g, frame, sent

@@ -77,6 +77,9 @@ DRIFT_REACTIONS: Final = ("none", "learning-rate", "boost")  # the aggregator's 
 # device, or FedBuff's buffered asynchronous aggregation (aggregator.asynchronous).
 MODES: Final = ("sync", "async")
 STALENESS_RULES: Final = ("constant", "polynomial", "hinge")  # aggregator.fedbuff
+#: Differential privacy (aggregator.privacy): none, DP-FedAvg with the aggregator's noise
+#: (central), or noise added on each device before it sends (local).
+DP_MODES: Final = ("off", "central", "local")
 
 # What is learned (edge_client.task): the names a run config takes for its task, model,
 # preprocessing and emulated streams, and the built-in datasets' shapes it checks against.

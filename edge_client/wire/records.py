@@ -125,6 +125,13 @@ class RoundPlan(_Record):
         ``s`` in [0, 1): alternate steps train ``(1 - s) * b`` and ``(1 + s) * b`` samples
         (the same ``b * K`` in all) and the reply times each size, so that the controller
         learns the slope of the device's step time from one round; 0: every step at ``b``.
+    dp_clip : float
+        Differential privacy: the L2 norm the sent update (delta plus error-feedback
+        residual, as decoded) is clipped to; 0: no clip.
+    dp_noise : float
+        Local differential privacy: the device adds Gaussian noise of ``dp_noise x dp_clip``
+        to its clipped update before coding it; 0: none (central DP adds it at the
+        aggregator).
     format_version : int
         The record layout.
     """
@@ -144,6 +151,8 @@ class RoundPlan(_Record):
     inject_beta: float = default("inject_beta")
     inject_budget: int = 0  # off: nothing shared
     time_spread: float = 0.0  # off: every step at batch_size
+    dp_clip: float = 0.0  # off: no clip
+    dp_noise: float = 0.0  # off: no noise on the device
     format_version: int = RECORD_VERSION
 
     #: Fields that carry a run-config setting: checked as the run config checks it.
@@ -170,6 +179,11 @@ class RoundPlan(_Record):
             raise ValueError(f"deadline-s must be >= 0, got {self.deadline_s}")
         if not 0.0 <= self.time_spread < 1.0:
             raise ValueError(f"time-spread must be in [0, 1), got {self.time_spread}")
+        if self.dp_clip < 0 or self.dp_noise < 0 or (self.dp_noise > 0 and self.dp_clip == 0):
+            raise ValueError(
+                f"dp-clip and dp-noise must be >= 0, noise only with a clip; got "
+                f"{self.dp_clip}, {self.dp_noise}"
+            )
 
     def samples_to_wait_for(self) -> int:
         """How many buffered samples the device waits for before it trains (the wait rule).
@@ -233,6 +247,9 @@ class ReplyMetrics(_Record):
         1 when the device takes part in data injection.
     inject_bytes, inject_samples : int
         What it queued for sharing this round.
+    dp_within_clip : int
+        Under the plan's ``dp_clip``: 1 when the update was within the clip before clipping
+        (adaptive clipping counts these, with noise), else 0.
     eval_metric, eval_loss : float
         Prequential evaluation (test, then train): the task's metric and loss of the global
         model it received, on the samples of its own stream it then trained on (NaN when
@@ -291,6 +308,7 @@ class ReplyMetrics(_Record):
     inject_opt_in: int = 0
     inject_bytes: int = 0
     inject_samples: int = 0
+    dp_within_clip: int = 0
     eval_metric: float = math.nan
     eval_loss: float = math.nan
     eval_count: int = 0

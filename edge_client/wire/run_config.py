@@ -91,6 +91,7 @@ class RunSettings(ControllerSettings):
     proximal_mu: float = knob(0.0, "FedProx term on the devices; 0: plain FedAvg", ge=0)
     injection: groups.InjectionSettings = group(groups.InjectionSettings)
     aggregation_rule: groups.AggregationSettings = group(groups.AggregationSettings)
+    privacy: groups.PrivacySettings = group(groups.PrivacySettings)
     simulation: groups.SimulationSettings = group(groups.SimulationSettings)
 
     if TYPE_CHECKING:
@@ -101,6 +102,7 @@ class RunSettings(ControllerSettings):
         # rounds: RoundSettings
         num_rounds: int
         min_fresh_samples: int
+        fraction_train: float
         max_diverged_rounds: int
         # asynchrony: AsyncSettings
         mode: str
@@ -169,6 +171,16 @@ class RunSettings(ControllerSettings):
         aggregation: str
         trim_fraction: float
         krum_malicious: int
+        # privacy: PrivacySettings
+        dp: str
+        dp_clip: float
+        dp_noise: float
+        dp_delta: float
+        dp_epsilon: float
+        dp_clip_quantile: float
+        dp_clip_lr: float
+        dp_count_noise: float
+        dp_device_scores: bool
         # simulation: SimulationSettings
         sim_dir: str
         sim_buffers: str
@@ -220,6 +232,48 @@ class RunSettings(ControllerSettings):
             )
         if self.simulation.sim_labels > self.learning.num_classes:
             raise ValueError(f"sim-labels must be in 0..num-classes ({self.learning.num_classes})")
+        if mode == "async" and self.rounds.fraction_train < 1:
+            raise ValueError(
+                "fraction-train < 1 works in sync mode only: async mode gives every idle "
+                "device work as it comes back"
+            )
+        if self.privacy.on:
+            self._check_private()
+
+    def _check_private(self) -> None:
+        """Refuse, one line each, what differential privacy cannot cover."""
+        dp = f"dp = {self.privacy.dp!r}"
+        if self.privacy.dp_noise <= 0:
+            raise ValueError(
+                f"{dp} needs dp-noise > 0: without noise there is no guarantee (epsilon is "
+                "infinite)"
+            )
+        if self.injection.inject_alpha > 0:
+            raise ValueError(
+                f"{dp} refuses data injection (inject-alpha > 0): for privacy, raw samples "
+                "would leave the device over the broker, outside any guarantee"
+            )
+        if self.aggregation_rule.aggregation != "fednova":
+            raise ValueError(
+                f"{dp} needs aggregation = 'fednova', the equal-weight mean DP-FedAvg "
+                f"analyses: {self.aggregation_rule.aggregation} gives a device a weight of its "
+                "own (its samples, or a robust rule's pick), which the noise does not cover"
+            )
+        if self.asynchrony.mode == "async":
+            raise ValueError(
+                f"{dp} works in sync mode only: FedBuff's buffered, stale-weighted updates "
+                "have no accounting here"
+            )
+        if self.drift.drift_reaction != "none":
+            raise ValueError(
+                f"{dp} needs drift-reaction = 'none': the reaction follows a device's own "
+                "drift reports, which no noise covers"
+            )
+        if self.codec.compress == "adaptive":
+            raise ValueError(
+                f"{dp} refuses compress = 'adaptive': the round's codec follows each "
+                "device's top-k gap, which no noise covers (pick topk, int8, fp16 or none)"
+            )
 
     if not TYPE_CHECKING:  # type checkers read the flat keys declared above instead
 

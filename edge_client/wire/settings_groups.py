@@ -25,6 +25,7 @@ from edge_client.wire.constants import (
     DIGITS_CLASSES,
     DIGITS_SHAPE,
     DIVERGED_LOSS_RATIO,
+    DP_MODES,
     DRIFT_REACTIONS,
     IMPORT_PATH,
     MODELS,
@@ -54,6 +55,7 @@ __all__ = [
     "InjectionSettings",
     "LearningSettings",
     "MetricsLogSettings",
+    "PrivacySettings",
     "RoundSettings",
     "SimulationSettings",
     "SinkSettings",
@@ -114,6 +116,13 @@ class RoundSettings:
         "a round whose devices trained on fewer fresh samples in all is skipped (the model "
         "is kept; counted in metrics.jsonl as skipped)",
         ge=1,
+    )
+    fraction_train: float = knob(
+        1.0,
+        "each live device takes part in a round with this probability, independently "
+        "(Poisson sampling, seeded; the controller plans for those drawn); 1: every device",
+        gt=0,
+        le=1,
     )
     max_diverged_rounds: int = knob(
         3,
@@ -461,6 +470,68 @@ class AggregationSettings:
 
 
 @dataclass(frozen=True)
+class PrivacySettings:
+    """Differential privacy at the level of a device (:mod:`aggregator.privacy`): each device
+    clips the update it sends; the aggregator (``central``) or the device (``local``) adds
+    Gaussian noise; an RDP accountant counts what was spent."""
+
+    dp: str = knob(
+        "off",
+        "differential privacy: off, central (DP-FedAvg: devices clip, the aggregator adds "
+        "noise to the sum) or local (each device adds the noise before sending)",
+        choices=DP_MODES,
+    )
+    dp_clip: float = knob(
+        1.0,
+        "the L2 norm a device's sent update is clipped to (with dp-clip-quantile: the first "
+        "round's)",
+        gt=0,
+    )
+    dp_noise: float = knob(
+        1.0, "noise multiplier z: the noise's standard deviation is z x dp-clip", ge=0
+    )
+    dp_delta: float = knob(1e-5, "the delta the spent epsilon is stated at", gt=0, lt=1)
+    dp_epsilon: float = knob(
+        0.0,
+        "privacy budget: the run stops (checkpointed, exported) before a round would spend "
+        "more; 0: no budget",
+        ge=0,
+    )
+    dp_clip_quantile: float = knob(
+        0.0,
+        "central: adaptive clipping (Andrew et al. 2021) to this quantile of the devices' "
+        "update norms; 0: the clip stays dp-clip",
+        ge=0,
+        lt=1,
+    )
+    dp_clip_lr: float = knob(0.2, "adaptive clipping: the clip's geometric step", gt=0)
+    dp_count_noise: float = knob(
+        0.0,
+        "adaptive clipping: standard deviation of the noise on the count of unclipped "
+        "updates; 0: expected devices / 20 (Andrew et al.)",
+        ge=0,
+    )
+    dp_device_scores: bool = knob(
+        False,
+        "under DP, keep each device's prequential score in metrics.jsonl (they are computed "
+        "on its private samples and no noise covers them)",
+    )
+
+    @property
+    def on(self) -> bool:
+        """Whether the run is differentially private."""
+        return self.dp != "off"
+
+    def __post_init__(self) -> None:
+        check_knobs(self)
+        if self.dp == "local" and self.dp_clip_quantile > 0:
+            raise ValueError(
+                "dp-clip-quantile (adaptive clipping) works with dp = 'central' only: it "
+                "reads each device's unclipped-or-not bit, which local DP does not noise"
+            )
+
+
+@dataclass(frozen=True)
 class SimulationSettings:
     """The virtual devices of the simulation engine and the in-process runner
     (:mod:`edge_client.emulation`)."""
@@ -535,5 +606,6 @@ GROUPS: dict[str, type] = {
     "codec": CodecSettings,
     "injection": InjectionSettings,
     "aggregation_rule": AggregationSettings,
+    "privacy": PrivacySettings,
     "simulation": SimulationSettings,
 }

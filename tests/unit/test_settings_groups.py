@@ -47,6 +47,7 @@ BAD = [
     (GROUPS["codec"], "compress", "zip", "compress"),
     (GROUPS["injection"], "inject_mix", 1.0, "inject-mix"),
     (GROUPS["aggregation_rule"], "trim_fraction", 0.6, "trim-fraction"),
+    (GROUPS["privacy"], "dp_delta", 1.0, "dp-delta"),
     (GROUPS["simulation"], "sim_rates", "fast", "sim-rates"),
 ]
 

@@ -1,0 +1,266 @@
+"""Differential privacy at the level of a device, aggregator side: the round's clip, the
+noise on the sum, adaptive clipping and the accountant, in one place.
+
+``dp = "central"`` is DP-FedAvg (McMahan et al. 2018) with Poisson sampling of devices
+(``fraction-train`` q): each device clips the update it sends (after error feedback, its
+frame decoding within the clip: :func:`edge_client.wire.codec.compress`); the aggregator
+clips each decoded update again (so the bound holds whatever a device sent), sums them, adds
+Gaussian noise of standard deviation ``dp-noise x clip`` to every coordinate of the sum and
+divides by the *expected* number of devices, q x the live fleet (a fixed denominator: who
+took part changes the sum by at most one clip). Each round is one
+``PoissonSampledDpEvent(q, GaussianDpEvent(dp-noise))`` for Google's RDP accountant
+(``dp_accounting``); the epsilon spent at ``dp-delta`` is in every round's record.
+
+With ``dp-clip-quantile`` the clip adapts (Andrew et al. 2021): each device reports whether
+its update was within the clip, the aggregator counts them with Gaussian noise of
+``dp-count-noise``, and moves the clip geometrically towards that quantile; the update's
+noise multiplier becomes ``(z^-2 - (2 sigma_b)^-2)^-1/2`` so that the two releases together
+are a Gaussian mechanism of multiplier ``z``, which is what is accounted.
+
+``dp = "local"``: each device adds the noise itself before sending (an aggregator it does
+not trust sees only noised updates). A device's release is a Gaussian of multiplier
+``dp-noise / 2`` (two devices' clipped updates differ by up to twice the clip), composed
+over every round (an upper bound: the aggregator sees who took part, so there is no
+amplification by sampling).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from edge_client.wire.clipping import clip_to
+from edge_client.wire.settings_groups import PrivacySettings
+
+__all__ = ["Privacy", "PrivacyBudgetError", "PrivateMean", "epsilon_spent"]
+
+log = logging.getLogger(__name__)
+
+#: Andrew et al.'s default count noise: the expected devices of a round over this.
+COUNT_NOISE_DIVISOR = 20.0
+
+
+class PrivacyBudgetError(ValueError):
+    """The run's privacy budget cannot pay for its next round."""
+
+
+def epsilon_spent(settings: PrivacySettings, fraction: float, rounds: int) -> float:
+    """The epsilon spent at ``dp-delta`` after ``rounds`` rounds, by Google's RDP accountant
+    (``dp_accounting.rdp.RdpAccountant``): per round a
+    ``PoissonSampledDpEvent(fraction, GaussianDpEvent(dp-noise))`` (central) or a
+    ``GaussianDpEvent(dp-noise / 2)`` (local).
+
+    Raises
+    ------
+    ImportError
+        If ``dp-accounting`` is not installed (``pip install 'fedstream[privacy]'``).
+    """
+    if rounds <= 0:
+        return 0.0
+    try:
+        from dp_accounting import dp_event
+        from dp_accounting.rdp import rdp_privacy_accountant
+    except ImportError as err:  # pragma: no cover - the extra is in every install we test
+        raise ImportError(
+            "dp needs Google's dp-accounting on the aggregator: pip install 'fedstream[privacy]'"
+        ) from err
+    if settings.dp == "local":
+        event: Any = dp_event.GaussianDpEvent(settings.dp_noise / 2)
+    else:
+        event = dp_event.PoissonSampledDpEvent(
+            fraction, dp_event.GaussianDpEvent(settings.dp_noise)
+        )
+    absl = logging.getLogger("absl")  # it warns of the low orders it leaves out, every call
+    level = absl.level
+    absl.setLevel(logging.ERROR)
+    try:
+        accountant = rdp_privacy_accountant.RdpAccountant()
+        accountant.compose(event, rounds)
+        return float(accountant.get_epsilon(settings.dp_delta))
+    finally:
+        absl.setLevel(level)
+
+
+class PrivateMean:
+    """Central DP's accumulator (:class:`~aggregator.aggregation.Accumulator`): each update
+    clipped to ``clip`` and summed; at the end Gaussian noise of ``noise x clip`` on the sum,
+    over ``expected`` devices. Counts the updates that were within the clip (adaptive
+    clipping) and those the aggregator had to clip (a device that did not clip).
+
+    Parameters
+    ----------
+    shapes : mapping of str to shape
+        The shared tensors.
+    clip, noise : float
+        The round's clip and the update's noise multiplier.
+    expected : float
+        The denominator: q x the live fleet.
+    rng : numpy.random.Generator
+        The noise's generator (never a seeded one in a run: whoever knew the seed could
+        take the noise off).
+    """
+
+    def __init__(
+        self,
+        shapes: Mapping[str, tuple[int, ...]],
+        clip: float,
+        noise: float,
+        expected: float,
+        rng: np.random.Generator,
+    ) -> None:
+        self.clip, self.noise, self.expected = clip, noise, max(expected, 1e-12)
+        self._rng = rng
+        self._sum = {k: np.zeros(s, np.float64) for k, s in shapes.items()}
+        self._devices: list[str] = []
+        self.within = 0  # updates the device reported within the clip
+        self.clipped_here = 0  # updates over the clip as decoded (the aggregator clipped them)
+
+    def update(
+        self,
+        delta: Mapping[str, np.ndarray],
+        weight: int,
+        device: str,
+        steps: int = 1,
+        boost: float = 1.0,
+    ) -> None:
+        """Add one device's update, clipped (its weight, steps and boost do not count: each
+        device weighs the same, which is what the noise covers)."""
+        clipped, fits = clip_to(delta, self.clip * (1 + 1e-6))  # float slack, not a loophole
+        self.clipped_here += not fits
+        for k, d in clipped.items():
+            self._sum[k] += d
+        self._devices.append(device)
+
+    def count_within(self, within: bool) -> None:
+        """Count a device's report that its update was within the clip before clipping."""
+        self.within += int(within)
+
+    def result(self) -> tuple[dict[str, np.ndarray], list[str]] | None:
+        """The noised sum over the expected count, and the devices in it (None when no
+        update came: the model is kept)."""
+        if not self._devices:
+            return None
+        sd = self.noise * self.clip
+        return {
+            k: (s + self._rng.normal(0.0, sd, s.shape)) / self.expected
+            for k, s in self._sum.items()
+        }, list(self._devices)
+
+
+@dataclass
+class Privacy:
+    """The run's differential privacy, round by round: the clip to plan, the accumulator,
+    adaptive clipping and the accountant's count of rounds.
+
+    Parameters
+    ----------
+    settings : PrivacySettings
+        The ``dp-*`` keys.
+    fraction : float
+        ``fraction-train``, the sampling rate the accountant amplifies by.
+    clip : float
+        The clip of the next round (adaptive clipping moves it).
+    rounds : int
+        Rounds already composed (restored from a checkpoint).
+    """
+
+    settings: PrivacySettings
+    fraction: float
+    clip: float = 0.0
+    rounds: int = 0
+
+    def __post_init__(self) -> None:
+        if self.clip <= 0:
+            self.clip = self.settings.dp_clip
+        self._rng = np.random.default_rng()  # the operating system's entropy, never a seed
+        self._spent: dict[int, float] = {}  # rounds -> epsilon (the accountant takes ~50 ms)
+
+    @property
+    def on(self) -> bool:
+        """Whether the run is differentially private."""
+        return self.settings.on
+
+    def plan(self) -> tuple[float, float]:
+        """(dp-clip, dp-noise) of a device's round plan: the clip, and the noise the device
+        adds itself (local DP only)."""
+        if not self.on:
+            return 0.0, 0.0
+        return self.clip, self.settings.dp_noise if self.settings.dp == "local" else 0.0
+
+    def accumulator(self, shapes: Mapping[str, tuple[int, ...]], live: int) -> PrivateMean | None:
+        """Central DP's accumulator for a round with ``live`` devices before sampling;
+        None otherwise (local DP's updates are noised already: the run's rule averages)."""
+        if self.settings.dp != "central":
+            return None
+        expected = self.fraction * live
+        return PrivateMean(shapes, self.clip, self._update_noise(expected), expected, self._rng)
+
+    def _count_noise(self, expected: float) -> float:
+        return self.settings.dp_count_noise or expected / COUNT_NOISE_DIVISOR
+
+    def _update_noise(self, expected: float) -> float:
+        """The update's noise multiplier: ``dp-noise``, less what the count's noise already
+        spends under adaptive clipping (Andrew et al., Theorem 1)."""
+        z = self.settings.dp_noise
+        if self.settings.dp_clip_quantile <= 0:
+            return z
+        rest = z**-2 - (2 * self._count_noise(expected)) ** -2
+        if rest <= 0:
+            raise ValueError(
+                f"dp-count-noise {self._count_noise(expected):g} is too small for dp-noise "
+                f"{z:g}: adaptive clipping needs dp-count-noise > 1 / (2 x dp-noise)"
+            )
+        return float(rest**-0.5)
+
+    def after_round(self, accumulator: PrivateMean | None) -> None:
+        """Count the round for the accountant; under adaptive clipping move the clip towards
+        the quantile from the noised count of updates within it."""
+        self.rounds += 1
+        q = self.settings.dp_clip_quantile
+        if accumulator is None or q <= 0:
+            return
+        expected = accumulator.expected
+        noised = accumulator.within + self._rng.normal(0.0, self._count_noise(expected))
+        self.clip *= math.exp(-self.settings.dp_clip_lr * (noised / expected - q))
+
+    def spent(self, rounds: int | None = None) -> float:
+        """The epsilon spent after ``rounds`` rounds (the rounds composed so far by default)."""
+        return epsilon_spent(
+            self.settings, self.fraction, self.rounds if rounds is None else rounds
+        )
+
+    def affordable(self) -> bool:
+        """Whether the budget (``dp-epsilon``; none when 0) pays for one more round."""
+        budget = self.settings.dp_epsilon
+        return not self.on or budget <= 0 or self.spent(self.rounds + 1) <= budget
+
+    def check_budget(self) -> None:
+        """Refuse to start a run (or resume one) whose budget cannot pay for a round.
+
+        Raises
+        ------
+        PrivacyBudgetError
+            With what one more round would spend and the budget.
+        """
+        if not self.affordable():
+            raise PrivacyBudgetError(
+                f"dp-epsilon {self.settings.dp_epsilon:g} is spent: round {self.rounds + 1} "
+                f"would make it {self.spent(self.rounds + 1):.3g} (delta "
+                f"{self.settings.dp_delta:g}, {self.rounds} rounds done)"
+            )
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resume needs: the rounds composed and the clip."""
+        return {"rounds": self.rounds, "clip": self.clip}
+
+    @classmethod
+    def from_state(
+        cls, settings: PrivacySettings, fraction: float, state: Mapping[str, Any]
+    ) -> Privacy:
+        """The privacy of a resumed run, from :meth:`state_dict`'s (empty: a fresh one)."""
+        return cls(settings, fraction, float(state.get("clip", 0.0)), int(state.get("rounds", 0)))
