@@ -34,6 +34,7 @@ SCENARIOS = {
     "service": "deploy.bench.continuous_run",
     "simulation": "deploy.bench.simulation",
     "people": "deploy.bench.people",
+    "privacy": "deploy.bench.privacy",
 }
 
 
