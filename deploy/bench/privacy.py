@@ -36,10 +36,10 @@ from deploy.bench.simulation import simulate
 __all__ = ["ARMS", "run"]
 
 DEVICES, QUICK_DEVICES = 1000, 200
-ROUNDS, QUICK_ROUNDS = 30, 8
+ROUNDS, QUICK_ROUNDS = 20, 8
 FRACTION = 0.1
 CLIP = 1.0
-NOISES = (0.5, 0.8, 1.0, 1.5)
+NOISES = (0.6, 0.8, 1.0, 1.5)
 TOPK_NOISE = 0.8
 LOCAL_NOISE = 5.0
 SETTLED = 3  # rounds the final accuracy is averaged over
