@@ -19,6 +19,7 @@ from aggregator.prometheus_sink import RoundExporter
 from aggregator.round_log import RoundRecord, read_metrics, rounds_only
 from aggregator.sampling import poisson_sample
 from aggregator.server_app import run_rounds
+from deploy.bench import privacy as bench_privacy
 from deploy.demo_view import progress_table
 from deploy.inprocess import InProcessGrid, VirtualDevice
 from deploy.local import free_port
@@ -338,3 +339,33 @@ def test_the_epsilon_spent_is_in_the_live_table_the_summary_and_prometheus(
     assert f"epsilon {spent:.2f} spent" in str(title)
     assert summary["dp_epsilon_spent"] == spent
     assert summary["dp_epsilon_spent_per_round"] == [r.dp_epsilon_spent for r in records]
+
+
+def test_the_privacy_benchmark_judges_the_least_noise_within_the_epsilon_goal() -> None:
+    # Prepare: two seeds; central-0.6 spends over 8, central-0.8 within, 0.3 points down in
+    # one seed and 4 points in the other
+    def arm(accuracy: float, epsilon: float | None) -> dict[str, Any]:
+        return {
+            "final_accuracy": accuracy,
+            "dp_epsilon_spent": epsilon,
+            "bytes_up_per_round": 1000.0,
+            "wall_s_per_round": 1.0,
+        }
+
+    entries = [
+        {
+            "seed": s,
+            "arms": {
+                "no-dp": arm(0.90, None),
+                "central-0.6": arm(0.89, 12.0),
+                "central-0.8": arm(0.90 - drop, 6.7),
+                "central-1": arm(0.80, 4.2),
+            },
+        }
+        for s, drop in ((0, 0.003), (1, 0.04))
+    ]
+    # Execute
+    table = bench_privacy._table(entries, devices=1000, rounds=20, quick=False)
+    # Assert: the goal is read off central-0.8 and missed in the second seed
+    assert "At epsilon <= 8 (central-0.8): +0.022 (+0.003-+0.040) below no-dp" in table
+    assert "MISSED" in table
