@@ -20,6 +20,7 @@ from aggregator.round_log import RoundRecord
 from edge_client.task.interface import Task
 from edge_client.task.manifest import scores_entry, task_manifest
 from edge_client.wire.artifact import PROGRAMS, ModelVersion, write_version
+from edge_client.wire.mapping import kebab
 from edge_client.wire.settings_groups import ExportSettings, LearningSettings
 
 __all__ = ["ExportSchedule", "export_model"]
@@ -42,7 +43,8 @@ def export_model(
 
     Under personalisation the manifest's ``personal-layers`` names the tensors each device
     keeps: the program holds their initial values, which a device replaces by its own (its
-    ``fedstream infer`` serves the model its ClientApp stored, personal layers included)."""
+    ``fedstream infer`` serves the model its ClientApp stored, personal layers included).
+    Under differential privacy the manifest holds ``dp-epsilon-spent`` as of the version."""
     model.load_state_dict(arrays.to_torch_state_dict())
     predictor = task.predictor(model)
     example = torch.randn(2, *task.input_shape(learning.shape))
@@ -53,6 +55,8 @@ def export_model(
         "eval-data": scores_entry(task.metric, record.test_accuracy, record.test_loss),
         "personal-layers": sorted(personal),
     }
+    if record.dp_epsilon_spent is not None:  # what the model's training spent, with it
+        manifest[kebab("dp_epsilon_spent")] = record.dp_epsilon_spent
     version = write_version(
         settings.export_dir,
         record.round,

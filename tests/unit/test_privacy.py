@@ -3,6 +3,7 @@ noise, adaptive clipping, the accountant and the budget, and what DP refuses."""
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Callable
 from dataclasses import replace
@@ -288,7 +289,10 @@ def test_the_budget_ends_a_continuous_run_cleanly_and_a_resume_is_refused(
     assert [r.round for r in records] == [1, 2, 3]
     assert records[-1].dp_epsilon_spent is not None
     assert records[-1].dp_epsilon_spent <= budget
-    assert (tmp_path / "ckpt").is_dir() and any((tmp_path / "models").iterdir())
+    assert (tmp_path / "ckpt").is_dir()
+    manifests = [json.loads(p.read_text()) for p in (tmp_path / "models").rglob("manifest.json")]
+    assert max(m["round"] for m in manifests) == 3
+    assert max(m["dp-epsilon-spent"] for m in manifests) == records[-1].dp_epsilon_spent
     # Execute / Assert: resuming with the budget spent is refused before anything, in a line
     with pytest.raises(PrivacyBudgetError, match=r"dp-epsilon .* is spent: round 4") as caught:
         private_run(tmp_path / "again", fast, **{**keys, "resume": True})
