@@ -546,6 +546,13 @@ def people(doc: Doc) -> str:
         f"better on both in {beats(a)}"
         for a in personal
     )
+    injected = (
+        f" Data injection (`inject`): {settled('inject', 'mean')} / "
+        f"{settled('inject', 'worst10')}, better on both in {beats('inject')}, held-out "
+        f"{fmt_spread([e['arms']['inject']['test_accuracy'] for e in seeds], '{:.3f}')}."
+        if "inject" in seeds[0]["arms"]
+        else ""
+    )
     return bullet(
         f"""**One device per person, held-out people, personal layers** (a real smartwatch
         recording: 10 people, 7 shoulder exercises, natural per-person partitions in recorded
@@ -556,7 +563,7 @@ def people(doc: Doc) -> str:
         {fmt_spread([e["centralised"]["test_accuracy"] for e in seeds], "{:.3f}")}:
         {fmt_x(ratios)} (goal >= {GOAL}x: {fmt_verdict(min(ratios) >= GOAL)}). The devices'
         prequential accuracy, mean / worst 10 % over the last 5 rounds: {arms} (goal:
-        a personal arm better on both in every seed: {fmt_verdict(paid)}).
+        a personal arm better on both in every seed: {fmt_verdict(paid)}).{injected}
         {fleet["devices"]:,} people (synthetic), twice with one seed:
         {fmt_pct([fleet["replied"]])} of devices replied in every round, memory
         {"n/a" if growth is None else f"{100 * growth:+.1f} %"} from round 2 to the last,
