@@ -16,7 +16,7 @@ from deploy.extras import require_extra
 if TYPE_CHECKING:  # matplotlib is the demo extra's: imported where a figure is drawn
     from matplotlib.axes import Axes
 
-__all__ = ["summarize", "write_report"]
+__all__ = ["in_round_order", "summarize", "training_time", "write_report"]
 
 
 def summarize(records: Sequence[RoundRecord], wall_s: float) -> dict[str, Any]:
@@ -42,7 +42,7 @@ def summarize(records: Sequence[RoundRecord], wall_s: float) -> dict[str, Any]:
     scores), ``device_score_per_round`` the same for each round; ``test_by_group`` the
     aggregator's last score per group of ``eval-data`` (``eval-group-by``).
     """
-    every, records = records, rounds_only(records)
+    every, records = records, in_round_order(records)
     devices = sorted({d for r in records for d in r.devices})
     last = records[-1] if records else None
     return {
@@ -119,6 +119,24 @@ def _of(record: RoundRecord, device: str, name: str) -> Any:
     return None if metrics is None else getattr(metrics, name)
 
 
+def in_round_order(records: Sequence[RoundRecord]) -> list[RoundRecord]:
+    """The rounds of ``records`` by round, the last record of a round kept (a resumed run
+    appends to the same ``metrics.jsonl``: a round run again after a crash appears twice)."""
+    last = {r.round: r for r in rounds_only(records)}
+    return [last[k] for k in sorted(last)]
+
+
+def training_time(records: Sequence[RoundRecord]) -> list[float]:
+    """Each round's end on the run's cumulative training time, in seconds: the rounds'
+    ``wall-s`` summed in round order. Unlike ``run-wall-s``, which starts again at 0 when a
+    run is resumed, it never runs backwards."""
+    total, ends = 0.0, []
+    for record in records:
+        total += record.wall_s
+        ends.append(round(total, 3))
+    return ends
+
+
 def write_report(records: Sequence[RoundRecord], path: Path, title: str = "") -> None:
     """Plot accuracy vs time and per-device batch size and compute time per round.
 
@@ -130,7 +148,7 @@ def write_report(records: Sequence[RoundRecord], path: Path, title: str = "") ->
     require_extra("a run's plots", ("matplotlib",))
     from deploy.plots import Panel, save_figure
 
-    records = rounds_only(records)
+    records = in_round_order(records)
     rounds = [r.round for r in records]
     devices = sorted({d for r in records for d in r.devices})
     spent = records[-1].dp_epsilon_spent if records else None
@@ -142,7 +160,7 @@ def write_report(records: Sequence[RoundRecord], path: Path, title: str = "") ->
     spread = [fleet_scores(round_scores(r), better) for r in records]
 
     def draw(axes: list[Axes]) -> None:
-        wall = [r.run_wall_s for r in records]
+        wall = training_time(records)
         axes[0].plot(wall, [r.accuracy for r in records], marker="o", label="prequential")
         if any(not math.isnan(r.test_accuracy) for r in records):
             axes[0].plot(wall, [r.test_accuracy for r in records], marker="s", label="test set")
@@ -155,7 +173,7 @@ def write_report(records: Sequence[RoundRecord], path: Path, title: str = "") ->
 
     limits = (0, 1) if metric == "accuracy" else None
     panels = [  # an accuracy is in [0, 1]; another metric (a forecast's MAE) in its units
-        Panel("wall time (s)", metric, ylim=limits),
+        Panel("training time (s, resumes included)", metric, ylim=limits),
         Panel("round", "batch size"),
         Panel("round", "compute time per round (s)"),
         Panel("round", f"devices' {metric} (prequential)", ylim=limits),

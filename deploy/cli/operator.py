@@ -245,7 +245,7 @@ def report(
     """Draw the plots and write the summary of any run from its metrics.jsonl (rotated files
     included): a deployed run's, a simulation's, the demo's."""
     from aggregator.round_log import read_rotated, rounds_only
-    from deploy.report import summarize, write_report
+    from deploy.report import in_round_order, summarize, training_time, write_report
 
     require("fedstream report", ("matplotlib",))
 
@@ -260,21 +260,31 @@ def report(
         raise fail(f"{path}: no rounds yet")
     where = out or path.parent
     where.mkdir(parents=True, exist_ok=True)
-    summary = summarize(records, records[-1].run_wall_s)
+    ordered = in_round_order(records)  # a resumed run's rounds, by round
+    summary = summarize(records, training_time(ordered)[-1])
     (where / "summary.json").write_text(json.dumps(summary, indent=2))
     write_report(records, where / "report.png", f"fedstream run: {path.parent.name}")
-    last = records[-1]
+    last = ordered[-1]
     private = (
         f", epsilon {last.dp_epsilon_spent:.3g} spent" if last.dp_epsilon_spent is not None else ""
     )
+    scores = [
+        f"{last.metric} {_score(summary['final_accuracy'])} prequential",
+        "no eval-data"
+        if summary["test_accuracy"] is None
+        else f"{_score(summary['test_accuracy'])} on eval-data",
+    ]
     console.print(
-        f"{summary['rounds']} rounds (to round {last.round}), {last.metric} "
-        f"{summary['final_accuracy']} "
-        f"prequential, {summary['test_accuracy']} on eval-data{private}; wrote "
-        f"{where / 'summary.json'} "
+        f"{summary['rounds']} rounds (to round {last.round}), {', '.join(scores)}{private}; "
+        f"wrote {where / 'summary.json'} "
         f"and {where / 'report.png'}",
         soft_wrap=True,
     )
+
+
+def _score(value: float | None) -> str:
+    """A score as the report's line shows it (``n/a`` for none)."""
+    return "n/a" if value is None else f"{value:.3f}"
 
 
 def write_app_dir(

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +33,7 @@ from aggregator.stopping import STOP_FILE, request_stop
 from deploy.cli import app
 from deploy.inprocess import InProcessGrid, VirtualDevice
 from deploy.local import wait_until
+from deploy.report import in_round_order, training_time
 from edge_client.task.interface import Classification, init_model
 from edge_client.wire.artifact import list_versions
 from edge_client.wire.run_config import RunSettings
@@ -63,6 +65,7 @@ def test_sigterm_ends_a_continuous_run_after_a_whole_round_and_resume_continues(
         from aggregator.server_app import run_rounds
         from pathlib import Path
         from deploy.inprocess import InProcessGrid, VirtualDevice
+from deploy.report import in_round_order, training_time
         from edge_client.wire.run_config import RunSettings
         s = RunSettings(**{{**FAST, "num_rounds": 0, "checkpoint_dir": {str(dirs["ckpt"])!r},
             "out_dir": {str(dirs["out"])!r}, "export_dir": {str(dirs["exports"])!r},
@@ -205,6 +208,29 @@ def test_report_draws_any_runs_metrics(tmp_path: Path, fast: Fast, fleet: Fleet)
     assert summary["rounds"] == 3 and len(summary["accuracy"]) == 3
     assert (tmp_path / "r" / "report.png").stat().st_size > 10_000
     assert missing.exit_code == 2
+
+
+def test_report_orders_a_resumed_run_by_round_and_training_time(
+    tmp_path: Path, fast: Fast, fleet: Fleet
+) -> None:
+    # Prepare: 2 rounds, then a resume for 2 more into the same out-dir, no eval-data
+    out, ckpt = tmp_path / "out", str(tmp_path / "ckpt")
+    settings = fast(num_rounds=2, out_dir=str(out), checkpoint_dir=ckpt, eval_data="")
+    _run(tmp_path / "b1", fleet(1, 1), settings)
+    _run(tmp_path / "b2", fleet(1, 1), replace(settings, num_rounds=4, resume=True))
+    records = read_metrics(out / "metrics.jsonl")
+    # Execute
+    result = CliRunner().invoke(app, ["report", str(out)])
+    ordered = in_round_order(records)
+    times = training_time(ordered)
+    # Assert: the run's own clock starts again at the resume; training time does not, and
+    # the line says what there is, no None; the report lands next to the metrics
+    assert result.exit_code == 0, result.output
+    assert [r.round for r in ordered] == [1, 2, 3, 4]
+    assert ordered[2].run_wall_s < ordered[1].run_wall_s  # what the plot used to draw
+    assert times == sorted(times) and times[-1] == pytest.approx(sum(r.wall_s for r in ordered))
+    assert "None" not in result.output and "no eval-data" in result.output
+    assert (out / "report.png").exists() and (out / "summary.json").exists()
 
 
 def test_each_round_logs_one_progress_line(
