@@ -3,7 +3,7 @@ devices on the simulation engine.
 
 Each run is ``flwr run`` of fedstream's app on a ``--simulation`` SuperLink with 1,000
 virtual devices (:func:`deploy.bench.simulation.simulate`; ``--quick``: 200) on the
-synthetic task, :data:`ROUNDS` rounds, a tenth of the fleet drawn each round
+synthetic task, :data:`ROUNDS` rounds of 20 local steps, a tenth of the fleet drawn each round
 (``fraction-train`` 0.1, Poisson), the aggregator scoring each round's model on the task's
 held-out set. Arms, per seed:
 
@@ -36,7 +36,7 @@ from deploy.bench.simulation import simulate
 __all__ = ["ARMS", "run"]
 
 DEVICES, QUICK_DEVICES = 1000, 200
-ROUNDS, QUICK_ROUNDS = 20, 8
+ROUNDS, QUICK_ROUNDS = 15, 6
 FRACTION = 0.1
 CLIP = 1.0
 NOISES = (0.6, 0.8, 1.0, 1.5)
@@ -52,6 +52,7 @@ BASE: dict[str, Any] = {
     "eval-data": "synthetic",
     "eval-samples": 2000,
     "controller-probe": 0,
+    "local-steps": 20,  # fedstream's default (the scale benchmark's helper runs 5)
 }
 #: Each arm's keys over :data:`BASE`.
 ARMS: dict[str, dict[str, Any]] = {
@@ -105,7 +106,7 @@ def _one(
 
 
 def run(quick: bool = False, progress: Callable[[str], None] = print) -> Result:
-    """Every arm for every seed (``quick``: one seed, 200 devices, 8 rounds, the arms
+    """Every arm for every seed (``quick``: one seed, 200 devices, 6 rounds, the arms
     ``no-dp``, ``central-0.8`` and ``central-topk``)."""
     seeds = SEEDS[:1] if quick else SEEDS
     devices = QUICK_DEVICES if quick else DEVICES
