@@ -33,7 +33,7 @@ from typing import Any
 from rich.console import Console
 from rich.live import Live
 
-from aggregator.round_log import read_metrics, rounds_only
+from aggregator.round_log import RoundRecord, read_metrics, rounds_only
 from deploy.constants import (
     APP_DIR,
     DEMO_STATUS_CHECK_S,
@@ -228,9 +228,10 @@ def run_simulation(config: SimulateConfig, console: Console) -> bool:
     every = read_metrics(run_dir / "metrics.jsonl")
     records = rounds_only(every)
     replied = any(r.devices for r in records)
+    budget = _budget_ended(settings, records)
     ok = (
         status.get("status") == "finished:completed"
-        and len(records) == settings.num_rounds
+        and (len(records) == settings.num_rounds or budget)
         and replied
     )
     summary = {
@@ -250,8 +251,26 @@ def run_simulation(config: SimulateConfig, console: Console) -> bool:
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     if records:
         write_report(records, run_dir / "report.png", f"fedstream simulate: {run_dir.name}")
+    if ok and budget:
+        console.print(
+            f"the privacy budget ended the run after {len(records)} of "
+            f"{settings.num_rounds} rounds: dp-epsilon {settings.privacy.dp_epsilon:g}, "
+            f"epsilon {records[-1].dp_epsilon_spent:.3g} spent"
+        )
     _say_outcome(ok, replied, summary, run_dir, console)
     return ok
+
+
+def _budget_ended(settings: RunSettings, records: list[RoundRecord]) -> bool:
+    """Whether a differentially private run's budget (``dp-epsilon``) could not pay for the
+    round after its last: the run ended there as it should."""
+    private = settings.privacy
+    if not (private.on and private.dp_epsilon > 0 and records):
+        return False
+    from aggregator.privacy import epsilon_spent
+
+    fraction = settings.rounds.fraction_train
+    return epsilon_spent(private, fraction, len(records) + 1) > private.dp_epsilon
 
 
 def _say_plan(

@@ -99,3 +99,43 @@ def test_a_partition_key_that_is_missing_or_has_one_group_is_refused_in_one_line
     # Assert: refused before anything started, in one line naming what the file has
     assert rc != 0 and run_dir is None
     assert said in out and "subject" in out, out
+
+
+@pytest.mark.timeout(SIMULATE_TIMEOUT_S + 60)
+def test_a_private_simulation_samples_devices_and_spends_what_the_accountant_says(
+    tmp_path: Path,
+) -> None:
+    # Prepare: 8 virtual devices, half drawn a round, central DP, a budget of 3 rounds
+    budget = (library_epsilon(3) + library_epsilon(4)) / 2
+    config = (
+        "dp='central' dp-noise=0.8 dp-clip=1.0 fraction-train=0.5 global-batch=256 "
+        f"dp-epsilon={budget} controller-probe=0"
+    )
+    # Execute: asked for 6 rounds
+    rc, out, summary, run_dir = _simulate(
+        tmp_path, "--devices", "8", "--rounds", "6", "--seed", "3", "--run-config", config
+    )
+    # Assert: the budget ended it after round 3, each round's epsilon the library's, only
+    # the drawn devices trained, and no device's own score was written
+    assert rc == 0, out[-3000:]
+    assert run_dir is not None
+    records = rounds_only(read_metrics(run_dir / "metrics.jsonl"))
+    assert [r.round for r in records] == [1, 2, 3]
+    assert [r.dp_epsilon_spent for r in records] == pytest.approx(
+        [library_epsilon(n) for n in (1, 2, 3)]
+    )
+    assert summary["dp_epsilon_spent"] == pytest.approx(library_epsilon(3))
+    for record in records:
+        assert record.live == 8 and set(record.devices) == set(record.planned)
+        assert all(np.isnan(m.eval_metric) for m in record.devices.values())
+    assert "epsilon" in out
+
+
+def library_epsilon(rounds: int) -> float:
+    """Google's RDP accountant for q = 0.5, noise 0.8, delta 1e-5, computed apart."""
+    from dp_accounting import dp_event
+    from dp_accounting.rdp import rdp_privacy_accountant
+
+    accountant = rdp_privacy_accountant.RdpAccountant()
+    accountant.compose(dp_event.PoissonSampledDpEvent(0.5, dp_event.GaussianDpEvent(0.8)), rounds)
+    return float(accountant.get_epsilon(1e-5))
