@@ -64,6 +64,7 @@ __all__ = [
     "label_skew",
     "noniid",
     "people",
+    "privacy",
     "reliability",
     "render",
     "scale",
@@ -572,6 +573,67 @@ def people(doc: Doc) -> str:
     )
 
 
+def privacy(doc: Doc) -> str:
+    """Differential privacy on 1,000 virtual devices: each arm's ``final_accuracy`` and
+    ``dp_epsilon_spent`` against ``no-dp``, bytes and seconds a round (``privacy.json``)."""
+    from deploy.bench.privacy import GOAL_EPSILON, GOAL_POINTS
+
+    seeds = doc["entries"]
+    names = list(seeds[0]["arms"])
+
+    def of(arm: str, key: str) -> list[float]:
+        return [e["arms"][arm][key] for e in seeds]
+
+    def drop(arm: str) -> list[float]:
+        return [
+            e["arms"]["no-dp"]["final_accuracy"] - e["arms"][arm]["final_accuracy"] for e in seeds
+        ]
+
+    central = [n for n in names if n.startswith("central-") and n != "central-topk"]
+    within = [n for n in central if max(of(n, "dp_epsilon_spent")) <= GOAL_EPSILON]
+    goal_arm = min(within, key=lambda n: doc["arms"][n]["dp-noise"]) if within else None
+
+    def kilobytes(arm: str) -> str:
+        return fmt_spread([b / 1e3 for b in of(arm, "bytes_up_per_round")], "{:.0f}")
+
+    curve = "; ".join(
+        f"z {doc['arms'][n]['dp-noise']:g}: epsilon "
+        f"{fmt_spread(of(n, 'dp_epsilon_spent'), '{:.1f}')}, "
+        f"{fmt_spread(of(n, 'final_accuracy'), '{:.3f}')}"
+        for n in central
+    )
+    goal = (
+        f"at epsilon <= {GOAL_EPSILON:g} (`{goal_arm}`) {fmt_spread(drop(goal_arm), '{:+.3f}')} "
+        f"below no DP (goal: within {GOAL_POINTS:.2f} in every seed: "
+        f"{fmt_verdict(max(drop(goal_arm)) <= GOAL_POINTS)})"
+        if goal_arm
+        else f"no central arm within epsilon {GOAL_EPSILON:g} (goal: MISSED)"
+    )
+    extra = []
+    if "central-topk" in names:
+        extra.append(
+            f"top-k under DP {fmt_spread(of('central-topk', 'final_accuracy'), '{:.3f}')} "
+            f"with {kilobytes('central-topk')} kB up a round against dense DP's "
+            f"{kilobytes(goal_arm or central[0])}"
+        )
+    if "local" in names:
+        extra.append(
+            f"local DP (z {doc['arms']['local']['dp-noise']:g} on each device, epsilon "
+            f"{fmt_spread(of('local', 'dp_epsilon_spent'), '{:.1f}')}) "
+            f"{fmt_spread(of('local', 'final_accuracy'), '{:.3f}')}"
+        )
+    return bullet(
+        f"""**Differential privacy** ({doc["devices"]:,} virtual devices on Flower's simulation
+        engine, a tenth drawn each round, {doc["rounds"]} rounds, held-out accuracy of the last
+        {doc["settled_rounds"]} rounds; {fmt_seeds([e["seed"] for e in seeds])}): no DP
+        {fmt_spread(of("no-dp", "final_accuracy"), "{:.3f}")}; central DP, clip
+        {doc["clip"]:g}: {curve}; {goal}. {"; ".join(extra)}. Seconds a round: no DP
+        {fmt_spread(of("no-dp", "wall_s_per_round"), "{:.1f}")}, DP arms
+        {fmt_spread([v for n in central for v in of(n, "wall_s_per_round")], "{:.1f}")} (wall,
+        one run after another on this machine). `fedstream bench privacy`."""
+    )
+
+
 #: The Results bullets in the page's order: (function, the JSON files it reads).
 BULLETS: list[tuple[Callable[..., str], tuple[str, ...]]] = [
     (hetero, ("hetero",)),
@@ -592,6 +654,7 @@ BULLETS: list[tuple[Callable[..., str], tuple[str, ...]]] = [
     (scale, ("scale",)),
     (bursts, ("bursts",)),
     (people, ("people",)),
+    (privacy, ("privacy",)),
 ]
 
 

@@ -283,6 +283,12 @@ def _people(doc: Doc) -> str:
     return people._table(doc["entries"], doc["rounds"], doc["quick"])
 
 
+def _privacy(doc: Doc) -> str:
+    from deploy.bench import privacy
+
+    return privacy._table(doc["entries"], doc["devices"], doc["rounds"], doc["quick"])
+
+
 RENDERERS: dict[str, Callable[[Doc], str]] = {
     "ingest": _ingest,
     "bursts": _bursts,
@@ -297,6 +303,7 @@ RENDERERS: dict[str, Callable[[Doc], str]] = {
     "reliability": _reliability,
     "simulation": _simulation,
     "people": _people,
+    "privacy": _privacy,
     "inference": _inference,
     "drift": _drift,
     "service": _service,
