@@ -32,6 +32,7 @@ from typing import Any
 from aggregator.round_log import read_metrics, rounds_only
 from deploy.bench.common import SEEDS, Result, footnote, markdown_table, spread, verdict
 from deploy.bench.simulation import simulate
+from edge_client.wire.mapping import kebab
 
 __all__ = ["ARMS", "run"]
 
@@ -52,7 +53,8 @@ BASE: dict[str, Any] = {
     "eval-data": "synthetic",
     "eval-samples": 2000,
     "controller-probe": 0,
-    "local-steps": 20,  # fedstream's default (the scale benchmark's helper runs 5)
+    kebab("local_steps"): 20,  # the default (the scale benchmark's helper runs 5); a metric's
+    # name too: through the mapping
 }
 #: Each arm's keys over :data:`BASE`.
 ARMS: dict[str, dict[str, Any]] = {

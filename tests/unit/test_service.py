@@ -65,7 +65,6 @@ def test_sigterm_ends_a_continuous_run_after_a_whole_round_and_resume_continues(
         from aggregator.server_app import run_rounds
         from pathlib import Path
         from deploy.inprocess import InProcessGrid, VirtualDevice
-from deploy.report import in_round_order, training_time
         from edge_client.wire.run_config import RunSettings
         s = RunSettings(**{{**FAST, "num_rounds": 0, "checkpoint_dir": {str(dirs["ckpt"])!r},
             "out_dir": {str(dirs["out"])!r}, "export_dir": {str(dirs["exports"])!r},
