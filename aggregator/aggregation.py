@@ -12,6 +12,8 @@ had any weight).
   a fast device many times a slow one's weight, so under label skew the model leans to the
   fast devices' classes (the objective inconsistency FedNova corrects); here each device's
   objective counts once. Streaming, O(model) too.
+- :class:`PrivateMean` (differential privacy, ``dp = "central"``: :mod:`aggregator.privacy`):
+  each update clipped, the equal-weight sum noised and divided by the expected count.
 - :class:`RobustRule` (``trimmed-mean``, ``median``, ``krum``, ``multi-krum``): keeps every
   update (O(devices x model)) and applies Flower's Byzantine-robust rule at the end
   (:func:`aggregator.robust.robust_aggregate`).
@@ -25,9 +27,17 @@ from typing import Protocol
 import numpy as np
 
 from aggregator.robust import robust_aggregate
+from edge_client.wire.clipping import clip_to
 from edge_client.wire.settings_groups import AggregationSettings
 
-__all__ = ["Accumulator", "NormalisedMean", "RobustRule", "WeightedMean", "make_accumulator"]
+__all__ = [
+    "Accumulator",
+    "NormalisedMean",
+    "PrivateMean",
+    "RobustRule",
+    "WeightedMean",
+    "make_accumulator",
+]
 
 Delta = dict[str, np.ndarray]
 
@@ -144,6 +154,68 @@ class NormalisedMean(_RunningSum):
         """The (weighted) mean normalised update times the mean number of steps."""
         n = len(self._devices)
         return total * (self._steps / n / self._total)
+
+
+class PrivateMean(_RunningSum):
+    """Central differential privacy's rule: each update clipped to ``clip`` (its weight,
+    steps and boost do not count: each device weighs the same, which is what the noise
+    covers), summed; each tensor of the sum gets Gaussian noise of ``noise x clip`` and is
+    divided by ``expected`` devices. Counts the updates their devices reported within the
+    clip (adaptive clipping) and those the aggregator had to clip (a device that did not).
+
+    Parameters
+    ----------
+    shapes : mapping of str to shape
+        The shared tensors.
+    clip, noise : float
+        The round's clip and the update's noise multiplier.
+    expected : float
+        The denominator: q x the live fleet.
+    rng : numpy.random.Generator
+        The noise's generator (never a seeded one in a run: whoever knew the seed could
+        take the noise off).
+    """
+
+    def __init__(
+        self,
+        shapes: Mapping[str, tuple[int, ...]],
+        clip: float,
+        noise: float,
+        expected: float,
+        rng: np.random.Generator,
+    ) -> None:
+        super().__init__(shapes)
+        self.clip, self.noise, self.expected = clip, noise, max(expected, 1e-12)
+        self._rng = rng
+        self.within = 0  # updates the device reported within the clip
+        self.clipped_here = 0  # updates over the clip as decoded (the aggregator clipped them)
+
+    def update(
+        self,
+        delta: Mapping[str, np.ndarray],
+        weight: int,
+        device: str,
+        steps: int = 1,
+        boost: float = 1.0,
+    ) -> None:
+        """Add one device's update, clipped over all its tensors together."""
+        clipped, fits = clip_to(delta, self.clip * (1 + 1e-6))  # float slack, not a loophole
+        self.clipped_here += not fits
+        super().update(clipped, weight, device, steps, boost)
+
+    def count_within(self, within: bool) -> None:
+        """Count a device's report that its update was within the clip before clipping."""
+        self.within += int(within)
+
+    def _term(self, delta: np.ndarray, weight: int, steps: int, boost: float) -> np.ndarray:
+        return delta
+
+    def _weight(self, weight: int, boost: float) -> float:
+        return 1.0
+
+    def _finish(self, total: np.ndarray) -> np.ndarray:
+        """The noised sum over the expected count."""
+        return (total + self._rng.normal(0.0, self.noise * self.clip, total.shape)) / self.expected
 
 
 class RobustRule:

@@ -34,10 +34,10 @@ from typing import Any
 
 import numpy as np
 
-from edge_client.wire.clipping import clip_to
+from aggregator.aggregation import PrivateMean
 from edge_client.wire.settings_groups import PrivacySettings
 
-__all__ = ["Privacy", "PrivacyBudgetError", "PrivateMean", "epsilon_spent"]
+__all__ = ["Privacy", "PrivacyBudgetError", "epsilon_spent"]
 
 log = logging.getLogger(__name__)
 
@@ -84,72 +84,6 @@ def epsilon_spent(settings: PrivacySettings, fraction: float, rounds: int) -> fl
         return float(accountant.get_epsilon(settings.dp_delta))
     finally:
         absl.setLevel(level)
-
-
-class PrivateMean:
-    """Central DP's accumulator (:class:`~aggregator.aggregation.Accumulator`): each update
-    clipped to ``clip`` and summed; at the end Gaussian noise of ``noise x clip`` on the sum,
-    over ``expected`` devices. Counts the updates that were within the clip (adaptive
-    clipping) and those the aggregator had to clip (a device that did not clip).
-
-    Parameters
-    ----------
-    shapes : mapping of str to shape
-        The shared tensors.
-    clip, noise : float
-        The round's clip and the update's noise multiplier.
-    expected : float
-        The denominator: q x the live fleet.
-    rng : numpy.random.Generator
-        The noise's generator (never a seeded one in a run: whoever knew the seed could
-        take the noise off).
-    """
-
-    def __init__(
-        self,
-        shapes: Mapping[str, tuple[int, ...]],
-        clip: float,
-        noise: float,
-        expected: float,
-        rng: np.random.Generator,
-    ) -> None:
-        self.clip, self.noise, self.expected = clip, noise, max(expected, 1e-12)
-        self._rng = rng
-        self._sum = {k: np.zeros(s, np.float64) for k, s in shapes.items()}
-        self._devices: list[str] = []
-        self.within = 0  # updates the device reported within the clip
-        self.clipped_here = 0  # updates over the clip as decoded (the aggregator clipped them)
-
-    def update(
-        self,
-        delta: Mapping[str, np.ndarray],
-        weight: int,
-        device: str,
-        steps: int = 1,
-        boost: float = 1.0,
-    ) -> None:
-        """Add one device's update, clipped (its weight, steps and boost do not count: each
-        device weighs the same, which is what the noise covers)."""
-        clipped, fits = clip_to(delta, self.clip * (1 + 1e-6))  # float slack, not a loophole
-        self.clipped_here += not fits
-        for k, d in clipped.items():
-            self._sum[k] += d
-        self._devices.append(device)
-
-    def count_within(self, within: bool) -> None:
-        """Count a device's report that its update was within the clip before clipping."""
-        self.within += int(within)
-
-    def result(self) -> tuple[dict[str, np.ndarray], list[str]] | None:
-        """The noised sum over the expected count, and the devices in it (None when no
-        update came: the model is kept)."""
-        if not self._devices:
-            return None
-        sd = self.noise * self.clip
-        return {
-            k: (s + self._rng.normal(0.0, sd, s.shape)) / self.expected
-            for k, s in self._sum.items()
-        }, list(self._devices)
 
 
 @dataclass

@@ -15,7 +15,8 @@ import pytest
 from dp_accounting import dp_event
 from dp_accounting.rdp import rdp_privacy_accountant
 
-from aggregator.privacy import Privacy, PrivacyBudgetError, PrivateMean
+from aggregator.aggregation import PrivateMean
+from aggregator.privacy import Privacy, PrivacyBudgetError
 from aggregator.prometheus_sink import RoundExporter
 from aggregator.round_log import RoundRecord, read_metrics, rounds_only
 from aggregator.sampling import poisson_sample

@@ -73,7 +73,20 @@ def share(
 ) -> tuple[int, int]:
     """:func:`share_frame` into the buffer file's outbox, which the ingest daemon publishes
     to ``fedstream/v1/inject``; the sequence number in the file's device state."""
-    with DeviceStateStore(buffer) as state, Outbox(buffer) as outbox:
+    with DeviceStateStore(buffer) as state:
+        return _to_outbox(buffer, state, device_id, taken, plan, rng)
+
+
+def _to_outbox(
+    buffer: str | Path,
+    state: DeviceState,
+    device_id: str,
+    taken: SampleBatch,
+    plan: RoundPlan,
+    rng: np.random.Generator,
+) -> tuple[int, int]:
+    """:func:`share_frame` into the outbox of the buffer file at ``buffer``."""
+    with Outbox(buffer) as outbox:
         return share_frame(
             state, lambda payload: outbox.put([payload]), device_id, taken, plan, rng
         )
@@ -99,9 +112,6 @@ def share_when_picked(
     """
     if not (node.inject and plan.inject_publish and taken is not None):
         return 0, 0
-    if post is not None:
-        return share_frame(state, post, node.device_id, taken, plan, rng)
-    with Outbox(node.buffer) as outbox:
-        return share_frame(
-            state, lambda payload: outbox.put([payload]), node.device_id, taken, plan, rng
-        )
+    if post is None:
+        return _to_outbox(node.buffer, state, node.device_id, taken, plan, rng)
+    return share_frame(state, post, node.device_id, taken, plan, rng)
