@@ -214,7 +214,11 @@ class PrivateMean(_RunningSum):
         return 1.0
 
     def _finish(self, total: np.ndarray) -> np.ndarray:
-        """The noised sum over the expected count."""
+        return self.release(total)
+
+    def release(self, total: np.ndarray) -> np.ndarray:
+        """One tensor of the update from its sum of clipped updates (this round's, or the
+        unmasked sum of secure aggregation): noised, over the expected count."""
         return (total + self._rng.normal(0.0, self.noise * self.clip, total.shape)) / self.expected
 
 

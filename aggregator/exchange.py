@@ -77,12 +77,18 @@ class Exchange:
     """
 
     def __init__(
-        self, grid: Grid, sent: dict[str, int], timeout: float, pushed: float | None = None
+        self,
+        grid: Grid,
+        sent: dict[str, int],
+        timeout: float,
+        pushed: float | None = None,
+        interval: float = PULL_INTERVAL_S,
     ) -> None:
         self.sent = sent
         self.pending = dict(sent)
         self.pushed = time.monotonic() if pushed is None else pushed
         self.arrived: dict[str, float] = {}
+        self.interval = interval
         self.replies: Iterator[Message] = self._pull(grid, time.monotonic() + timeout)
 
     def __iter__(self) -> Iterator[Message]:
@@ -105,12 +111,14 @@ class Exchange:
                     yield reply
             if not self.pending or started >= deadline:
                 return
-            time.sleep(max(0.0, min(PULL_INTERVAL_S, deadline - time.monotonic())))
+            time.sleep(max(0.0, min(self.interval, deadline - time.monotonic())))
 
 
-def exchange(grid: Grid, messages: list[Message], timeout: float) -> Exchange:
+def exchange(
+    grid: Grid, messages: list[Message], timeout: float, interval: float = PULL_INTERVAL_S
+) -> Exchange:
     """Push the round's messages; their replies are pulled as :attr:`Exchange.replies` is
-    read, until all are in or ``timeout`` (from now) passes.
+    read, every ``interval`` seconds, until all are in or ``timeout`` (from now) passes.
 
     Unlike ``Grid.send_and_receive`` this keeps the message ids (an error reply names
     the SuperLink as its source, so the ids are how a failed device is found), polls
@@ -121,7 +129,7 @@ def exchange(grid: Grid, messages: list[Message], timeout: float) -> Exchange:
     pushed = time.monotonic()
     ids = list(grid.push_messages(messages))
     sent = {i: m.metadata.dst_node_id for i, m in zip(ids, messages, strict=True)}
-    return Exchange(grid, sent, timeout, pushed)
+    return Exchange(grid, sent, timeout, pushed, interval)
 
 
 class SuperLinkUnreachableError(RuntimeError):

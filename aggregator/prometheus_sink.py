@@ -27,6 +27,14 @@ _RUN_GAUGES = {
         "fedstream_dp_epsilon_spent",
         "Differential privacy: epsilon spent at dp-delta after the last round (NaN: no DP).",
     ),
+    kebab("secagg_survivors"): (
+        "fedstream_secagg_survivors",
+        "Secure aggregation: devices whose update is in the last round's sum.",
+    ),
+    kebab("secagg_dropped"): (
+        "fedstream_secagg_dropped",
+        "Secure aggregation: devices that trained in the last round but are not in its sum.",
+    ),
 }
 #: Device figure -> (gauge name, help); the device label is added.
 _DEVICE_GAUGES = {

@@ -24,7 +24,8 @@ def round_figures(record: RoundRecord) -> tuple[dict[str, float], dict[str, dict
         Run figures (``accuracy`` and ``loss``: prequential, the task's metric;
         ``test-accuracy``, ``test-loss``: on ``eval-data``, absent without; ``wall-s``,
         ``bytes-up``, ``devices``, ``sum-b``, ``skipped`` 1 or 0; asynchronous mode:
-        ``staleness-max``, ``staleness-mean``; differential privacy: ``dp-epsilon-spent``),
+        ``staleness-max``, ``staleness-mean``; differential privacy: ``dp-epsilon-spent``;
+        secure aggregation: ``secagg-survivors``, ``secagg-dropped``),
         and per device ``batch-size``,
         ``compute-s``, ``step-s``, ``stream-rate``, ``buffer-fill`` (asynchronous mode:
         ``staleness`` of its last update). NaN figures are left out.
@@ -42,6 +43,9 @@ def round_figures(record: RoundRecord) -> tuple[dict[str, float], dict[str, dict
     }
     if record.dp_epsilon_spent is not None:
         run[kebab("dp_epsilon_spent")] = record.dp_epsilon_spent
+    if record.secagg_survivors is not None:
+        run[kebab("secagg_survivors")] = float(record.secagg_survivors)
+        run[kebab("secagg_dropped")] = float(record.secagg_dropped or 0)
     staleness: dict[str, float] = {}
     for update in record.updates:
         staleness[update.device] = float(update.staleness)

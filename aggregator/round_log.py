@@ -125,6 +125,9 @@ class RoundTiming:
         Writing the checkpoint.
     export_s : float
         Writing a model export (rounds that make one: ``export-every``).
+    secagg_s : float
+        Secure aggregation's stages after training (share keys, masked input, unmask: their
+        exchanges and the aggregator's unmasking); 0 without it.
     """
 
     plan_s: float = 0.0
@@ -133,6 +136,7 @@ class RoundTiming:
     eval_s: float = 0.0
     checkpoint_s: float = 0.0
     export_s: float = 0.0
+    secagg_s: float = 0.0
 
     @property
     def total(self) -> float:
@@ -246,6 +250,18 @@ class RoundRecord:
         Differential privacy: the clip of this round (adaptive clipping moves it); 0: off.
     dp_clipped_here : int
         Central DP: updates that decoded over the clip (the aggregator clipped them).
+    secagg_survivors, secagg_dropped : int, optional
+        Secure aggregation (:mod:`aggregator.secure_round`): devices whose update is in the
+        sum, and devices that trained but were lost or refused at a later stage (before
+        their masked input: not in the sum; after it: in it); None without it.
+    secagg_bytes_up, secagg_bytes_down : int
+        Secure aggregation's payload bytes beyond the training exchange: keys, sealed
+        shares and masked vectors up; neighbours' keys and shares down.
+    secagg_device_cpu_s : float
+        CPU seconds a device spent on the stages after training (mean over those that
+        answered).
+    secagg_unmask_s : float
+        The aggregator's CPU seconds rebuilding secrets and taking the masks off.
     format_version : int
         The line's layout (:data:`FORMAT_VERSION`).
     """
@@ -292,6 +308,12 @@ class RoundRecord:
     dp_epsilon_spent: float | None = None
     dp_clip: float = 0.0
     dp_clipped_here: int = 0
+    secagg_survivors: int | None = None
+    secagg_dropped: int | None = None
+    secagg_bytes_up: int = 0
+    secagg_bytes_down: int = 0
+    secagg_device_cpu_s: float = 0.0
+    secagg_unmask_s: float = 0.0
     format_version: int = FORMAT_VERSION
 
     @property

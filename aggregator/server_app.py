@@ -33,6 +33,7 @@ from flwr.serverapp import Grid, ServerApp
 from aggregator.asynchronous import run_async
 from aggregator.exchange import exchange, superlink_outage_bound, wait_for_nodes
 from aggregator.round_log import METRICS_FILE, RoundRecord, RoundTiming, virtual_round_s
+from aggregator.secure_round import SecureRound
 from aggregator.session import (
     RECORDS_KEPT,
     RunSession,
@@ -156,7 +157,10 @@ def _sync_rounds(
         messages = list(strategy.configure_train(server_round, arrays, ConfigRecord(), grid))
         done = exchange(grid, messages, settings.exchange.round_timeout)
         t_sent = done.pushed
-        new_arrays, report = strategy.aggregate_train(server_round, done.replies, done.sent)
+        if settings.secure.secure_aggregation:
+            new_arrays, report = SecureRound(grid, strategy).run(done.replies, done.sent)
+        else:
+            new_arrays, report = strategy.aggregate_train(server_round, done.replies, done.sent)
         skipped = session.skip_reason(report)
         if new_arrays is not None and not skipped:
             arrays = new_arrays
@@ -171,11 +175,13 @@ def _sync_rounds(
             if done.pending or not done.arrived
             else t_sent + max(done.arrived.values())
         )
+        secure_s = report.secagg.stages_s if report.secagg is not None else 0.0
         timing = RoundTiming(
             plan_s=round(t_sent - t0, 4),
             replies_s=round(t_replied - t_sent, 4),
-            aggregate_s=round(t_aggregated - t_replied, 4),
+            aggregate_s=round(max(0.0, t_aggregated - t_replied - secure_s), 4),
             eval_s=round(t_evaluated - t_aggregated, 4),
+            secagg_s=round(secure_s, 4),
         )
         # push to pull of each device's reply
         latency = {strategy.fleet.device_of(done.sent[i]): s for i, s in done.arrived.items()}

@@ -251,6 +251,8 @@ class RunSession:
         they trained on fewer than ``min-fresh-samples`` fresh samples in all (the
         buffers' samples are consumed by training, so fresh means not trained on before),
         ``diverged`` when training diverged on the others."""
+        if report.secagg is not None and report.secagg.skipped:
+            return report.secagg.skipped
         if not report.replies and not report.diverged:
             return "no-replies"
         if report.num_examples < self.settings.rounds.min_fresh_samples:
@@ -412,6 +414,7 @@ class RunSession:
             dp_epsilon_spent=privacy.spent() if privacy.on else None,
             dp_clip=report.dp_clip,
             dp_clipped_here=report.dp_clipped_here,
+            **_secure_fields(report),
             **extra,
         )
 
@@ -494,6 +497,21 @@ class RunSession:
                 keep=rotation.metrics_keep,
             )
         write_all(self.sinks, record)
+
+
+def _secure_fields(report: RoundReport) -> dict[str, Any]:
+    """A round's secure-aggregation fields of its record (none without it)."""
+    figures = report.secagg
+    if figures is None:
+        return {}
+    return {
+        "secagg_survivors": figures.survivors,
+        "secagg_dropped": figures.dropped,
+        "secagg_bytes_up": figures.bytes_up,
+        "secagg_bytes_down": figures.bytes_down,
+        "secagg_device_cpu_s": round(figures.device_cpu_s, 4),
+        "secagg_unmask_s": round(figures.unmask_s, 4),
+    }
 
 
 def _probe_compute_s(replies: Iterable[Message], steps: int) -> float:

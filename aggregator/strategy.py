@@ -31,8 +31,9 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
@@ -59,6 +60,9 @@ from edge_client.wire.records import (
     RoundPlan,
 )
 from edge_client.wire.run_config import ControllerSettings, RunSettings
+
+if TYPE_CHECKING:
+    from aggregator.secure_round import SecureRoundFigures
 
 __all__ = ["DIVERGED", "RoundReport", "StreamStrategy", "Update"]
 
@@ -116,6 +120,8 @@ class RoundReport:
         Differential privacy: the round's clip (0: off).
     dp_clipped_here : int
         Central DP: updates that decoded over the clip, which the aggregator clipped.
+    secagg : SecureRoundFigures, optional
+        Secure aggregation's figures of the round (None without it).
     """
 
     server_round: int
@@ -142,6 +148,7 @@ class RoundReport:
     live: int = 0
     dp_clip: float = 0.0
     dp_clipped_here: int = 0
+    secagg: SecureRoundFigures | None = None
     _sums: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0], repr=False)
 
     def add_reply(self, device: str, metrics: ReplyMetrics, planned: int) -> None:
@@ -388,6 +395,7 @@ class StreamStrategy:
             time_spread=self.controller.time_spread(self.fleet.device_of(node)),
             dp_clip=dp_clip,
             dp_noise=dp_noise,
+            **self._secure_plan(current),
         )
         record = local.to_record()  # a fresh record per message
         for key, value in config.items():
@@ -402,6 +410,28 @@ class StreamStrategy:
             group_id=str(current.server_round),
             ttl=s.exchange.round_timeout,
         )
+
+    def _secure_plan(self, current: _Round) -> dict[str, Any]:
+        """The plan's secure-aggregation keys (none without it): how a device weighs its
+        update before masking (FedNova's 1 / steps, FedAvg's samples over the round's
+        planned total, or DP's equal weights), the shared range (DP's clip under DP) and
+        the grid."""
+        secure = self.settings.secure
+        if not secure.secure_aggregation:
+            return {}
+        if self.privacy.on:
+            weighting, value_range = "equal", self.privacy.clip
+        else:
+            rule = self.settings.aggregation_rule.aggregation
+            weighting = "samples" if rule == "fedavg" else "steps"
+            value_range = secure.secagg_range
+        planned = current.plan.total * self.settings.learning.local_steps
+        return {
+            "secagg_weighting": weighting,
+            "secagg_weight_scale": 1.0 / max(1, planned),
+            "secagg_range": value_range,
+            "secagg_bits": secure.secagg_bits,
+        }
 
     def _broadcast(self, arrays: ArrayRecord, model: Mapping[str, np.ndarray]) -> ArrayRecord:
         """The model as sent down: float32, or float16 when the broadcast is compressed."""
@@ -462,15 +492,10 @@ class StreamStrategy:
         current = self._round
         if current is None or current.server_round != server_round:
             raise RuntimeError(f"round {server_round} was not configured (configure_train)")
-        sent = sent or {}
         private = self.privacy.accumulator(current.shapes, current.live)
         accumulator = private or make_accumulator(self.settings.aggregation_rule, current.shapes)
         report = self._report(current)
-        answered: set[str] = set()
-        for msg in replies:  # may be a generator: each reply is dropped once added in
-            answered.add(msg.metadata.reply_to_message_id)
-            node = sent.get(msg.metadata.reply_to_message_id, msg.metadata.src_node_id)
-            update = self.read_update(msg, node, report, current.planned.get(node, 0))
+        for _msg, _node, update in self.read_replies(replies, sent or {}, report):
             if update is not None and update.metrics.num_examples > 0:
                 m = update.metrics
                 boost = self.boost_of(update, report)
@@ -479,9 +504,6 @@ class StreamStrategy:
                 )
                 if private is not None:
                     private.count_within(bool(m.dp_within_clip))
-        for message_id, node in sent.items():  # no reply before the round's timeout
-            if message_id not in answered:
-                self.fail(report, self.fleet.device_of(node))
         report.close()
         if self.privacy.on:
             report.dp_clip = self.privacy.clip
@@ -496,6 +518,31 @@ class StreamStrategy:
             for k, g in current.model.items()
         }
         return ArrayRecord({k: Array(v) for k, v in new.items()}), report
+
+    def read_replies(
+        self, replies: Iterable[Message], sent: Mapping[str, int], report: RoundReport
+    ) -> Iterator[tuple[Message, int, Update | None]]:
+        """Read the round's training replies one at a time (:meth:`read_update`): each
+        reply, its node and its update (None when refused or failed); once they are read,
+        a message without a reply counts as a failure of its device."""
+        current = self._current()
+        answered: set[str] = set()
+        for msg in replies:  # may be a generator: each reply is dropped once added in
+            answered.add(msg.metadata.reply_to_message_id)
+            node = sent.get(msg.metadata.reply_to_message_id, msg.metadata.src_node_id)
+            yield msg, node, self.read_update(msg, node, report, current.planned.get(node, 0))
+        for message_id, node in sent.items():  # no reply before the round's timeout
+            if message_id not in answered:
+                self.fail(report, self.fleet.device_of(node))
+
+    def round_report(self) -> RoundReport:
+        """A fresh report of the round :meth:`configure_train` planned."""
+        return self._report(self._current())
+
+    @property
+    def current_round(self) -> _Round:
+        """What :meth:`configure_train` planned (the model, its shared tensors, devices)."""
+        return self._current()
 
     def boost_of(self, update: Update, report: RoundReport) -> float:
         """How much more than the rule's weight an update weighs: more while its device
@@ -550,7 +597,9 @@ class StreamStrategy:
             return None
         current = self._current()
         delta = None
-        if not reply.metrics.train_diverged:  # a diverged device sends no update
+        if self.settings.secure.secure_aggregation and not reply.metrics.train_diverged:
+            delta = {}  # kept on the device, masked in the stages that follow
+        elif not reply.metrics.train_diverged:  # a diverged device sends no update
             try:
                 delta = decode(reply.frame, current.shapes, current.cap)
             except CodecError as err:

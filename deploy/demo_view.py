@@ -53,6 +53,8 @@ def progress_table(
         title += f", sum b {last.sum_b}"
         if last.dp_epsilon_spent is not None:
             title += f", epsilon {last.dp_epsilon_spent:.2f} spent"
+        if last.secagg_survivors is not None:
+            title += f", {last.secagg_survivors} in the secure sum ({last.secagg_dropped} lost)"
         if asynchronous:
             title += f", {len(last.updates)} updates, {last.in_flight} in flight"
     # a light box and short headers: ten columns fit an 80-column terminal unabridged

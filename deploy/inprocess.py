@@ -44,6 +44,7 @@ from flwr.supercore.run import Run
 from flwr.supercore.task_identity import TaskIdentity
 
 from aggregator.round_log import virtual_round_s
+from aggregator.secure_round import SECAGG_MESSAGE, payload_bytes
 from deploy.constants import SERVER_COST
 from edge_client.emulation.sources import (
     ChangingSource,
@@ -383,6 +384,8 @@ class InProcessGrid(LocalGrid):
         queries = [m for m in messages if m.metadata.message_type == MessageType.QUERY]
         if queries:
             run = self._probe(queries)
+        elif any(m.metadata.message_type == SECAGG_MESSAGE for m in messages):
+            run = self._secure_stage(messages)
         elif self.asynchronous:
             run = [self._start(m, i) for m, i in zip(messages, ids, strict=True)]
         else:
@@ -509,6 +512,21 @@ class InProcessGrid(LocalGrid):
                 charged = replace(probe, step_s=step_s)
                 reply.content = charged.to_content()
                 spent = max(spent, charged.compute_s(steps))
+            replies.append(reply)
+        self.clock += spent
+        for stream in self.streams.values():
+            stream.advance_to(self.clock)
+        return replies
+
+    def _secure_stage(self, messages: list[Message]) -> list[Message]:
+        """Answer a secure-aggregation stage; charge its slowest transfer (the stage's bytes
+        down and up at the uplink's speed) on the virtual clock."""
+        replies, spent = [], 0.0
+        for msg in messages:
+            node = msg.metadata.dst_node_id
+            reply = self.client_app(msg, self._context(node, self.devices[node]))
+            moved = payload_bytes(msg) + (payload_bytes(reply) if reply.has_content() else 0)
+            spent = max(spent, moved * 8 / (self.settings.uplink_mbps * 1e6))
             replies.append(reply)
         self.clock += spent
         for stream in self.streams.values():

@@ -68,6 +68,9 @@ def summarize(records: Sequence[RoundRecord], wall_s: float) -> dict[str, Any]:
         # Differential privacy: the epsilon spent at dp-delta (None without DP).
         "dp_epsilon_spent": last.dp_epsilon_spent if last else None,
         "dp_epsilon_spent_per_round": [r.dp_epsilon_spent for r in records],
+        # Secure aggregation: devices in each round's sum, and those lost (None without it).
+        "secagg_survivors_per_round": [r.secagg_survivors for r in records],
+        "secagg_dropped_per_round": [r.secagg_dropped for r in records],
         # Asynchronous mode: each update's staleness (versions old), and updates per device.
         "staleness": dict(sorted(Counter(u.staleness for r in records for u in r.updates).items())),
         "updates": dict(sorted(Counter(u.device for r in records for u in r.updates).items())),

@@ -289,6 +289,12 @@ def _privacy(doc: Doc) -> str:
     return privacy._table(doc["entries"], doc["devices"], doc["rounds"], doc["quick"])
 
 
+def _secagg(doc: Doc) -> str:
+    from deploy.bench import secagg
+
+    return secagg._table(doc["entries"], doc["quick"])
+
+
 RENDERERS: dict[str, Callable[[Doc], str]] = {
     "ingest": _ingest,
     "bursts": _bursts,
@@ -304,6 +310,7 @@ RENDERERS: dict[str, Callable[[Doc], str]] = {
     "simulation": _simulation,
     "people": _people,
     "privacy": _privacy,
+    "secagg": _secagg,
     "inference": _inference,
     "drift": _drift,
     "service": _service,

@@ -35,6 +35,7 @@ SCENARIOS = {
     "simulation": "deploy.bench.simulation",
     "people": "deploy.bench.people",
     "privacy": "deploy.bench.privacy",
+    "secagg": "deploy.bench.secagg",
 }
 
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import random
 import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -60,6 +61,7 @@ from edge_client.runtime.node_config import NodeConfig
 from edge_client.wire.partitioning import scheme_of
 from edge_client.wire.population import parse_population
 from edge_client.wire.run_config import RunSettings, number_list
+from edge_client.wire.secagg_records import UNMASK
 
 __all__ = [
     "SimulationNodes",
@@ -130,11 +132,21 @@ def profile(settings: RunSettings, pid: int) -> DeviceProfile:
 
 
 def absence(
-    node_config: Mapping[str, Any], settings: RunSettings, state: RecordDict, server_round: int
+    node_config: Mapping[str, Any],
+    settings: RunSettings,
+    state: RecordDict,
+    server_round: int,
+    stage: str = "",
 ) -> str:
     """Why the virtual device is away at round ``server_round`` (empty: it is there). Its
-    availability counts on the virtual clock from its first message, kept in ``state``."""
+    availability counts on the virtual clock from its first message, kept in ``state``;
+    at secure aggregation's ``unmask`` stage, ``sim-secagg-dropout`` of the devices (a
+    seeded draw per round) have vanished since their masked input."""
     pid = int(node_config[PARTITION_ID_KEY])
+    if stage == UNMASK and settings.simulation.sim_secagg_dropout > 0:
+        draw = random.Random(f"{settings.seed}-{server_round}-{pid}-secagg-dropout").random()
+        if draw < settings.simulation.sim_secagg_dropout:
+            return f"sim-{pid} vanished after its masked input (sim-secagg-dropout)"
     saved = state.get(START_STATE_KEY)
     now = virtual_time(settings, server_round)
     if isinstance(saved, ConfigRecord):
@@ -291,9 +303,10 @@ class SimulationNodes:
         settings: RunSettings,
         state: RecordDict,
         server_round: int,
+        stage: str = "",
     ) -> str:
         """Why the virtual device is away at the round (empty: it is there): :func:`absence`."""
-        return absence(node_config, settings, state, server_round)
+        return absence(node_config, settings, state, server_round, stage)
 
     def node(
         self,

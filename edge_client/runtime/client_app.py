@@ -45,6 +45,7 @@ from edge_client.runtime.virtual_nodes import (
 from edge_client.task.constants import IMPORT_PATH
 from edge_client.wire.records import CONFIG, ReplyMetrics
 from edge_client.wire.run_config import RunSettings
+from edge_client.wire.secagg_records import SECAGG_ACTION, SECAGG_STAGE
 
 if TYPE_CHECKING:
     from edge_client.task.interface import Task
@@ -120,6 +121,17 @@ def compose_client_app(
         if virtual is not None:
             provide_virtual_nodes(virtual)
         return expired_reply(msg) or absent_reply(msg, context) or _handle(msg, context, task)
+
+    @client_app.query(SECAGG_ACTION)
+    def secure_stage(msg: Message, context: Context) -> Message:
+        """Secure aggregation's stages after training: share keys, masked input, unmask
+        (crypto only: in this process, never the agent)."""
+        if virtual is not None:
+            provide_virtual_nodes(virtual)
+        from edge_client.runtime.secure_stages import serve_stage
+
+        stage = _stage(msg)
+        return expired_reply(msg) or absent_reply(msg, context, stage) or serve_stage(msg, context)
 
     return client_app
 
@@ -226,14 +238,22 @@ def expired_reply(msg: Message) -> Message | None:
     return Message(Error(ErrorCode.MESSAGE_UNAVAILABLE, reason), reply_to=msg)
 
 
-def absent_reply(msg: Message, context: Context) -> Message | None:
-    """A simulation engine's virtual device that its population has away now answers
-    ``NODE_UNAVAILABLE`` at once (None: it is there, or this is a real device)."""
+def absent_reply(msg: Message, context: Context, stage: str = "") -> Message | None:
+    """A simulation engine's virtual device that its population has away now (or that has
+    vanished before secure aggregation's ``stage``) answers ``NODE_UNAVAILABLE`` at once
+    (None: it is there, or this is a real device)."""
     if not is_virtual(context):
         return None
     settings = RunSettings.from_run_config(context.run_config)
-    why = virtual_nodes().absence(context.node_config, settings, context.state, _round(msg))
+    why = virtual_nodes().absence(context.node_config, settings, context.state, _round(msg), stage)
     return Message(Error(ErrorCode.NODE_UNAVAILABLE, why), reply_to=msg) if why else None
+
+
+def _stage(msg: Message) -> str:
+    """The secure-aggregation stage a ``query.secagg`` message asks for ('' if none)."""
+    config = msg.content.config_records.get(CONFIG)
+    value = config.get(SECAGG_STAGE, "") if config is not None else ""
+    return value if isinstance(value, str) else ""
 
 
 def _round(msg: Message) -> int:

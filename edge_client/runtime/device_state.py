@@ -16,6 +16,7 @@ import json
 import logging
 import math
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -38,6 +39,8 @@ _INJECT_RECEIVED = "inject-received"  # a simulated device: frames of rounds up 
 _PREPROCESS = "preprocess-state"  # JSON: {"kind": ..., "state": ...}
 _FIRST_LOSS = "first-loss"  # JSON: {"run": ..., "loss": ...}
 _PERSONAL = "personal-layers"  # the personal tensors, as an uncompressed codec frame
+_SECAGG = "secagg-round"  # JSON: secure aggregation's secrets and progress this round
+_SECAGG_INPUT = "secagg-input"  # the quantised update, until it is masked
 
 
 class DeviceState:
@@ -150,6 +153,30 @@ class DeviceState:
     def set_inject_received(self, server_round: int) -> None:
         """Record that the frames shared up to round ``server_round`` were received."""
         self._set({_INJECT_RECEIVED: str(server_round).encode()})
+
+    def secure_round(self) -> dict[str, Any]:
+        """Secure aggregation's state of the round in progress (:mod:`edge_client.runtime.
+        secure_stages`): its keys, seed, neighbours and the shares it holds; empty when
+        there is none."""
+        raw = self._get(_SECAGG)
+        try:
+            doc = json.loads(raw) if raw else {}
+        except ValueError:
+            log.warning("dropping an unreadable secure-aggregation state")
+            return {}
+        return doc if isinstance(doc, dict) else {}
+
+    def save_secure_round(self, doc: Mapping[str, Any], vector: bytes | None = None) -> None:
+        """Keep ``doc`` as the round's secure-aggregation state and, when given, ``vector``
+        (the quantised update; ``b""`` forgets it) in one transaction."""
+        values = {_SECAGG: json.dumps(doc).encode()}
+        if vector is not None:
+            values[_SECAGG_INPUT] = vector
+        self._set(values)
+
+    def secure_input(self) -> bytes:
+        """The quantised update kept for masking (empty: none)."""
+        return self._get(_SECAGG_INPUT) or b""
 
     def _get(self, key: str) -> bytes | None:
         raise NotImplementedError

@@ -11,11 +11,9 @@ device's buffer file (samples, device state, outbox) or comes in the message.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -23,12 +21,14 @@ import numpy as np
 import torch
 from flwr.app import Context, Message
 
-from edge_client.runtime.buffer import BufferStore, SampleBuffer
-from edge_client.runtime.device_state import DeviceState, DeviceStateStore
+from edge_client.runtime.buffer import SampleBuffer
+from edge_client.runtime.device_open import node_of, open_device
+from edge_client.runtime.device_state import DeviceState
 from edge_client.runtime.drift_watch import errors_of
 from edge_client.runtime.injection import round_pool, share_when_picked
 from edge_client.runtime.model_store import store_model
 from edge_client.runtime.node_config import NodeConfig
+from edge_client.runtime.secure_stages import prepare_input, weight_of
 from edge_client.runtime.seeding import device_rng
 from edge_client.runtime.trainer import (
     TrainResult,
@@ -54,6 +54,7 @@ from edge_client.wire.records import (
     RoundPlan,
 )
 from edge_client.wire.run_config import RunSettings
+from edge_client.wire.secagg_records import ADVERT
 
 __all__ = ["probe_steps", "train_round"]
 
@@ -70,7 +71,7 @@ def train_round(msg: Message, context: Context, task: Task | None = None) -> Mes
     entered, start_s = time.perf_counter(), process_age_s()
     plan = RoundPlan.from_record(msg.content.config_records[CONFIG])
     settings, task, node = _prepare(context, task, plan.server_round)
-    with _open_device(context, settings, node, plan.server_round) as (store, state):
+    with open_device(context, settings, node, plan.server_round) as (store, state):
         if store.shape != settings.shape:
             return _shape_mismatch(msg, node.device_id, store, settings.shape)
         store.restore_taken()  # a round that died before its reply gives its samples back
@@ -118,11 +119,18 @@ def train_round(msg: Message, context: Context, task: Task | None = None) -> Mes
                 result.evaluated,
             )
         broke = _diverged(state, context.run_id, result, delta, node.device_id)
-        frame, gap, within = (
-            (b"", None, True)  # no update: the aggregator refuses the reply, counted as diverged
-            if broke
-            else _encode(state, context.run_id, delta, plan, result.num_examples > 0)
-        )
+        advert = None
+        if plan.secagg_weighting:  # masked in the stages that follow: no frame now
+            frame, gap, within = b"", None, True
+            if not broke and result.num_examples > 0:
+                weight = weight_of(plan, result.num_examples, result.local_steps)
+                advert = prepare_input(state, context.run_id, plan, delta, weight, rng)
+        else:
+            frame, gap, within = (
+                (b"", None, True)  # no update: the aggregator refuses it, counted as diverged
+                if broke
+                else _encode(state, context.run_id, delta, plan, result.num_examples > 0)
+            )
         _keep_round_state(state, node, task, result, preprocessor)
         post = virtual_nodes().post_shared(node, plan.server_round) if is_virtual(context) else None
         shared = share_when_picked(node, plan, result.taken, rng, state, post)
@@ -132,7 +140,10 @@ def train_round(msg: Message, context: Context, task: Task | None = None) -> Mes
     timing = _Timing(start_s, setup_s, done - trained, done - entered)
     coded = _Coded(frame, gap, within, shared)
     metrics = _reply_metrics(result, buffer, settings, node, coded, timing, broke)
-    return Message(DeviceReply(node.device_id, metrics, frame).to_content(), reply_to=msg)
+    content = DeviceReply(node.device_id, metrics, frame).to_content()
+    if advert is not None:
+        content[ADVERT] = advert.to_record()
+    return Message(content, reply_to=msg)
 
 
 def _overlay_personal(
@@ -310,7 +321,7 @@ def _prepare(
     says."""
     settings = RunSettings.from_run_config(context.run_config)
     task = task or load_task(settings)
-    node = _node(context, settings, server_round)
+    node = node_of(context, settings, server_round)
     if node.threads > 0:
         torch.set_num_threads(node.threads)
     return settings, task, node
@@ -323,30 +334,6 @@ def _buffer_metrics(buffer: dict[str, Any]) -> dict[str, Any]:
         "buffer_fill": int(buffer["fill"]),
         "buffer_dropped": int(buffer["dropped"]),
     }
-
-
-def _node(context: Context, settings: RunSettings, server_round: int) -> NodeConfig:
-    """This node's device: from its node config, or a virtual one in the simulation engine."""
-    if not is_virtual(context):
-        return NodeConfig.from_node_config(context.node_config)
-    return virtual_nodes().node(context.node_config, context.run_id, settings, server_round)
-
-
-@contextlib.contextmanager
-def _open_device(
-    context: Context, settings: RunSettings, node: NodeConfig, server_round: int
-) -> Iterator[tuple[SampleBuffer, DeviceState]]:
-    """The device's buffer and state: its buffer file, or a virtual device's lazy buffer and
-    state in its ``context.state`` (``sim-buffers = "lazy"``), as of ``server_round``."""
-    if is_virtual(context) and settings.sim_buffers == "lazy":
-        virtual = virtual_nodes()
-        with virtual.open_device(
-            context.node_config, settings, context.state, server_round
-        ) as device:
-            yield device
-    else:
-        with BufferStore(node.buffer) as store, DeviceStateStore(node.buffer) as state:
-            yield store, state
 
 
 def _watch_drift(state: DeviceState, delta: float, task: Task, scores: Scores) -> None:

@@ -45,8 +45,10 @@ class VirtualNodes(Protocol):
         settings: RunSettings,
         state: RecordDict,
         server_round: int,
+        stage: str = "",
     ) -> str:
-        """Why the virtual device is away at round ``server_round`` (empty: it is there)."""
+        """Why the virtual device is away at round ``server_round`` (empty: it is there);
+        ``stage``: the secure-aggregation stage asked of it (empty: training)."""
         ...
 
     def node(

@@ -80,6 +80,9 @@ STALENESS_RULES: Final = ("constant", "polynomial", "hinge")  # aggregator.fedbu
 #: Differential privacy (aggregator.privacy): none, DP-FedAvg with the aggregator's noise
 #: (central), or noise added on each device before it sends (local).
 DP_MODES: Final = ("off", "central", "local")
+#: Secure aggregation: what a device multiplies its update by before masking it (fednova,
+#: fedavg, differential privacy's equal weights).
+SECAGG_WEIGHTINGS: Final = ("steps", "samples", "equal")
 
 # What is learned (edge_client.task): the names a run config takes for its task, model,
 # preprocessing and emulated streams, and the built-in datasets' shapes it checks against.

@@ -34,7 +34,7 @@ from typing import Any, ClassVar, Self, TypeVar
 
 from flwr.app import ConfigRecord, MetricRecord, RecordDict
 
-from edge_client.wire.constants import CODEC_MODES, RECORD_VERSION
+from edge_client.wire.constants import CODEC_MODES, RECORD_VERSION, SECAGG_WEIGHTINGS
 from edge_client.wire.mapping import from_mapping, kebab, to_mapping
 from edge_client.wire.run_config import check_setting, default
 from edge_client.wire.topics import validate_device_id
@@ -132,6 +132,15 @@ class RoundPlan(_Record):
         Local differential privacy: the device adds Gaussian noise of ``dp_noise x dp_clip``
         to its clipped update before coding it; 0: none (central DP adds it at the
         aggregator).
+    secagg_weighting : str
+        Secure aggregation (:mod:`edge_client.wire.masking`): what the device multiplies its
+        update by before quantising it: ``steps`` (1 / its local steps: fednova), ``samples``
+        (its samples x ``secagg_weight_scale``: fedavg), ``equal`` (1, after the DP clip);
+        empty: the update travels as a codec frame.
+    secagg_weight_scale : float
+        ``samples``: the scale that keeps a device's weight at most 1.
+    secagg_range, secagg_bits : float, int
+        The shared range each coordinate is clipped to, and the grid's bits.
     format_version : int
         The record layout.
     """
@@ -153,6 +162,10 @@ class RoundPlan(_Record):
     time_spread: float = 0.0  # off: every step at batch_size
     dp_clip: float = 0.0  # off: no clip
     dp_noise: float = 0.0  # off: no noise on the device
+    secagg_weighting: str = ""  # off: a codec frame
+    secagg_weight_scale: float = 0.0
+    secagg_range: float = 0.0
+    secagg_bits: int = 0
     format_version: int = RECORD_VERSION
 
     #: Fields that carry a run-config setting: checked as the run config checks it.
@@ -183,6 +196,16 @@ class RoundPlan(_Record):
             raise ValueError(
                 f"dp-clip and dp-noise must be >= 0, noise only with a clip; got "
                 f"{self.dp_clip}, {self.dp_noise}"
+            )
+        if self.secagg_weighting and (
+            self.secagg_weighting not in SECAGG_WEIGHTINGS
+            or self.secagg_range <= 0
+            or not 2 <= self.secagg_bits <= 48
+        ):
+            raise ValueError(
+                f"secure aggregation: weighting {self.secagg_weighting!r} (one of "
+                f"{SECAGG_WEIGHTINGS}), range {self.secagg_range} (> 0), bits "
+                f"{self.secagg_bits} (2..48)"
             )
 
     def samples_to_wait_for(self) -> int:

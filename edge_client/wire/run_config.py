@@ -92,6 +92,7 @@ class RunSettings(ControllerSettings):
     injection: groups.InjectionSettings = group(groups.InjectionSettings)
     aggregation_rule: groups.AggregationSettings = group(groups.AggregationSettings)
     privacy: groups.PrivacySettings = group(groups.PrivacySettings)
+    secure: groups.SecureAggregationSettings = group(groups.SecureAggregationSettings)
     simulation: groups.SimulationSettings = group(groups.SimulationSettings)
 
     if TYPE_CHECKING:
@@ -181,6 +182,13 @@ class RunSettings(ControllerSettings):
         dp_clip_lr: float
         dp_count_noise: float
         dp_device_scores: bool
+        # secure: SecureAggregationSettings
+        secure_aggregation: bool
+        secagg_neighbours: int
+        secagg_threshold: float
+        secagg_min_survivors: int
+        secagg_range: float
+        secagg_bits: int
         # simulation: SimulationSettings
         sim_dir: str
         sim_buffers: str
@@ -195,6 +203,7 @@ class RunSettings(ControllerSettings):
         sim_partition: str
         sim_partition_by: str
         sim_round_s: float
+        sim_secagg_dropout: float
 
     def __init__(self, **values: Any) -> None:
         overrides: dict[str, dict[str, Any]] = {}
@@ -239,6 +248,8 @@ class RunSettings(ControllerSettings):
             )
         if self.privacy.on:
             self._check_private()
+        if self.secure.secure_aggregation:
+            self._check_secure()
 
     def _check_private(self) -> None:
         """Refuse, one line each, what differential privacy cannot cover."""
@@ -273,6 +284,49 @@ class RunSettings(ControllerSettings):
             raise ValueError(
                 f"{dp} refuses compress = 'adaptive': the round's codec follows each "
                 "device's top-k gap, which no noise covers (pick topk, int8, fp16 or none)"
+            )
+
+    def _check_secure(self) -> None:
+        """Refuse, one line each, what cannot be combined with masked updates (the
+        aggregator sees only their sum)."""
+        what = "secure-aggregation"
+        if self.asynchrony.mode == "async":
+            raise ValueError(
+                f"{what} works in sync mode only: FedBuff folds in each update as it comes, "
+                "and a masked update alone unmasks to nothing"
+            )
+        aggregation = self.aggregation_rule.aggregation
+        if aggregation in ROBUST_AGGREGATIONS:
+            raise ValueError(
+                f"{what} refuses aggregation = {aggregation!r}: a robust rule looks at each "
+                "update, and the aggregator sees only their sum (use fednova or fedavg)"
+            )
+        compress = self.codec.compress
+        if compress in ("topk", "adaptive"):
+            raise ValueError(
+                f"{what} refuses compress = {compress!r}: each device's top-k coordinates "
+                "differ, and masks only cancel over the same coordinates (use compress = "
+                "'none': updates are quantised to secagg-bits instead)"
+            )
+        if compress != "none":
+            raise ValueError(
+                f"{what} quantises updates on its own grid (secagg-bits, secagg-range): set "
+                f"compress = 'none' instead of {compress!r}"
+            )
+        if self.drift.drift_reaction != "none":
+            raise ValueError(
+                f"{what} needs drift-reaction = 'none': the reaction reweighs one device's "
+                "update, and the aggregator cannot reach one update inside the sum"
+            )
+        if self.injection.inject_alpha > 0:
+            raise ValueError(
+                f"{what} refuses data injection (inject-alpha > 0): it would send raw "
+                "samples over the broker, past the masking that keeps updates private"
+            )
+        if self.privacy.dp_clip_quantile > 0:
+            raise ValueError(
+                f"{what} refuses dp-clip-quantile (adaptive clipping): it reads each "
+                "device's within-the-clip bit in the clear"
             )
 
     if not TYPE_CHECKING:  # type checkers read the flat keys declared above instead

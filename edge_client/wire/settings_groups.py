@@ -57,6 +57,7 @@ __all__ = [
     "MetricsLogSettings",
     "PrivacySettings",
     "RoundSettings",
+    "SecureAggregationSettings",
     "SimulationSettings",
     "SinkSettings",
     "StreamSettings",
@@ -532,6 +533,54 @@ class PrivacySettings:
 
 
 @dataclass(frozen=True)
+class SecureAggregationSettings:
+    """Secure aggregation (SecAgg+, Bell et al. 2020): each device masks its quantised update
+    with secrets it shares with its neighbours, so that the aggregator learns only the sum
+    (:mod:`aggregator.secure_round`, :mod:`edge_client.wire.masking`)."""
+
+    secure_aggregation: bool = knob(
+        False,
+        "SecAgg+: devices mask their updates so that the aggregator learns only the round's "
+        "sum (sync mode; 3 more exchanges a round)",
+    )
+    secagg_neighbours: int = knob(
+        0,
+        "devices each device shares its secrets with; 0: every other device when that is "
+        "under 3 log2(devices), else the even number above it (SecAgg+'s O(log n) graph)",
+        ge=0,
+    )
+    secagg_threshold: float = knob(
+        0.5,
+        "fraction of a device's neighbours whose shares rebuild its secrets (always more "
+        "than half of them): the round survives the rest of any neighbourhood dropping out",
+        ge=0.5,
+        le=1,
+    )
+    secagg_min_survivors: int = knob(
+        3,
+        "the fewest devices a round's sum may hold (fewer: the round is skipped, the model "
+        "kept): a sum of one device is its update",
+        ge=2,
+    )
+    secagg_range: float = knob(
+        1.0,
+        "each coordinate of a device's weighted update is clipped to [-range, range] before "
+        "quantisation (under dp: dp-clip)",
+        gt=0,
+    )
+    secagg_bits: int = knob(
+        16,
+        "quantisation grid: 2^bits levels over the range; the field adds log2(devices) bits "
+        "so that the sum cannot wrap",
+        ge=2,
+        le=48,
+    )
+
+    def __post_init__(self) -> None:
+        check_knobs(self)
+
+
+@dataclass(frozen=True)
 class SimulationSettings:
     """The virtual devices of the simulation engine and the in-process runner
     (:mod:`edge_client.emulation`)."""
@@ -579,6 +628,14 @@ class SimulationSettings:
         gt=0,
     )
 
+    sim_secagg_dropout: float = knob(
+        0.0,
+        "simulation, secure aggregation: fraction of the devices that vanish in each round "
+        "right after sending their masked input (drawn per round)",
+        ge=0,
+        lt=1,
+    )
+
     def __post_init__(self) -> None:
         check_knobs(self)
         number_list(self.sim_rates, "sim-rates", 1e-9)
@@ -607,5 +664,6 @@ GROUPS: dict[str, type] = {
     "injection": InjectionSettings,
     "aggregation_rule": AggregationSettings,
     "privacy": PrivacySettings,
+    "secure": SecureAggregationSettings,
     "simulation": SimulationSettings,
 }

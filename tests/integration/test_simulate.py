@@ -102,14 +102,16 @@ def test_a_partition_key_that_is_missing_or_has_one_group_is_refused_in_one_line
 
 
 @pytest.mark.timeout(SIMULATE_TIMEOUT_S + 60)
-def test_a_private_simulation_samples_devices_and_spends_what_the_accountant_says(
+def test_a_private_secure_simulation_samples_unmasks_and_spends_what_the_accountant_says(
     tmp_path: Path,
 ) -> None:
-    # Prepare: 8 virtual devices, half drawn a round, central DP, a budget of 3 rounds
+    # Prepare: 8 virtual devices, half drawn a round, central DP, a budget of 3 rounds, under
+    # secure aggregation with a quarter of the devices vanishing after their masked input
     budget = (library_epsilon(3) + library_epsilon(4)) / 2
     config = (
         "dp='central' dp-noise=0.8 dp-clip=1.0 fraction-train=0.5 global-batch=256 "
-        f"dp-epsilon={budget} controller-probe=0"
+        f"dp-epsilon={budget} controller-probe=0 secure-aggregation=true "
+        "sim-secagg-dropout=0.25 secagg-min-survivors=2"
     )
     # Execute: asked for 6 rounds
     rc, out, summary, run_dir = _simulate(
@@ -128,6 +130,11 @@ def test_a_private_simulation_samples_devices_and_spends_what_the_accountant_say
     for record in records:
         assert record.live == 8 and set(record.devices) == set(record.planned)
         assert all(np.isnan(m.eval_metric) for m in record.devices.values())
+        # every device that trained is in the unmasked sum, those lost after their masked
+        # input too (their seeds rebuilt from their neighbours' shares)
+        assert record.secagg_survivors == len(record.aggregated) == len(record.devices) >= 2
+        assert not record.skipped
+    assert sum(r.secagg_dropped or 0 for r in records) >= 1
     assert "epsilon" in out
 
 

@@ -48,6 +48,7 @@ BAD = [
     (GROUPS["injection"], "inject_mix", 1.0, "inject-mix"),
     (GROUPS["aggregation_rule"], "trim_fraction", 0.6, "trim-fraction"),
     (GROUPS["privacy"], "dp_delta", 1.0, "dp-delta"),
+    (GROUPS["secure"], "secagg_threshold", 0.4, "secagg-threshold"),
     (GROUPS["simulation"], "sim_rates", "fast", "sim-rates"),
 ]
 
