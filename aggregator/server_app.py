@@ -145,7 +145,25 @@ def run_rounds(
 def _sync_rounds(
     grid: Grid, session: RunSession, stop: Callable[[RoundRecord], bool] | None
 ) -> list[RoundRecord]:
-    """Synchronous rounds from ``session.start`` until the run is finished."""
+    """Synchronous rounds from ``session.start`` until the run is finished (with secure
+    aggregation's stages after each round's training when the run asks)."""
+    secure = None
+    if session.settings.secure.secure_aggregation:
+        secure = SecureRound(grid, session.strategy)
+    try:
+        return _rounds(grid, session, stop, secure)
+    finally:
+        if secure is not None:
+            secure.close()
+
+
+def _rounds(
+    grid: Grid,
+    session: RunSession,
+    stop: Callable[[RoundRecord], bool] | None,
+    secure: SecureRound | None,
+) -> list[RoundRecord]:
+    """:func:`_sync_rounds`' loop."""
     settings = session.settings
     strategy = session.strategy
     records: deque[RoundRecord] = deque(maxlen=RECORDS_KEPT)
@@ -157,8 +175,8 @@ def _sync_rounds(
         messages = list(strategy.configure_train(server_round, arrays, ConfigRecord(), grid))
         done = exchange(grid, messages, settings.exchange.round_timeout)
         t_sent = done.pushed
-        if settings.secure.secure_aggregation:
-            new_arrays, report = SecureRound(grid, strategy).run(done.replies, done.sent)
+        if secure is not None:
+            new_arrays, report = secure.run(done.replies, done.sent)
         else:
             new_arrays, report = strategy.aggregate_train(server_round, done.replies, done.sent)
         skipped = session.skip_reason(report)

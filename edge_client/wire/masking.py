@@ -26,9 +26,11 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import itertools
 import math
 import os
-from collections.abc import Mapping, Sequence
+import random
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 from Crypto.Protocol.SecretSharing import Shamir
@@ -45,6 +47,7 @@ from flwr.common.secure_aggregation.secaggplus_utils import (
 __all__ = [
     "KEY_BYTES",
     "NEIGHBOURS_PER_LOG2",
+    "REBUILD_TRIES",
     "SEED_BYTES",
     "MaskingError",
     "agree",
@@ -61,6 +64,7 @@ __all__ = [
     "public_of",
     "quantise",
     "rebuild",
+    "rebuild_checked",
     "seal_share",
     "self_mask",
     "shares_of",
@@ -320,3 +324,44 @@ def rebuild(shares: Sequence[bytes]) -> bytes:
         except ValueError as err:
             raise MaskingError(f"shares do not rebuild a secret: {err}") from err
     return bytes(secret)
+
+
+#: Subsets of shares tried before a secret counts as not rebuilt (all of them when fewer).
+REBUILD_TRIES = 64
+
+
+def rebuild_checked(
+    shares: Sequence[bytes], threshold: int, expected: bytes, kind: str
+) -> bytes | None:
+    """A secret from ``threshold`` of ``shares`` that checks out against ``expected``:
+    for ``kind`` ``seed``, its commitment (:func:`commitment`); for ``key``, the public key
+    of the mask key it seeds (:func:`key_from_seed`). Other subsets are tried when one does
+    not (a tampered share): all of them when there are few, else the first shares in and
+    random others. None with fewer shares than the threshold, or when none tried checks
+    out. A top-level function of its arguments, so that worker processes can run it."""
+    if len(shares) < threshold:
+        return None
+    subsets: Iterable[Sequence[bytes]]
+    if math.comb(len(shares), threshold) <= REBUILD_TRIES:
+        subsets = itertools.combinations(shares, threshold)
+    else:
+        draw = random.Random(len(shares))
+        others = (draw.sample(list(shares), threshold) for _ in range(REBUILD_TRIES - 1))
+        subsets = itertools.chain([shares[:threshold]], others)
+    for subset in subsets:
+        try:
+            secret = rebuild(subset)
+        except MaskingError:
+            continue
+        if _checks_out(secret, expected, kind):
+            return secret
+    return None
+
+
+def _checks_out(secret: bytes, expected: bytes, kind: str) -> bool:
+    if kind == "seed":
+        return commitment(secret) == expected
+    try:
+        return public_of(key_from_seed(secret)) == expected
+    except (MaskingError, ValueError):
+        return False

@@ -1,5 +1,6 @@
 """A user's own Flower app (``examples/activity-app``: its own task and model, built on
-fedstream's app factories) run through ``flwr run`` on a real SuperLink and SuperNodes."""
+fedstream's app factories) run through ``flwr run`` on a real SuperLink and SuperNodes, its
+updates securely aggregated."""
 
 from __future__ import annotations
 
@@ -40,7 +41,9 @@ def fill_buffer(path: Path, x: np.ndarray, y: np.ndarray) -> None:
         store.append([SampleBatch(x, y, np.full(len(y), time.time()))], rate=100.0)
 
 
-def test_a_user_app_trains_its_own_model_through_flwr_run(tmp_path: Path) -> None:
+def test_a_user_app_trains_its_own_model_securely_aggregated_through_flwr_run(
+    tmp_path: Path,
+) -> None:
     # Prepare: the example's recording (two watches and a test file), as its README says.
     data = tmp_path / "data"
     subprocess.run(
@@ -63,13 +66,16 @@ def test_a_user_app_trains_its_own_model_through_flwr_run(tmp_path: Path) -> Non
         for device, path in buffers.items():
             flower.start_supernode(device, NodeConfig(device, str(path)).to_node_config())
         flower.wait_nodes(3)
-        # Execute: the app's own out-dir ("": the default place), its Prometheus endpoint on.
+        # Execute: the app's own out-dir ("": the default place), its Prometheus endpoint on,
+        # its updates securely aggregated (SecAgg+: each stage a ClientApp process per device)
         port = free_port()
         run_id = flower.submit(
             EXAMPLE,
             {
                 "num-rounds": 3,
                 "min-nodes": 3,
+                "secure-aggregation": True,
+                "secagg-min-survivors": 2,
                 "eval-data": str(data / "test.npz"),
                 "prometheus-port": port,
                 "prometheus-listen": "127.0.0.1",
@@ -85,6 +91,7 @@ def test_a_user_app_trains_its_own_model_through_flwr_run(tmp_path: Path) -> Non
     # was refused: two devices trained).
     assert scraped["fedstream_round"] >= 1 and 0 <= scraped["fedstream_accuracy"] <= 1
     assert scraped["fedstream_round_devices"] == 2 and scraped["fedstream_bytes_up_total"] > 0
+    assert scraped["fedstream_secagg_survivors"] == 2
     # Each round's progress reached `flwr log`, and the records their documented place.
     for n in (1, 2, 3):
         assert f"round {n}/3: accuracy" in logs, logs[-3000:]
@@ -95,6 +102,8 @@ def test_a_user_app_trains_its_own_model_through_flwr_run(tmp_path: Path) -> Non
     assert [r.round for r in records] == [1, 2, 3]
     for record in records:
         assert record.aggregated == ["watch-0", "watch-1"]
+        assert (record.secagg_survivors, record.secagg_dropped) == (2, 0)
+        assert record.secagg_bytes_up > 0 and record.timing.secagg_s > 0
     assert records[-1].rejected == {"phone-0": 3}
     assert records[-1].rejected_reasons == {"shape-mismatch": 3}
     assert records[-1].test_accuracy > 0.6  # 4 activities: chance is 0.25

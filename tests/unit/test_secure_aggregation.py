@@ -17,7 +17,7 @@ from flwr.common.constant import ErrorCode
 
 from aggregator.exchange import exchange
 from aggregator.round_log import RoundRecord, read_metrics, rounds_only
-from aggregator.secure_round import SECAGG_MESSAGE, SecureRound, neighbour_graph
+from aggregator.secure_round import SECAGG_MESSAGE, SecureRound, ShareRebuilder, neighbour_graph
 from aggregator.server_app import run_rounds
 from aggregator.session import RunSession
 from deploy.inprocess import InProcessGrid, VirtualDevice
@@ -389,21 +389,33 @@ def test_a_secret_is_rebuilt_only_when_it_matches_its_commitment() -> None:
     # Prepare: three shares of another secret come first, then four of the device's own
     secret, other = masking.new_seed(), masking.new_seed()
     shares = masking.shares_of(other, 3, 5)[:3] + masking.shares_of(secret, 3, 5)[:4]
+    expected = masking.commitment(secret)
     # Execute
-    rebuilt = SecureRound._rebuild(shares, 3, masking.commitment(secret), _seed_matches)
+    rebuilt = masking.rebuild_checked(shares, 3, expected, "seed")
     # Assert: the subsets that rebuild the other secret are passed over; too few shares
-    # or none that check out is an error, never a wrong secret
+    # or none that check out is None, never a wrong secret
     assert rebuilt == secret
-    with pytest.raises(
-        masking.MaskingError, match="2 of a device's neighbours returned its shares, 3 needed"
-    ):
-        SecureRound._rebuild(shares[:2], 3, masking.commitment(secret), _seed_matches)
-    with pytest.raises(masking.MaskingError, match="no set of shares"):
-        SecureRound._rebuild(shares[:3], 3, masking.commitment(secret), _seed_matches)
+    assert masking.rebuild_checked(shares[:2], 3, expected, "seed") is None
+    assert masking.rebuild_checked(shares[:3], 3, expected, "seed") is None
 
 
-def _seed_matches(seed: bytes, expected: bytes) -> bool:
-    return masking.commitment(seed) == expected
+def test_secrets_rebuilt_in_worker_processes_are_those_rebuilt_here() -> None:
+    # Prepare: 40 seeds and mask keys (more than the pool's least), one with a bad share
+    seeds = [masking.new_seed() for _ in range(40)]
+    tasks = [(masking.shares_of(s, 4, 6), 4, masking.commitment(s), "seed") for s in seeds]
+    key_seed = masking.new_seed()
+    public = masking.public_of(masking.key_from_seed(key_seed))
+    tasks.append((masking.shares_of(key_seed, 4, 6), 4, public, "key"))
+    tasks[0][0][0] = tasks[0][0][0][:4] + bytes(16)  # a tampered share, outvoted
+    rebuilder = ShareRebuilder(workers=2)
+    # Execute
+    try:
+        pooled = rebuilder.rebuild(tasks)
+    finally:
+        rebuilder.close()
+    # Assert
+    assert pooled == [*seeds, key_seed]
+    assert pooled == [masking.rebuild_checked(*task) for task in tasks]
 
 
 def test_a_non_finite_update_is_caught_on_the_device_before_masking(
