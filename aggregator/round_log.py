@@ -255,8 +255,9 @@ class RoundRecord:
         sum, and devices that trained but were lost or refused at a later stage (before
         their masked input: not in the sum; after it: in it); None without it.
     secagg_bytes_up, secagg_bytes_down : int
-        Secure aggregation's payload bytes beyond the training exchange: keys, sealed
-        shares and masked vectors up; neighbours' keys and shares down.
+        Secure aggregation's payload bytes: keys, sealed shares and masked vectors up (the
+        whole of the round's ``bytes-up`` then: no update frame travels); neighbours' keys
+        and shares down.
     secagg_device_cpu_s : float
         CPU seconds a device spent on the stages after training (mean over those that
         answered).

@@ -226,6 +226,7 @@ class SecureRound:
         summed = self._protocol(report, figures, entrants)
         figures.stages_s = time.monotonic() - started
         figures.dropped = len(figures.lost)
+        report.bytes_up += figures.bytes_up  # the round's update bytes: keys, shares, vectors
         privacy = strategy.privacy
         private = privacy.accumulator(current.shapes, current.live)
         step = None

@@ -84,7 +84,7 @@ def _per_round(records: Sequence[RoundRecord], devices: int) -> dict[str, Any]:
     seconds: it starts the engine's workers)."""
     later = records[1:] or records
     tests = [r.test_accuracy for r in records]
-    up = [(r.bytes_up + r.secagg_bytes_up) / devices for r in records]
+    up = [r.bytes_up / devices for r in records]  # a secure round's include its stages
     down = [(r.broadcast_bytes * len(r.planned) + r.secagg_bytes_down) / devices for r in records]
     return {
         "rounds": len(records),

@@ -466,6 +466,7 @@ def test_a_secure_run_learns_what_the_plain_run_learns_within_a_point(
     assert abs(secure[-1].test_accuracy - plain[-1].test_accuracy) <= 0.01
     assert [r.secagg_survivors for r in secure] == [6] * 4
     assert all(r.secagg_bytes_up > 0 and r.timing.secagg_s > 0 for r in secure)
+    assert all(r.bytes_up == r.secagg_bytes_up for r in secure)  # no frame: all is stages
     logged = read_metrics(tmp_path / "secure" / "metrics.jsonl")
     assert [(r.secagg_survivors, r.secagg_dropped) for r in logged] == [(6, 0)] * 4
     assert all(r.secagg_survivors is None for r in plain)
