@@ -654,7 +654,7 @@ def secagg(doc: Doc) -> str:
     ratio = got["ratio_100"]
     return bullet(
         f"""**Secure aggregation** (SecAgg+, Flower's simulation engine, every device in every
-        round, 20 local steps; wall time, each run alone): a secure round over a plain one
+        round, 20 local steps, seed 0; wall time, each run alone): a secure round over a plain one
         {sizes}; at {DROPOUT_DEVICES} devices {ratio:.2f}x (goal <= {GOAL_RATIO:g}x:
         {fmt_verdict(ratio <= GOAL_RATIO)}), {secure["bytes_up_per_device"] / 1e3:.0f} kB up a
         device a round (the masked vector: 4 bytes a value, keys and sealed shares), the

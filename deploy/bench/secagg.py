@@ -293,7 +293,8 @@ def _table(entries: list[dict[str, Any]], quick: bool) -> str:
         f"plain aggregation (goal: within {GOAL_POINTS:.2f} in every seed: "
         f"{verdict(bool(gaps) and max(abs(g) for g in gaps) <= GOAL_POINTS)}).",
         footnote(
-            "fedstream's app, the synthetic task, 20 local steps, every device in every round; "
+            "fedstream's app, the synthetic task, 20 local steps, every device in every round, "
+            "seed 0 (the dropout runs: seeds 0-2); "
             "simulation: Flower's simulation engine (Ray, 2 workers); deployment: a real "
             f"SuperLink and {DEPLOYMENT_DEVICES} SuperNodes on this machine, buffers filled "
             "before the run; seconds a round are the median after the first round, wall "

@@ -58,7 +58,6 @@ MASKED_INPUT = "masked-input"
 UNMASK = "unmask"
 STAGES = (SHARE_KEYS, MASKED_INPUT, UNMASK)
 SECAGG_STAGE = "secagg-stage"
-_STAGE = SECAGG_STAGE
 _ROUND = "server-round"
 _REFUSED = "refused"
 _CPU = "stage-cpu-s"
@@ -105,7 +104,7 @@ def stage_of(content: RecordDict) -> tuple[str, int]:
     record = content.config_records.get(CONFIG)
     if record is None:
         raise RecordError("malformed", "secure aggregation: no config record")
-    stage = _get(record, _STAGE, str)
+    stage = _get(record, SECAGG_STAGE, str)
     if stage not in STAGES:
         raise RecordError("malformed", f"secure aggregation: unknown stage {stage!r}")
     return stage, _get(record, _ROUND, int)
@@ -270,7 +269,9 @@ class UnmaskAsk:
 
 
 def _ask(stage: str, server_round: int, values: dict[str, Any]) -> RecordDict:
-    return RecordDict({CONFIG: ConfigRecord({_STAGE: stage, _ROUND: int(server_round), **values})})
+    return RecordDict(
+        {CONFIG: ConfigRecord({SECAGG_STAGE: stage, _ROUND: int(server_round), **values})}
+    )
 
 
 @dataclass(frozen=True)
@@ -285,7 +286,7 @@ class StageReply:
 
     def header(self) -> dict[str, Any]:
         return {
-            _STAGE: self.stage,
+            SECAGG_STAGE: self.stage,
             _ROUND: int(self.server_round),
             _CPU: float(self.cpu_s),
             _REFUSED: self.refused,
