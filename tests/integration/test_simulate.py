@@ -106,12 +106,13 @@ def test_a_private_secure_simulation_samples_unmasks_and_spends_what_the_account
     tmp_path: Path,
 ) -> None:
     # Prepare: 8 virtual devices, half drawn a round, central DP, a budget of 3 rounds, under
-    # secure aggregation with a quarter of the devices vanishing after their masked input
+    # secure aggregation (dropouts: the unit tests and fedstream bench secagg; here a round of
+    # 4 that lost 3 could not be unmasked, so the run would depend on the draw)
     budget = (library_epsilon(3) + library_epsilon(4)) / 2
     config = (
         "dp='central' dp-noise=0.8 dp-clip=1.0 fraction-train=0.5 global-batch=256 "
         f"dp-epsilon={budget} controller-probe=0 secure-aggregation=true "
-        "sim-secagg-dropout=0.25 secagg-min-survivors=2"
+        "secagg-min-survivors=2"
     )
     # Execute: asked for 6 rounds
     rc, out, summary, run_dir = _simulate(
@@ -130,11 +131,9 @@ def test_a_private_secure_simulation_samples_unmasks_and_spends_what_the_account
     for record in records:
         assert record.live == 8 and set(record.devices) == set(record.planned)
         assert all(np.isnan(m.eval_metric) for m in record.devices.values())
-        # every device that trained is in the unmasked sum, those lost after their masked
-        # input too (their seeds rebuilt from their neighbours' shares)
+        # every device that trained is in the unmasked sum
         assert record.secagg_survivors == len(record.aggregated) == len(record.devices) >= 2
-        assert not record.skipped
-    assert sum(r.secagg_dropped or 0 for r in records) >= 1
+        assert record.secagg_dropped == 0 and not record.skipped
     assert "epsilon" in out
 
 
