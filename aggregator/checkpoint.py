@@ -13,6 +13,7 @@ from flwr.app import ArrayRecord
 
 __all__ = [
     "RUN_CONFIG",
+    "RUN_ID",
     "SERVER_ROUND",
     "Checkpoint",
     "load_checkpoint",
@@ -23,6 +24,8 @@ __all__ = [
 STATE_FILE = "state.json"
 #: Key of the run config a checkpoint was made with (``fedstream resume`` submits it again).
 RUN_CONFIG = "run-config"
+#: Key of the Flower run that wrote the checkpoint (``fedstream resume`` waits for it to end).
+RUN_ID = "run-id"
 #: Key of the last round the checkpoint holds.
 SERVER_ROUND = "server-round"
 

@@ -81,7 +81,7 @@ def make_server_app(task: Task | None = None) -> ServerApp:
         if out_dir:
             log.info("run %d writes %s", context.run_id, Path(out_dir) / METRICS_FILE)
         with superlink_outage_bound(grid, settings.exchange.superlink_timeout):
-            run_rounds(grid, settings, task=task)
+            run_rounds(grid, settings, task=task, run_id=context.run_id)
 
     return server_app
 
@@ -109,6 +109,7 @@ def run_rounds(
     settings: RunSettings,
     stop: Callable[[RoundRecord], bool] | None = None,
     task: Task | None = None,
+    run_id: int | None = None,
 ) -> list[RoundRecord]:
     """Run (or resume) the federated training; return the records of the rounds run, the
     timing probe's first when one ran (``round`` 0: their times sum to the run's).
@@ -125,8 +126,11 @@ def run_rounds(
         run there (e.g. a benchmark that runs for a declared length of virtual time).
     task : Task, optional
         What is learned; None: the task the run config names.
+    run_id : int, optional
+        Flower's run id, kept in each checkpoint (``fedstream resume`` waits for that run to
+        end before it submits the next).
     """
-    session = RunSession.open(settings, task)
+    session = RunSession.open(settings, task, run_id)
     try:
         with session.watch_stop():
             probe = session.probe(grid)

@@ -26,6 +26,7 @@ from flwr.app import ArrayRecord, Message
 from flwr.serverapp import Grid
 from torch import nn
 
+from aggregator.checkpoint import RUN_ID
 from aggregator.controller import BatchController
 from aggregator.device_registry import FleetRegistry
 from aggregator.divergence import DivergenceWatch
@@ -126,10 +127,14 @@ class RunSession:
     divergence: DivergenceWatch = field(default_factory=lambda: DivergenceWatch(0, 0.0))
     exports: ExportSchedule | None = field(default=None, repr=False)
     sinks: list[RoundSink] = field(default_factory=list)  # where rounds go besides metrics
+    run_id: int | None = None  # Flower's, in each checkpoint (fedstream resume waits for it)
 
     @classmethod
-    def open(cls, settings: RunSettings, task: Task | None = None) -> RunSession:
-        """Start a run, or resume it from ``checkpoint-dir`` when the settings ask.
+    def open(
+        cls, settings: RunSettings, task: Task | None = None, run_id: int | None = None
+    ) -> RunSession:
+        """Start a run, or resume it from ``checkpoint-dir`` when the settings ask; ``run_id``
+        (Flower's) goes into each checkpoint.
 
         Raises
         ------
@@ -187,6 +192,7 @@ class RunSession:
                 int(saved.get(DIVERGED_ROUNDS, 0)),
             ),
             exports=ExportSchedule(settings.exports, learning, task, personal),
+            run_id=run_id,
         )
         session.strategy.drift.load_state_dict(saved.get(DRIFT, {}))
         session.strategy.privacy.check_budget()  # a budget spent: refused before anything
@@ -481,6 +487,7 @@ class RunSession:
                 DIVERGED_ROUNDS: self.divergence.rounds,
                 DRIFT: self.strategy.drift.state_dict(),
                 PRIVACY: self.strategy.privacy.state_dict(),
+                **({} if self.run_id is None else {RUN_ID: self.run_id}),
                 **state,
             },
         )

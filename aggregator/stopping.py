@@ -1,6 +1,7 @@
-"""Stopping a run that has no round limit: SIGTERM or SIGINT, or a ``STOP`` file.
+"""Stopping a run after a whole round: SIGTERM or SIGINT, or a ``STOP`` file.
 
-A continuous run (``num-rounds = 0``) trains until asked to stop. The request is honoured
+A continuous run (``num-rounds = 0``) trains until asked to stop; a bounded one can be
+stopped early the same way. The request is honoured
 at the next round boundary (asynchronous mode: after the next aggregation), once the round
 is checkpointed and logged, so the run ends whole and ``resume = true`` continues it with
 the next round. Two ways to ask:
@@ -18,12 +19,13 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
-__all__ = ["STOP_FILE", "StopRequest", "request_stop"]
+__all__ = ["STOP_FILE", "StopRequest", "request_stop", "wait_taken"]
 
 log = logging.getLogger(__name__)
 
@@ -98,3 +100,15 @@ class StopRequest:
                 path.unlink(missing_ok=True)
                 return f"STOP file {path}"
         return None
+
+
+def wait_taken(path: str | Path, timeout_s: float, poll_s: float = 0.5) -> bool:
+    """Whether the stop request ``path`` (from :func:`request_stop`) was taken by its run
+    within ``timeout_s``: a run removes the file once it has checkpointed the round it stops
+    after."""
+    deadline = time.monotonic() + timeout_s
+    while Path(path).exists():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(poll_s)
+    return True

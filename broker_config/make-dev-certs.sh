@@ -1,16 +1,22 @@
 #!/usr/bin/env bash
 # Make a development CA, a server certificate, a password file and the ACL for Mosquitto.
 #
-#   [FEDSTREAM_INJECT=ID,ID] broker_config/make-dev-certs.sh OUT_DIR [DEVICE_ID ...]
+#   [FEDSTREAM_INJECT=ID,ID] [FEDSTREAM_CA_DIR=DIR] broker_config/make-dev-certs.sh OUT_DIR [DEVICE_ID ...]
 #
-# Writes OUT_DIR/certs/{ca.crt,ca.key,server.crt,server.key}, OUT_DIR/passwd (one user per
-# device plus "aggregator", random passwords), OUT_DIR/credentials/<user>.txt with each
-# password, OUT_DIR/certs/clients/<user>.{crt,key} (a client certificate per user, its CN
-# the username, for brokers that authenticate clients by certificate), and OUT_DIR/acl.
+# Writes OUT_DIR/certs/{ca.crt,server.crt,server.key}, OUT_DIR/passwd (one user per device
+# plus "aggregator", random passwords), OUT_DIR/credentials/<user>.txt with each password,
+# OUT_DIR/certs/clients/<user>.{crt,key} (a client certificate per user, its CN the username,
+# for brokers that authenticate clients by certificate), and OUT_DIR/acl.
+# The CA's key is not among them: it lives in FEDSTREAM_CA_DIR (default OUT_DIR-ca, e.g.
+# /etc/mosquitto/fedstream-ca), mode 700, the caller's (root's under sudo), never the
+# broker's: whoever holds it can sign a client certificate that the certificate listener
+# takes for any user. A CA already there is reused, as are the passwords and client
+# certificates of users already in OUT_DIR: run it again with more device ids to add devices
+# (list them all: the ACL and the password file are written for the devices named).
 # Users: each device, "aggregator", and sensor.<device> per device (publishes that device's
 # samples and nothing else). FEDSTREAM_INJECT lists the devices that opted in to data
 # injection: only they may use the shared injection topic. Server names: localhost, 127.0.0.1
-# and $FEDSTREAM_BROKER_HOST.
+# and $FEDSTREAM_BROKER_HOST (a host name, or an IP address for devices that dial one).
 # Also writes OUT_DIR/fedstream.conf: broker_config/mosquitto-prod.conf pointed at OUT_DIR,
 # its listeners on $FEDSTREAM_MQTT_PORT (TLS, 8883), $FEDSTREAM_MQTT_CERT_PORT (client
 # certificates, 8884) and $FEDSTREAM_MQTT_LOCAL_PORT (plain, 127.0.0.1 only, 1883): copy it
@@ -18,6 +24,7 @@
 set -euo pipefail
 
 out=${1:?usage: make-dev-certs.sh OUT_DIR [DEVICE_ID ...]}
+out=${out%/}
 shift
 devices=("$@")
 [ ${#devices[@]} -gt 0 ] || devices=(dev-0 dev-1 dev-2 dev-3)
@@ -33,35 +40,60 @@ here=$(cd "$(dirname "$0")" && pwd)
 command -v openssl >/dev/null || { echo "openssl is required" >&2; exit 1; }
 command -v mosquitto_passwd >/dev/null || { echo "mosquitto_passwd is required (apt-get install -y mosquitto)" >&2; exit 1; }
 
-mkdir -p "$out/certs" "$out/credentials"
-chmod 700 "$out/credentials"
+ca_dir=${FEDSTREAM_CA_DIR:-$out-ca}
+case "$(realpath -m "$ca_dir")/" in
+    "$(realpath -m "$out")/"*)
+        echo "FEDSTREAM_CA_DIR=$ca_dir is inside $out: the broker's user would own the CA key" >&2
+        exit 1 ;;
+esac
+mkdir -p "$out/certs" "$out/credentials" "$ca_dir"
+chmod 700 "$out/credentials" "$ca_dir"
+ca_dir=$(cd "$ca_dir" && pwd)
+fresh_ca=0
+if [ -f "$ca_dir/ca.key" ] && [ -f "$ca_dir/ca.crt" ]; then
+    echo "reusing the CA in $ca_dir"
+else
+    fresh_ca=1
+    openssl req -x509 -newkey rsa:2048 -nodes -days 825 -subj "/CN=fedstream dev CA" \
+        -keyout "$ca_dir/ca.key" -out "$ca_dir/ca.crt" 2>/dev/null
+fi
+chmod 600 "$ca_dir/ca.key"
+sign=(-CA "$ca_dir/ca.crt" -CAkey "$ca_dir/ca.key" -CAserial "$ca_dir/ca.srl" -CAcreateserial)
 cd "$out/certs"
+cp "$ca_dir/ca.crt" ca.crt
+rm -f ca.key  # left by an earlier version of this script
 host=${FEDSTREAM_BROKER_HOST:-localhost}
-openssl req -x509 -newkey rsa:2048 -nodes -days 825 -subj "/CN=fedstream dev CA" \
-    -keyout ca.key -out ca.crt 2>/dev/null
+name="DNS:$host"
+[[ $host =~ ^[0-9.]+$ || $host == *:* ]] && name="IP:$host"   # devices dial an address
 openssl req -newkey rsa:2048 -nodes -subj "/CN=$host" -keyout server.key -out server.csr 2>/dev/null
-printf 'subjectAltName=DNS:localhost,DNS:%s,IP:127.0.0.1\n' "$host" > san.ext
-openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 825 \
-    -extfile san.ext -out server.crt 2>/dev/null
-rm -f server.csr san.ext ca.srl
-chmod 600 ca.key server.key
+printf 'subjectAltName=DNS:localhost,%s,IP:127.0.0.1\n' "$name" > san.ext
+openssl x509 -req -in server.csr "${sign[@]}" -days 825 -extfile san.ext -out server.crt 2>/dev/null
+rm -f server.csr san.ext
+chmod 600 server.key
 mkdir -p clients
 for user in "${users[@]}"; do
+    if [ "$fresh_ca" = 0 ] && [ -f "clients/$user.crt" ] && [ -f "clients/$user.key" ]; then
+        continue   # kept from before, signed by the same CA
+    fi
     openssl req -newkey rsa:2048 -nodes -subj "/CN=$user" -keyout "clients/$user.key" \
         -out "clients/$user.csr" 2>/dev/null
     printf 'extendedKeyUsage=clientAuth\n' > clients/ext
-    openssl x509 -req -in "clients/$user.csr" -CA ca.crt -CAkey ca.key -CAcreateserial \
-        -days 825 -extfile clients/ext -out "clients/$user.crt" 2>/dev/null
-    rm -f "clients/$user.csr" clients/ext ca.srl
+    openssl x509 -req -in "clients/$user.csr" "${sign[@]}" -days 825 -extfile clients/ext \
+        -out "clients/$user.crt" 2>/dev/null
+    rm -f "clients/$user.csr" clients/ext
     chmod 600 "clients/$user.key"
 done
 cd - >/dev/null
 
 : > "$out/passwd"
 for user in "${users[@]}"; do
-    pw=$(openssl rand -hex 16)
+    if [ -s "$out/credentials/$user.txt" ]; then
+        pw=$(cat "$out/credentials/$user.txt")   # kept from before
+    else
+        pw=$(openssl rand -hex 16)
+        printf '%s\n' "$pw" > "$out/credentials/$user.txt"
+    fi
     mosquitto_passwd -b "$out/passwd" "$user" "$pw"
-    printf '%s\n' "$pw" > "$out/credentials/$user.txt"
 done
 chmod 600 "$out/passwd" "$out"/credentials/*.txt
 cp "$here/acl" "$out/acl"
@@ -83,4 +115,4 @@ sed -e "s#/etc/mosquitto/fedstream#$out#g" \
 if [ "$(id -u)" = 0 ] && id mosquitto >/dev/null 2>&1; then
     chown -R mosquitto: "$out"
 fi
-echo "wrote CA, server and client certificates, passwd (${#devices[@]} devices, their sensors, aggregator), acl and fedstream.conf to $out"
+echo "CA key in $ca_dir (keep it away from the broker); wrote the CA and server certificates, client certificates, passwd (${#devices[@]} devices, their sensors, aggregator), acl and fedstream.conf to $out"

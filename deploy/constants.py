@@ -14,6 +14,12 @@ DEFAULT_MQTT_PORT: Final = 1883
 # The broker a command talks to unless given --broker (the local one).
 DEFAULT_BROKER_URL: Final = f"mqtt://127.0.0.1:{DEFAULT_MQTT_PORT}"
 
+# --- Flower runs ------------------------------------------------------------------------
+# How long `fedstream resume` waits for the run that wrote the checkpoint to end: Flower marks
+# a run whose ServerApp died failed after two missed heartbeats 30 s apart.
+RESUME_WAIT_S: Final = 120.0
+RESUME_POLL_S: Final = 2.0
+
 # --- fedstream demo ----------------------------------------------------------------------
 DEMO_DEVICES: Final = 4
 DEMO_MAX_DEVICES: Final = 64  # processes on one machine: a publisher, ingest and SuperNode each

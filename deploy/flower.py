@@ -18,13 +18,14 @@ import subprocess
 import sys
 import time
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from aggregator.checkpoint import RUN_CONFIG, SERVER_ROUND, read_state
+from aggregator.checkpoint import RUN_CONFIG, RUN_ID, SERVER_ROUND, read_state
 from aggregator.round_log import HOME_ENV
+from deploy.constants import RESUME_POLL_S, RESUME_WAIT_S
 from deploy.local import ProcessGroup, free_port, wait_for_port
 from deploy.secure import RunSecrets
 from edge_client.wire.mapping import kebab
@@ -198,6 +199,8 @@ def resume_run(
     app_dir: Path | None,
     connection: str | None = None,
     env: Mapping[str, str] | None = None,
+    wait_s: float = RESUME_WAIT_S,
+    on_wait: Callable[[str], None] | None = None,
 ) -> tuple[str, int, int]:
     """Submit the checkpointed run again with ``resume=true``: what ``fedstream resume`` does.
 
@@ -205,6 +208,11 @@ def resume_run(
     rounds, model and settings; it continues after the checkpoint's round with its model,
     controller state and device map, and appends to the same ``metrics.jsonl``. ``app_dir``
     None: the current directory's Flower app (:func:`find_app`).
+
+    The run that wrote the checkpoint must have ended first: two runs on one checkpoint
+    would both train the devices and overwrite each other's checkpoints. One whose
+    aggregator died shows as running until Flower misses its heartbeats (about a minute):
+    the resume waits up to ``wait_s`` for it, telling ``on_wait`` once.
 
     Returns
     -------
@@ -214,9 +222,17 @@ def resume_run(
     Raises
     ------
     FlowerError
-        If there is no checkpoint, it has no run config, or ``flwr run`` fails.
+        If there is no checkpoint, it cannot be read, it has no run config, the run that
+        wrote it is still running after ``wait_s``, or ``flwr run`` fails.
     """
-    state = read_state(checkpoint_dir)  # the model stays on disk: the ServerApp loads it
+    try:
+        state = read_state(checkpoint_dir)  # the model stays on disk: the ServerApp loads it
+    except PermissionError as err:
+        raise FlowerError(
+            f"cannot read the checkpoint in {checkpoint_dir} ({err.strerror}): run this as a "
+            "user who may read the run's state folder (its owner, or a member of its group: "
+            "sudo usermod -aG <the units' user> $USER, then log in again)"
+        ) from err
     if state is None:
         raise FlowerError(f"no checkpoint in {checkpoint_dir} (no state.json)")
     saved = state.get(RUN_CONFIG)
@@ -233,8 +249,43 @@ def resume_run(
         ) from err
     settings = replace(settings, resume=True, checkpoint_dir=str(Path(checkpoint_dir).resolve()))
     app = find_app(app_dir)
+    if state.get(RUN_ID) is not None:
+        _wait_ended(str(state[RUN_ID]), connection, env, wait_s, on_wait)
     run_id = submit_run(app, connection, app_run_config(settings.to_run_config(), app), env)
     return run_id, int(state[SERVER_ROUND]), settings.num_rounds
+
+
+def _wait_ended(
+    run_id: str,
+    connection: str | None,
+    env: Mapping[str, str] | None,
+    wait_s: float,
+    on_wait: Callable[[str], None] | None,
+) -> None:
+    """Return once Flower no longer lists ``run_id`` as pending, starting or running (or does
+    not know it); raise :class:`FlowerError` after ``wait_s``."""
+    deadline = time.monotonic() + wait_s
+    where = connection or "<connection>"
+    told = False
+    while True:
+        status = str(run_status(run_id, connection, env).get("status", ""))
+        if not status or status.startswith("finished"):
+            return
+        if time.monotonic() >= deadline:
+            raise FlowerError(
+                f"run {run_id}, which wrote this checkpoint, is still {status} after "
+                f"{wait_s:.0f} s. If it is alive, stop it first (fedstream stop CHECKPOINT-DIR: "
+                f"after its current round; or flwr stop {run_id} {where}); if its aggregator "
+                f"died, flwr stop {run_id} {where} marks it stopped. Then resume."
+            )
+        if not told and on_wait is not None:
+            on_wait(
+                f"run {run_id}, which wrote this checkpoint, is still {status}: waiting up to "
+                f"{wait_s:.0f} s for it to end (one whose aggregator died is marked failed "
+                f"within about a minute; flwr stop {run_id} {where} marks it at once)"
+            )
+            told = True
+        time.sleep(RESUME_POLL_S)
 
 
 def run_status(

@@ -2,8 +2,8 @@
 # Install fedstream in its own virtual environment and its systemd units, as current Debian and
 # Raspberry Pi OS want it (their system pip refuses to install: PEP 668).
 #
-#   deploy/install.sh [--prefix /opt/fedstream] [--source PATH|SPEC] [--extras demo]
-#                     [--units /etc/systemd/system] [--user fedstream]
+#   [PYTHON=python3] deploy/install.sh [--prefix /opt/fedstream] [--source PATH|SPEC]
+#                     [--extras demo] [--units /etc/systemd/system] [--user fedstream]
 #                     [--state-dir /var/lib/fedstream] [--config-dir /etc/fedstream]
 #                     [--system-site-packages] [--no-system-user]
 #
@@ -13,7 +13,9 @@
 # - the units of deploy/systemd, their programs pointed into the venv, their settings read
 #   from CONFIG_DIR, written to UNITS, checked with `systemd-analyze verify` where available;
 # - as root (unless --no-system-user): the system user USER that the units run as, and
-#   STATE_DIR owned by it.
+#   STATE_DIR owned by it; as root, an interpreter USER cannot run is refused (PYTHON: the
+#   interpreter the venv is made from, Python >= 3.11; under sudo write it after sudo:
+#   `sudo PYTHON=/usr/bin/python3.11 deploy/install.sh`, sudo drops it otherwise).
 # Then: systemctl daemon-reload and enable the units this machine runs (see docs/deployment.md).
 set -euo pipefail
 
@@ -28,7 +30,7 @@ config=/etc/fedstream
 venv_args=()
 make_user=1
 
-usage() { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
+usage() { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-2}"; }
 while [ $# -gt 0 ]; do
     case $1 in
         --prefix) prefix=${2:?}; shift 2 ;;
@@ -52,9 +54,34 @@ if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null
 fi
 [[ $user =~ ^[a-z_][a-z0-9_-]*$ ]] || { echo "install.sh: bad user name $user" >&2; exit 2; }
 
+# The units run as USER: made first, so that the interpreter can be tried as USER before
+# anything is installed.
+if [ "$(id -u)" = 0 ] && [ "$make_user" = 1 ] && ! id "$user" >/dev/null 2>&1; then
+    useradd --system --home-dir "$state" --no-create-home --shell /usr/sbin/nologin "$user"
+    echo "made system user $user"
+fi
+
+# runnable_by PROGRAM: refuse, with the reason and the fix, an interpreter USER cannot run
+# (e.g. pyenv's, under a home folder of mode 700): the units would fail at their first start
+# with "bad interpreter: Permission denied". Checked as root only (it needs runuser).
+runnable_by() {
+    [ "$(id -u)" = 0 ] && id "$user" >/dev/null 2>&1 && command -v runuser >/dev/null || return 0
+    local why
+    if ! why=$(runuser -u "$user" -- "$1" -c pass 2>&1); then
+        echo "install.sh: the units' user $user cannot run $1 (${why:-no reason given})." >&2
+        echo "  The venv's python links to the interpreter it was made from, and the units" >&2
+        echo "  run it as $user. Make the venv from an interpreter every user may run, e.g." >&2
+        echo "  the system's: sudo PYTHON=/usr/bin/python3.11 $0 ...  (sudo drops PYTHON" >&2
+        echo "  unless it is written after sudo), or let $user reach this one." >&2
+        exit 1
+    fi
+}
+runnable_by "$("$python" -c 'import sys; print(getattr(sys, "_base_executable", sys.executable))')"
+
 echo "venv: $prefix/venv"
 mkdir -p "$prefix"
 "$python" -m venv "${venv_args[@]}" "$prefix/venv"
+runnable_by "$prefix/venv/bin/python"   # the prefix, too, must be reachable
 spec=$source_spec
 [ -n "$extras" ] && spec="$source_spec[$extras]"
 "$prefix/venv/bin/python" -m pip install --quiet --disable-pip-version-check "$spec"
@@ -76,6 +103,16 @@ for ep in distribution("flwr").entry_points.select(group="console_scripts"):
             f"sys.exit({attr}())\n"
         )
         script.chmod(0o755)
+PY
+# Flower's log lines without colour codes where NO_COLOR is set, as the units set it
+# (journald keeps the escape sequences otherwise; see deploy/plain_logs.py).
+"$prefix/venv/bin/python" - <<'PY'
+import sysconfig
+from pathlib import Path
+
+from deploy.plain_logs import PTH_FILE, PTH_LINE
+
+Path(sysconfig.get_path("purelib"), PTH_FILE).write_text(PTH_LINE + "\n")
 PY
 "$prefix/venv/bin/fedstream" --version
 "$prefix/venv/bin/fedstream" app "$prefix/app"
@@ -108,9 +145,6 @@ if command -v systemd-analyze >/dev/null; then
 fi
 
 if [ "$(id -u)" = 0 ] && [ "$make_user" = 1 ]; then
-    if ! id "$user" >/dev/null 2>&1; then
-        useradd --system --home-dir "$state" --no-create-home --shell /usr/sbin/nologin "$user"
-    fi
     install -d -o "$user" -g "$user" -m 0750 "$state"
     echo "user $user owns $state"
 else

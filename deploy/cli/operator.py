@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import threading
@@ -24,6 +25,7 @@ from deploy.cli.options import (
     broker_options,
     with_credentials,
 )
+from deploy.constants import RESUME_WAIT_S
 from deploy.local import STOP_SIGNALS
 
 if TYPE_CHECKING:
@@ -221,13 +223,52 @@ def models(
 
 def stop(
     directory: Annotated[Path, typer.Argument(help="The run's checkpoint-dir or out-dir.")],
+    wait: Annotated[
+        float,
+        typer.Option(
+            "--wait",
+            help="Wait up to this many seconds for the run to take the request (0: do not "
+            "wait); exit 1 if it has not.",
+            min=0.0,
+        ),
+    ] = 0.0,
 ) -> None:
-    """Ask a run to stop after its current round (a continuous run, num-rounds = 0): it
-    checkpoints, exports, and exits; resume = true continues it."""
-    from aggregator.stopping import request_stop
+    """Ask a run to stop after its current round: it checkpoints, exports, and ends as
+    completed; `fedstream resume` continues it. Run it as a user who may write the folder
+    (the run's: the SuperLink unit's user)."""
+    from aggregator.checkpoint import SERVER_ROUND, read_state
+    from aggregator.stopping import request_stop, wait_taken
 
-    path = request_stop(directory)
-    console.print(f"wrote {path}: the run stops after its current round")
+    if not directory.is_dir():
+        raise fail(f"{directory}: no such folder (give the run's checkpoint-dir or out-dir)")
+    try:
+        path = request_stop(directory)
+    except PermissionError as err:
+        raise fail(
+            f"cannot write {directory / err.filename if err.filename else directory}: "
+            f"{err.strerror}. Run it as the folder's owner: sudo -u {directory.owner()} "
+            f"fedstream stop {directory}"
+        ) from err
+    console.print(f"wrote {path}: the run stops after its current round", soft_wrap=True)
+    if not wait:
+        return
+    if not wait_taken(path, wait):
+        raise fail(
+            f"no run took {path} within {wait:.0f} s: is {directory} a running run's "
+            "checkpoint-dir or out-dir? (the file stays until one takes it; a run removes one "
+            "left from before it started)",
+            code=1,
+        )
+    with contextlib.suppress(OSError, ValueError):
+        state = read_state(directory)
+        if state is not None:
+            console.print(
+                f"the run stopped after round {state[SERVER_ROUND]}: fedstream resume "
+                f"{directory} continues it",
+                soft_wrap=True,
+            )
+            return
+    console.print("the run stopped after its current round")
 
 
 def report(
@@ -347,16 +388,33 @@ def resume(
         Path | None,
         _app_option(" deploy/install.sh writes fedstream's to /opt/fedstream/app."),
     ] = None,
+    wait: Annotated[
+        float,
+        typer.Option(
+            "--wait",
+            help="Seconds to wait for the run that wrote the checkpoint to end (one whose "
+            "aggregator died is marked failed within about a minute).",
+            min=0.0,
+        ),
+    ] = RESUME_WAIT_S,
 ) -> None:
     """Continue a run after an aggregator crash, from its last checkpoint.
 
     Submits the run config stored in the checkpoint again with resume=true: same rounds,
     model and settings; the model, controller state and device map come from the checkpoint.
+    Waits first for the run that wrote the checkpoint to end (after a crash Flower shows it
+    running for about a minute).
     """
     from deploy.flower import FlowerError, resume_run
 
     try:
-        run_id, last, total = resume_run(checkpoint_dir, app_dir, connection)
+        run_id, last, total = resume_run(
+            checkpoint_dir,
+            app_dir,
+            connection,
+            wait_s=wait,
+            on_wait=lambda line: console.print(line, soft_wrap=True),
+        )
     except FlowerError as err:
         raise fail(str(err)) from err
     if total == 0:

@@ -197,6 +197,45 @@ def _flags(options: dict[str, str]) -> list[str]:
     return [arg for key, value in options.items() for arg in (f"--{key}", value)]
 
 
+def test_the_ca_key_stays_away_from_the_broker_and_adding_a_device_keeps_the_others(
+    tmp_path: Path,
+) -> None:
+    # Prepare: the broker's folder, as the guide makes it (devices dial an IP address)
+    files = tmp_path / "fedstream"
+    script = ["bash", str(BROKER_CONFIG_DIR / "make-dev-certs.sh"), str(files)]
+    env = {**os.environ, "FEDSTREAM_BROKER_HOST": "192.0.2.10"}
+    subprocess.run([*script, "dev-a"], check=True, capture_output=True, timeout=120, env=env)
+    password = (files / "credentials" / "dev-a.txt").read_text()
+    # Execute: run again with one device more; then with the CA asked inside the folder
+    subprocess.run(
+        [*script, "dev-a", "dev-b"], check=True, capture_output=True, timeout=120, env=env
+    )
+    inside = subprocess.run(
+        [*script, "dev-a"], capture_output=True, text=True, timeout=120,
+        env={**env, "FEDSTREAM_CA_DIR": str(files / "ca")},
+    )  # fmt: skip
+    # Assert: no CA key among the broker's files; it is in the folder beside, the caller's
+    # only; the first device kept its password; both devices' certificates are the CA's;
+    # the server certificate names the address
+    assert not [p for p in files.rglob("ca.*") if p.name != "ca.crt"]
+    ca_dir = tmp_path / "fedstream-ca"
+    assert (ca_dir / "ca.key").exists() and (ca_dir.stat().st_mode & 0o777) == 0o700
+    assert (files / "credentials" / "dev-a.txt").read_text() == password
+    verify = subprocess.run(
+        ["openssl", "verify", "-CAfile", str(files / "certs" / "ca.crt"),
+         *(str(files / "certs" / "clients" / f"{d}.crt") for d in ("dev-a", "dev-b"))],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert verify.returncode == 0, verify.stdout + verify.stderr
+    san = subprocess.run(
+        ["openssl", "x509", "-in", str(files / "certs" / "server.crt"), "-noout", "-ext",
+         "subjectAltName"], capture_output=True, text=True, timeout=30, check=True,
+    ).stdout  # fmt: skip
+    assert "IP Address:192.0.2.10" in san
+    assert inside.returncode == 1 and "the broker's user would own the CA key" in inside.stderr
+    assert not (files / "ca").exists()
+
+
 def test_the_bound_on_queued_bytes_drops_what_exceeds_it(tmp_path: Path) -> None:
     # Prepare: the production config as written, its per-client bound on queued bytes
     # shrunk from 64 MiB to 64 KiB (one directive changed; the rest as deployed).

@@ -4,6 +4,7 @@ top-level packages, and the Flower app bundle (FAB) only what the apps run."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -109,3 +110,29 @@ def test_a_device_runs_without_the_demo_extra(broker: Any, procs: Any, tmp_path:
 def _accepted(buffer: Path) -> int:
     status = lean("status", "--buffer", str(buffer), "--json")
     return int(json.loads(status.stdout)["accepted"]) if status.returncode == 0 else -1
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("runuser"), reason="needs root and runuser"
+)
+def test_install_refuses_an_interpreter_the_service_user_cannot_run(tmp_path: Path) -> None:
+    # Prepare: an interpreter behind a folder only root may enter (as pyenv's under a home
+    # folder of mode 700), and the units' user "nobody".
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    python = private / "python3"
+    python.symlink_to(getattr(sys, "_base_executable", sys.executable))
+    prefix = tmp_path / "opt"
+    # Execute: install.sh as root, PYTHON written after sudo as the guide says
+    proc = subprocess.run(
+        ["bash", str(ROOT / "deploy" / "install.sh"), "--prefix", str(prefix),
+         "--units", str(tmp_path / "units"), "--state-dir", str(tmp_path / "state"),
+         "--config-dir", str(tmp_path / "etc"), "--user", "nobody", "--no-system-user"],
+        env={**os.environ, "PYTHON": str(python)}, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    # Assert: refused before anything was installed, with the reason and the fix
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert f"the units' user nobody cannot run {python}" in proc.stderr
+    assert "Permission denied" in proc.stderr
+    assert "sudo PYTHON=/usr/bin/python3.11" in proc.stderr
+    assert not prefix.exists() and not (tmp_path / "units").exists()

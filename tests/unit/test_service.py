@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from dataclasses import replace
 from pathlib import Path
 
@@ -30,6 +31,7 @@ from aggregator.round_log import (
 from aggregator.server_app import run_rounds
 from aggregator.session import NO_OUT_DIR, with_run_dir
 from aggregator.stopping import STOP_FILE, request_stop
+from deploy import flower
 from deploy.cli import app
 from deploy.inprocess import InProcessGrid, VirtualDevice
 from deploy.local import wait_until
@@ -132,6 +134,84 @@ def test_a_stop_file_ends_an_asynchronous_run_after_the_aggregation(
     assert [r.round for r in records] == [1, 2, 3, 4]
     assert read_state(ckpt)["server-round"] == 4  # type: ignore[index]
     assert not (ckpt / STOP_FILE).exists()
+
+
+def test_fedstream_stop_ends_a_bounded_run_after_a_round_and_says_which(
+    tmp_path: Path, fast: Fast, fleet: Fleet
+) -> None:
+    # Prepare: a 30-round run in a thread (as a ServerApp on another host: no signal reaches
+    # it), its checkpoints in ckpt
+    ckpt = tmp_path / "ckpt"
+    settings = fast(num_rounds=30, checkpoint_dir=str(ckpt), controller_probe=0)
+    records: list[RoundRecord] = []
+    run = threading.Thread(target=lambda: records.extend(_run(tmp_path / "b", fleet(1), settings)))
+    run.start()
+    try:
+        assert wait_until(lambda: (ckpt / "state.json").exists(), timeout=120.0)
+        # Execute: the operator's command, waiting for the run to take it
+        result = CliRunner().invoke(app, ["stop", str(ckpt), "--wait", "120"])
+    finally:
+        run.join(timeout=300)
+    # Assert: it stopped after a whole round, checkpointed, and said which
+    last = read_state(ckpt)["server-round"]  # type: ignore[index]
+    assert result.exit_code == 0, result.output
+    assert f"the run stopped after round {last}: fedstream resume {ckpt}" in result.output
+    assert not run.is_alive() and [r.round for r in records][-1] == last < 30
+
+
+def test_fedstream_stop_refuses_a_missing_folder_and_says_when_no_run_took_it(
+    tmp_path: Path,
+) -> None:
+    # Execute: a mistyped folder; a folder no run watches, waited on briefly
+    missing = CliRunner().invoke(app, ["stop", str(tmp_path / "ckpt-typo")])
+    idle = CliRunner().invoke(app, ["stop", str(tmp_path), "--wait", "0.5"])
+    # Assert: nothing written for the typo; the idle request left, and said so
+    assert missing.exit_code == 2 and "no such folder" in missing.output
+    assert not (tmp_path / "ckpt-typo").exists()
+    assert idle.exit_code == 1 and "no run took" in idle.output
+    assert (tmp_path / STOP_FILE).exists()
+
+
+def test_resume_waits_for_the_run_that_wrote_the_checkpoint_to_end(
+    tmp_path: Path, fast: Fast, fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prepare: a checkpoint written by Flower's run 7, which Flower lists as running twice
+    # more (its aggregator died; the heartbeat has not lapsed yet), then as failed
+    ckpt = tmp_path / "ckpt"
+    _run(tmp_path / "b", fleet(1), fast(num_rounds=1, checkpoint_dir=str(ckpt)), run_id=7)
+    statuses = iter(["running", "running", "finished:failed"])
+    asked: list[str] = []
+
+    def status(run_id: str, *_: object) -> dict[str, str]:
+        asked.append(run_id)
+        return {"status": next(statuses)}
+
+    monkeypatch.setattr(flower, "run_status", status)
+    monkeypatch.setattr(flower, "submit_run", lambda *_: "8")
+    monkeypatch.setattr(flower, "RESUME_POLL_S", 0.01)
+    told: list[str] = []
+    # Execute
+    run_id, last, total = flower.resume_run(ckpt, REPO, "fleet", on_wait=told.append)
+    # Assert: asked about run 7 until it ended, told the operator once, then submitted
+    assert read_state(ckpt)["run-id"] == 7  # type: ignore[index]
+    assert asked == ["7", "7", "7"] and (run_id, last, total) == ("8", 1, 1)
+    assert len(told) == 1 and "run 7" in told[0] and "flwr stop 7 fleet" in told[0]
+
+
+def test_resume_refuses_while_the_run_that_wrote_the_checkpoint_lives(
+    tmp_path: Path, fast: Fast, fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prepare: run 7 never ends
+    ckpt = tmp_path / "ckpt"
+    _run(tmp_path / "b", fleet(1), fast(num_rounds=1, checkpoint_dir=str(ckpt)), run_id=7)
+    monkeypatch.setattr(flower, "run_status", lambda *_: {"status": "running"})
+    submitted: list[object] = []
+    monkeypatch.setattr(flower, "submit_run", lambda *a: submitted.append(a) or "8")
+    # Execute / Assert: refused with the two ways out, nothing submitted
+    with pytest.raises(flower.FlowerError, match="still running after 0 s") as err:
+        flower.resume_run(ckpt, REPO, "fleet", wait_s=0.0)
+    assert "fedstream stop" in str(err.value) and "flwr stop 7 fleet" in str(err.value)
+    assert not submitted
 
 
 def test_rounds_without_enough_fresh_samples_are_skipped_and_counted(
