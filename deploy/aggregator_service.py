@@ -3,8 +3,9 @@
 It keeps one continuous run (``num-rounds = 0``) going on a SuperLink:
 
 1. if ``checkpoint-dir`` holds a checkpoint, the run is resumed from it (the checkpoint's run
-   config, ``resume = true``); otherwise a new run is submitted with the given run config,
-   ``num-rounds = 0`` and that ``checkpoint-dir``;
+   config, ``resume = true``), or followed if the run that wrote it is still going (this
+   service restarted, not the run); otherwise a new run is submitted with the given run
+   config, ``num-rounds = 0`` and that ``checkpoint-dir``;
 2. it follows the run (``flwr list`` every :data:`POLL_S` seconds);
 3. on SIGTERM, SIGINT or SIGHUP (``systemctl stop``, Ctrl-C, a closed terminal) it asks the
    run to stop after its current round (a ``STOP`` file in ``checkpoint-dir``: the
@@ -26,7 +27,7 @@ from typing import Any
 
 from aggregator.checkpoint import read_state
 from aggregator.stopping import request_stop
-from deploy.flower import app_run_config, resume_run, run_status, submit_run
+from deploy.flower import app_run_config, checkpoint_run, resume_run, run_status, submit_run
 from deploy.local import STOP_SIGNALS
 
 __all__ = ["POLL_S", "serve"]
@@ -76,7 +77,12 @@ def serve(
 
     previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
     try:
-        if read_state(checkpoint_dir) is not None:
+        state = read_state(checkpoint_dir)
+        live = None if state is None else checkpoint_run(state, connection, env)
+        if live is not None:  # this service was restarted, not its run: follow the run
+            run_id = live[0]
+            log.info("run %s, which wrote the checkpoint, is still %s: following it", *live)
+        elif state is not None:
             run_id, last, _ = resume_run(checkpoint_dir, app_dir, connection, env)
             log.info("resumed after round %d as run %s", last, run_id)
         else:

@@ -35,6 +35,7 @@ __all__ = [
     "FlowerDeployment",
     "FlowerError",
     "app_run_config",
+    "checkpoint_run",
     "config_toml",
     "find_app",
     "resume_run",
@@ -249,28 +250,40 @@ def resume_run(
         ) from err
     settings = replace(settings, resume=True, checkpoint_dir=str(Path(checkpoint_dir).resolve()))
     app = find_app(app_dir)
-    if state.get(RUN_ID) is not None:
-        _wait_ended(str(state[RUN_ID]), connection, env, wait_s, on_wait)
+    _wait_ended(state, connection, env, wait_s, on_wait)
     run_id = submit_run(app, connection, app_run_config(settings.to_run_config(), app), env)
     return run_id, int(state[SERVER_ROUND]), settings.num_rounds
 
 
+def checkpoint_run(
+    state: Mapping[str, Any],
+    connection: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> tuple[str, str] | None:
+    """The Flower run that wrote a checkpoint (its ``state.json``, :func:`read_state`) and
+    its status while Flower lists it as not finished (pending, starting, running); None once
+    it has ended, when Flower does not know it, or for a checkpoint without a run id."""
+    if state.get(RUN_ID) is None:
+        return None
+    run_id = str(state[RUN_ID])
+    status = str(run_status(run_id, connection, env).get("status", ""))
+    return None if not status or status.startswith("finished") else (run_id, status)
+
+
 def _wait_ended(
-    run_id: str,
+    state: Mapping[str, Any],
     connection: str | None,
     env: Mapping[str, str] | None,
     wait_s: float,
     on_wait: Callable[[str], None] | None,
 ) -> None:
-    """Return once Flower no longer lists ``run_id`` as pending, starting or running (or does
-    not know it); raise :class:`FlowerError` after ``wait_s``."""
+    """Return once the run that wrote the checkpoint has ended (:func:`checkpoint_run`);
+    raise :class:`FlowerError` after ``wait_s``."""
     deadline = time.monotonic() + wait_s
     where = connection or "<connection>"
     told = False
-    while True:
-        status = str(run_status(run_id, connection, env).get("status", ""))
-        if not status or status.startswith("finished"):
-            return
+    while (live := checkpoint_run(state, connection, env)) is not None:
+        run_id, status = live
         if time.monotonic() >= deadline:
             raise FlowerError(
                 f"run {run_id}, which wrote this checkpoint, is still {status} after "

@@ -41,7 +41,12 @@ ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "deployment.md"
 SHIMS = ROOT / "tests" / "shims"
 DEVICES = ("pi-1", "pi-2")
+ROUNDS = 5  # stopped after one or two, crashed after the next, finished by the second resume
 NOBODY = 65534
+# A block that stops the run (the program may be named by its path, quoted).
+STOP = re.compile(r'fedstream"? stop ')
+# Where device blocks find the aggregator's files: nowhere (they read the handover folder).
+AGGREGATOR_ONLY = "/nonexistent/aggregator-only"
 UNITS = (
     "fedstream-ingest@.service",
     "fedstream-supernode@.service",
@@ -229,7 +234,7 @@ def _walkthrough(tmp_path: Path) -> None:
     src = Path(shutil.copytree(ROOT, tmp_path / "src", ignore=_not_copied))
     bin_dir, units, extra_units = tmp_path / "bin", tmp_path / "units", tmp_path / "debian-units"
     bin_dir.mkdir()
-    for shim in ("sudo", "apt-get"):
+    for shim in ("sudo", "apt-get", "usermod"):
         shutil.copy(SHIMS / shim, bin_dir / shim)
     as_user, python = _as_nobody(tmp_path) if os.geteuid() == 0 else ([], str(_base_python()))
     (bin_dir / "systemctl").write_text(f'#!/bin/sh\nexec {python} {SHIMS / "systemctl.py"} "$@"\n')
@@ -247,7 +252,8 @@ def _walkthrough(tmp_path: Path) -> None:
     mqtt_port, superlink_port = free_port(), free_port()
     env = {
         "PATH": f"{bin_dir}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-        "HOME": str(home), "USER": user, "LANG": "C.UTF-8", "DOCS_CWD": str(src),
+        "HOME": str(home), "USER": user, "LANG": "C.UTF-8", "DOCS_CWD": str(home),
+        "FEDSTREAM_SRC": str(src),
         # this machine's packages (torch, flwr) reused in the venv: no download
         "PYTHON": python, "PIP_NO_INDEX": "1", "PIP_NO_BUILD_ISOLATION": "0",
         "SHIM_STATE": str(tmp_path / "systemd"), "SHIM_UNIT_PATH": f"{units}:{extra_units}",
@@ -257,44 +263,43 @@ def _walkthrough(tmp_path: Path) -> None:
         "MOSQUITTO_ETC": str(mosquitto_etc), "AGGREGATOR": "localhost",
         "MQTT_PORT": str(mqtt_port), "MQTT_CERT_PORT": str(free_port()),
         "MQTT_LOCAL_PORT": str(free_port()), "SUPERLINK_PORT": str(superlink_port),
-        "RUN_CONFIG": "num-rounds=3 min-nodes=2 local-steps=10",
+        "RUN_CONFIG": f"num-rounds={ROUNDS} min-nodes=2 local-steps=10",
     }  # fmt: skip
     if _venv_sites():  # install.sh's pip finds torch and flwr installed: no download
         env["PYTHONPATH"] = os.pathsep.join(_venv_sites())
     variables, *blocks = doc_blocks(DOC.read_text())
     assert "FEDSTREAM_PREFIX" in variables.code and not variables.tags
     walk = Walkthrough(tmp_path, env, variables.code, as_user)
-    device_env = {d: {"DEVICE": d, "SUPERNODE_PORT": str(free_port())} for d in DEVICES}
+    # A device block reads only what was handed over: the aggregator's files are elsewhere.
+    device_env = {
+        d: {"DEVICE": d, "SUPERNODE_PORT": str(free_port()), "MOSQUITTO_ETC": AGGREGATOR_ONLY}
+        for d in DEVICES
+    }
     ckpt, run_dir = state / "ckpt", state / "run"
-    resumed: dict[str, object] = {}
-    final_status = ""
+    checkout = _files(src)
+    resumes: list[dict[str, object]] = []
+    stopped_run, stopped_status, final_status, stop_out = "", "", "", ""
     sensors: list[tuple[subprocess.Popen[bytes], Path]] = []
     outputs: list[str] = []
 
-    def scp(source: Path) -> None:  # a copy between machines: here, into the current folder
-        shutil.copy(source, src / source.name)
-        if os.geteuid() == 0:
-            os.chown(src / source.name, NOBODY, NOBODY)
-
     try:
-        # Execute: the walkthrough, block by block; where the docs say to copy files between
-        # machines or the aggregator dies, the test does it.
+        # Execute: the walkthrough, block by block; where the docs have the operator stop
+        # the run or the aggregator die, the test does it. The handover folders need no
+        # copying: every machine is this host.
         for block in blocks:
-            if "flwr supernode register" in block.code:
-                for device in DEVICES:
-                    scp(etc / f"node-{device}.key.pub")
-            if "fedstream resume" in block.code:
+            if STOP.search(block.code):  # once the run is under way
                 _wait(lambda: _checkpointed_round(ckpt) >= 1, 300, "no checkpoint", walk)
-                # The crash: the SuperLink and what it started (the ServerApp), then
-                # systemd's restart of it.
+                stopped_run = str(json.loads((ckpt / "state.json").read_text())["run-id"])
+            if "crash" in block.tags:
+                # The crash, once the resumed run has checkpointed a round of its own: the
+                # SuperLink and what it started (the ServerApp), then systemd's restart.
+                after = int(resumes[-1]["resumed-after"])  # type: ignore[call-overload]
+                past = partial(_past_round, ckpt, after)
+                _wait(past, 300, "no new checkpoint", walk)
                 walk.systemctl("kill", "--signal=SIGKILL", "fedstream-superlink")
                 walk.systemctl("start", "fedstream-superlink")
                 assert wait_for_port(superlink_port, timeout=60.0), walk.unit_logs()
             if "device" in block.tags:
-                if "apt-get" in block.code:  # each device copies the aggregator's files
-                    scp(mosquitto_etc / "fedstream" / "certs" / "ca.crt")
-                    for device in DEVICES:
-                        scp(mosquitto_etc / "fedstream" / "credentials" / f"{device}.txt")
                 for device in DEVICES:
                     if "background" in block.tags:
                         sensors.append(walk.start(block, device_env[device]))
@@ -312,13 +317,16 @@ def _walkthrough(tmp_path: Path) -> None:
                         (pth / "zz-fedstream-test-packages.pth").write_text(
                             "\n".join(_venv_sites()) + "\n"
                         )
+                if STOP.search(block.code):
+                    stop_out = out
+                    stopped_status = _run_status(walk, stopped_run)
                 if "fedstream resume" in block.code:
-                    resumed = json.loads(
-                        next(line for line in out.splitlines() if line.startswith('{"run-id"'))
+                    resumes.append(
+                        json.loads(next(x for x in out.splitlines() if x.startswith('{"run-id"')))
                     )
-                    # the resumed run, to its end (flwr list, as the docs say to check)
-                    run_id = str(resumed["run-id"])
-                    finished = partial(_finished, walk, ckpt, run_id, 3)
+                if "crash" in block.tags:  # the resumed run, to its end (flwr list, as the
+                    run_id = str(resumes[-1]["run-id"])  # docs say to check)
+                    finished = partial(_finished, walk, ckpt, run_id, ROUNDS)
                     _wait(finished, 420, "the resumed run did not finish", walk)
                     final_status = _run_status(walk, run_id)
         # The sensors streamed throughout (they run until stopped).
@@ -341,12 +349,20 @@ def _walkthrough(tmp_path: Path) -> None:
     if shutil.which("systemd-analyze"):
         assert any("systemd-analyze verify: ok" in out for out in outputs)
     assert not list(units.glob("*@check.service"))
-    # The run: every round once across the crash, both devices in each, resumed after a
-    # checkpointed round, finished.
-    assert resumed.get("num-rounds") == 3 and 1 <= int(resumed["resumed-after"]) < 3  # type: ignore[call-overload]
+    # Service logs without Flower's colour codes.
+    assert list((prefix / "venv").glob("lib/python3*/site-packages/fedstream-plain-logs.pth"))
+    logs = walk.unit_logs()
+    assert "INFO :" in logs, logs[-2000:]  # Flower's lines, as its console handler writes them
+    assert "\x1b[" not in logs, [line for line in logs.splitlines() if "\x1b[" in line][:5]
+    # The run: stopped cleanly after a whole round and resumed; crashed and resumed; every
+    # round once, both devices in each, finished.
+    assert "the run stopped after round" in stop_out and stopped_status == "finished:completed"
+    assert [int(r["num-rounds"]) for r in resumes] == [ROUNDS, ROUNDS]  # type: ignore[call-overload]
+    first, second = (int(r["resumed-after"]) for r in resumes)  # type: ignore[call-overload]
+    assert 1 <= first < second < ROUNDS, resumes
     assert final_status == "finished:completed"
     records = rounds_only(read_metrics(run_dir / "metrics.jsonl"))
-    assert [r.round for r in records] == [1, 2, 3]
+    assert [r.round for r in records] == list(range(1, ROUNDS + 1))
     assert all(set(r.devices) == set(DEVICES) and not r.failed for r in records), [
         (r.round, sorted(r.devices), r.failed, r.wall_s) for r in records
     ]
@@ -354,12 +370,42 @@ def _walkthrough(tmp_path: Path) -> None:
     # their passwords, and the SuperNodes with their registered keys.
     broker_log = (mosquitto_etc / "mosquitto.log").read_text()
     assert all(f"u'{d}'" in broker_log for d in DEVICES), broker_log[-3000:]
-    # The fleet view and the report, as the walkthrough's last block shows them.
+    # Secrets where the docs put them: the CA key beside the broker's folder, not in it;
+    # the handover folders the operator's only; nothing written into the checkout.
+    assert (mosquitto_etc / "fedstream-ca" / "ca.key").exists()
+    assert not list((mosquitto_etc / "fedstream").rglob("ca.key"))
+    handover = home / "fedstream-handover"
+    for folder in [handover, *(handover / d for d in DEVICES)]:
+        assert folder.stat().st_mode & 0o777 == 0o700, folder
+    assert {p.name for p in (handover / "pi-1").iterdir()} == {
+        "ca.crt",
+        "pi-1.txt",
+        "sensor.pi-1.txt",
+        "node-pi-1.key.pub",
+    }
+    added = {p for p in _files(src) - checkout if not _build_output(p)}
+    assert not added, sorted(added)
+    # The fleet view and the report, as the walkthrough's last blocks show them.
     fleet = json.loads(
         next(line for o in outputs for line in o.splitlines() if line.startswith('[{"device"'))
     )
     assert {row["device"] for row in fleet if row["online"]} >= set(DEVICES)
-    assert (src / "report" / "summary.json").exists()
+    assert (run_dir / "summary.json").exists() and (run_dir / "report.png").exists()
+
+
+def _files(folder: Path) -> set[str]:
+    """Every file under ``folder``, relative to it."""
+    return {str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file()}
+
+
+def _build_output(path: str) -> bool:
+    """What ``pip install`` of a source folder leaves in it (setuptools' build files)."""
+    return any(part in ("build",) or part.endswith(".egg-info") or part == "__pycache__"
+               for part in Path(path).parts)  # fmt: skip
+
+
+def _past_round(ckpt: Path, after: int) -> bool:
+    return _checkpointed_round(ckpt) > after
 
 
 def _finished(walk: Walkthrough, ckpt: Path, run_id: str, rounds: int) -> bool:

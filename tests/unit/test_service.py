@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -31,7 +32,7 @@ from aggregator.round_log import (
 from aggregator.server_app import run_rounds
 from aggregator.session import NO_OUT_DIR, with_run_dir
 from aggregator.stopping import STOP_FILE, request_stop
-from deploy import flower
+from deploy import aggregator_service, flower
 from deploy.cli import app
 from deploy.inprocess import InProcessGrid, VirtualDevice
 from deploy.local import wait_until
@@ -42,6 +43,16 @@ from edge_client.wire.run_config import RunSettings
 from tests.helpers import Fast, Fleet, round_record
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def _recorded(calls: list[object], answer: str) -> Callable[..., str]:
+    """A stand-in that records its calls' arguments and answers ``answer``."""
+
+    def call(*args: object) -> str:
+        calls.append(args)
+        return answer
+
+    return call
 
 
 def _run(
@@ -206,12 +217,32 @@ def test_resume_refuses_while_the_run_that_wrote_the_checkpoint_lives(
     _run(tmp_path / "b", fleet(1), fast(num_rounds=1, checkpoint_dir=str(ckpt)), run_id=7)
     monkeypatch.setattr(flower, "run_status", lambda *_: {"status": "running"})
     submitted: list[object] = []
-    monkeypatch.setattr(flower, "submit_run", lambda *a: submitted.append(a) or "8")
+    monkeypatch.setattr(flower, "submit_run", _recorded(submitted, "8"))
     # Execute / Assert: refused with the two ways out, nothing submitted
     with pytest.raises(flower.FlowerError, match="still running after 0 s") as err:
         flower.resume_run(ckpt, REPO, "fleet", wait_s=0.0)
     assert "fedstream stop" in str(err.value) and "flwr stop 7 fleet" in str(err.value)
     assert not submitted
+
+
+def test_serve_follows_the_run_of_its_checkpoint_while_it_lives_instead_of_resuming(
+    tmp_path: Path, fast: Fast, fleet: Fleet, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prepare: the service restarted while its run 7 went on (Flower lists it running once
+    # more, then it ends by itself)
+    ckpt = tmp_path / "ckpt"
+    _run(tmp_path / "b", fleet(1), fast(num_rounds=1, checkpoint_dir=str(ckpt)), run_id=7)
+    statuses = iter(["running", "running", "finished:failed"])
+    monkeypatch.setattr(flower, "run_status", lambda *_: {"status": next(statuses)})
+    monkeypatch.setattr(aggregator_service, "run_status", flower.run_status)
+    submitted: list[object] = []
+    monkeypatch.setattr(flower, "submit_run", _recorded(submitted, "8"))
+    monkeypatch.setattr(aggregator_service, "submit_run", flower.submit_run)
+    # Execute
+    code = aggregator_service.serve(REPO, ckpt, {}, "fleet", poll_s=0.01)
+    # Assert: no second run on the checkpoint; the followed run's end is the service's (1:
+    # systemd starts it again, and then it resumes)
+    assert code == 1 and not submitted
 
 
 def test_rounds_without_enough_fresh_samples_are_skipped_and_counted(
