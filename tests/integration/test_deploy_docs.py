@@ -1,13 +1,18 @@
-"""The deployment walkthrough of ``docs/deployment.md``, run as written (about 3 minutes).
+"""The deployment walkthrough of ``docs/deployment.md``, run as written (2-3 minutes).
 
-Every ``bash`` block of the walkthrough runs verbatim, in order, as a non-root user, with its
-variables pointed into a temporary folder and at free ports, the aggregator, both devices and
-their sensors on this one host: ``install.sh`` into a prefix, Mosquitto (TLS, passwords, the
-ACL) on Debian's stock layout, a TLS SuperLink admitting registered SuperNodes, two devices'
-ingest daemons and SuperNodes, a run, the aggregator killed after a checkpoint, the run
-resumed, the fleet view and the report. ``sudo``, ``systemctl`` and ``apt-get`` are the shims
-in ``tests/shims`` (what they do and do not do is written there); the test itself plays
-``scp`` between machines and systemd's restart of the killed SuperLink.
+Every ``bash`` block of the walkthrough runs verbatim, in order, as a non-root user in its
+home folder, with its variables pointed into a temporary folder and at free ports, the
+aggregator, both devices and their sensors on this one host: ``install.sh`` into a prefix,
+Mosquitto (TLS, passwords, the ACL) on Debian's stock layout, a TLS SuperLink admitting
+registered SuperNodes, the handover folders, two devices' ingest daemons and SuperNodes
+(their blocks without access to the aggregator's files), a run, stopped after a round and
+resumed, the aggregator killed after the next checkpoint, the run resumed again, the fleet
+view, the report and a device's status. ``sudo``, ``systemctl``, ``apt-get`` and ``usermod``
+are the shims in ``tests/shims`` (what they do and do not do is written there); the test
+itself plays the operator's stop and resume timing and systemd's restart of the killed
+SuperLink. Then it checks what the guide promises: every round once, the runs' ends, logs
+without colour codes, the CA key outside the broker's folder, handover folders of mode 700,
+nothing written into the checkout.
 
 Run as root (CI), the blocks run as uid 65534 with one capability, CAP_DAC_READ_SEARCH, so that
 they can reach this machine's interpreter under /root; they can write only their own folder.
