@@ -79,7 +79,7 @@ def follow_run(
                     )
                     broker_back_at = None
             if aggregator_fault is not None and len(records) >= aggregator_fault:
-                run_id = kill_and_resume(flower, config, run_dir, console, len(records))
+                run_id = kill_and_resume(flower, config, run_dir, console, len(records), run_id)
                 resumed.append(run_id)
                 aggregator_fault = None
                 continue
@@ -108,7 +108,12 @@ def follow_run(
 
 
 def kill_and_resume(
-    flower: FlowerDeployment, config: DemoConfig, run_dir: Path, console: Console, done: int
+    flower: FlowerDeployment,
+    config: DemoConfig,
+    run_dir: Path,
+    console: Console,
+    done: int,
+    run_id: str,
 ) -> str:
     """The aggregator host dies mid-round and comes back; the run resumes. New run id."""
     flower.kill_superlink()
@@ -117,6 +122,9 @@ def kill_and_resume(
     )
     flower.start_superlink()  # same port and state database, as systemd would restart it
     flower.wait_nodes(config.devices)  # the SuperNodes reconnect on their own
+    # Flower lists the dead run as running until it misses two heartbeats (about a minute),
+    # and a resume waits for that; the demo knows it is dead: `flwr stop`, as the guide says.
+    flower.stop_run(run_id)
     run_id, last, total = flower.resume(run_dir / "checkpoint", APP_DIR)
     console.print(
         f"[yellow]resumed from the checkpoint of round {last} as run {run_id} "

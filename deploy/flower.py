@@ -559,6 +559,21 @@ class FlowerDeployment:
         """The run's entry of ``flwr list --run-id ID --format json`` (empty if unknown)."""
         return run_status(run_id, CONNECTION, self.env)
 
+    def stop_run(self, run_id: str) -> None:
+        """``flwr stop ID``: Flower marks the run stopped (at once, also one whose ServerApp
+        is gone) and stops sending its messages. A run that has ended already is left so.
+
+        Raises
+        ------
+        FlowerError
+            If ``flwr stop`` fails and the run has not ended.
+        """
+        data = self._cli_json("stop", run_id, CONNECTION)
+        if data.get("success", False):
+            return
+        if not str(self.status(run_id).get("status", "")).startswith("finished"):
+            raise FlowerError(f"flwr stop {run_id} failed: {data}")
+
     def wait_finished(
         self, run_id: str, timeout: float = 300.0, interval: float = 2.0
     ) -> dict[str, Any]:
