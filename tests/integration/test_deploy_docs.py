@@ -324,6 +324,10 @@ def _walkthrough(tmp_path: Path) -> None:
                         )
                 if STOP.search(block.code):
                     stop_out = out
+                    # the request is taken once the round is checkpointed; the run then
+                    # exports and ends
+                    ended = partial(_ended, walk, stopped_run)
+                    _wait(ended, 120, "the stopped run did not end", walk)
                     stopped_status = _run_status(walk, stopped_run)
                 if "fedstream resume" in block.code:
                     resumes.append(
@@ -411,6 +415,11 @@ def _build_output(path: str) -> bool:
 
 def _past_round(ckpt: Path, after: int) -> bool:
     return _checkpointed_round(ckpt) > after
+
+
+def _ended(walk: Walkthrough, run_id: str) -> bool:
+    """Whether Flower lists the run as finished (in any way)."""
+    return _run_status(walk, run_id).startswith("finished")
 
 
 def _finished(walk: Walkthrough, ckpt: Path, run_id: str, rounds: int) -> bool:
