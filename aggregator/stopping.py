@@ -1,10 +1,10 @@
 """Stopping a run after a whole round: SIGTERM or SIGINT, or a ``STOP`` file.
 
 A continuous run (``num-rounds = 0``) trains until asked to stop; a bounded one can be
-stopped early the same way. The request is honoured
-at the next round boundary (asynchronous mode: after the next aggregation), once the round
-is checkpointed and logged, so the run ends whole and ``resume = true`` continues it with
-the next round. Two ways to ask:
+stopped early the same way. The request is honoured at the next round boundary
+(asynchronous mode: after the next aggregation), once the round is checkpointed and logged,
+so the run ends whole and ``resume = true`` continues it with the next round. Two ways to
+ask:
 
 - a signal to the ServerApp's process (SIGTERM, as systemd and ``kill`` send it, or SIGINT).
   A second signal gets the handler that was there before (Flower's: exit at once; the

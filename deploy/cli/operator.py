@@ -245,7 +245,7 @@ def stop(
         path = request_stop(directory)
     except PermissionError as err:
         raise fail(
-            f"cannot write {directory / err.filename if err.filename else directory}: "
+            f"cannot write {err.filename or directory}: "
             f"{err.strerror}. Run it as the folder's owner: sudo -u {directory.owner()} "
             f"fedstream stop {directory}"
         ) from err

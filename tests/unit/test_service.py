@@ -55,6 +55,13 @@ def _recorded(calls: list[object], answer: str) -> Callable[..., str]:
     return call
 
 
+def _checkpoint_of_run_7(tmp: Path, fast: Fast, fleet: Fleet) -> Path:
+    """A one-round run's checkpoint folder, written as Flower's run 7."""
+    ckpt = tmp / "ckpt"
+    _run(tmp / "b", fleet(1), fast(num_rounds=1, checkpoint_dir=str(ckpt)), run_id=7)
+    return ckpt
+
+
 def _run(
     tmp: Path, devices: list[VirtualDevice], settings: RunSettings, **kw: object
 ) -> list[RoundRecord]:
@@ -188,8 +195,7 @@ def test_resume_waits_for_the_run_that_wrote_the_checkpoint_to_end(
 ) -> None:
     # Prepare: a checkpoint written by Flower's run 7, which Flower lists as running twice
     # more (its aggregator died; the heartbeat has not lapsed yet), then as failed
-    ckpt = tmp_path / "ckpt"
-    _run(tmp_path / "b", fleet(1), fast(num_rounds=1, checkpoint_dir=str(ckpt)), run_id=7)
+    ckpt = _checkpoint_of_run_7(tmp_path, fast, fleet)
     statuses = iter(["running", "running", "finished:failed"])
     asked: list[str] = []
 
@@ -213,8 +219,7 @@ def test_resume_refuses_while_the_run_that_wrote_the_checkpoint_lives(
     tmp_path: Path, fast: Fast, fleet: Fleet, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Prepare: run 7 never ends
-    ckpt = tmp_path / "ckpt"
-    _run(tmp_path / "b", fleet(1), fast(num_rounds=1, checkpoint_dir=str(ckpt)), run_id=7)
+    ckpt = _checkpoint_of_run_7(tmp_path, fast, fleet)
     monkeypatch.setattr(flower, "run_status", lambda *_: {"status": "running"})
     submitted: list[object] = []
     monkeypatch.setattr(flower, "submit_run", _recorded(submitted, "8"))
@@ -230,8 +235,7 @@ def test_serve_follows_the_run_of_its_checkpoint_while_it_lives_instead_of_resum
 ) -> None:
     # Prepare: the service restarted while its run 7 went on (Flower lists it running once
     # more, then it ends by itself)
-    ckpt = tmp_path / "ckpt"
-    _run(tmp_path / "b", fleet(1), fast(num_rounds=1, checkpoint_dir=str(ckpt)), run_id=7)
+    ckpt = _checkpoint_of_run_7(tmp_path, fast, fleet)
     statuses = iter(["running", "running", "finished:failed"])
     monkeypatch.setattr(flower, "run_status", lambda *_: {"status": next(statuses)})
     monkeypatch.setattr(aggregator_service, "run_status", flower.run_status)
