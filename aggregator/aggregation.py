@@ -6,6 +6,13 @@ had any weight).
 
 - :class:`WeightedMean` (``aggregation = "fedavg"``): the sample-weighted mean, kept as one
   running float64 sum, so the aggregator's memory is O(model) whatever the fleet's size.
+- :class:`AdaptiveMean` (``aggregation = "adaptive"``, the default): FedNova's normalised
+  averaging with each device weighted ``n / (n + r)`` for ``n`` samples, ``r`` the fleet's
+  noise-to-heterogeneity ratio estimated from the updates themselves
+  (:mod:`aggregator.heterogeneity`): sample weights where the streams are alike (so that a
+  slow device's small batch adds no more than its share of noise), equal weights where they
+  are skewed (so that the fast devices' classes do not take over), and no device above the
+  weight of one whatever its samples. Streaming, O(model) too.
 - :class:`NormalisedMean` (``aggregation = "fednova"``): FedNova's normalised averaging:
   each device's update divided by its local steps, devices weighted equally, scaled back by
   the mean number of steps. With per-device batches (OmniLearn) a sample-weighted mean gives
@@ -26,12 +33,14 @@ from typing import Protocol
 
 import numpy as np
 
+from aggregator.heterogeneity import Heterogeneity, PairMoments, adaptive_weight
 from aggregator.robust import robust_aggregate
 from edge_client.wire.clipping import clip_to
 from edge_client.wire.settings_groups import AggregationSettings
 
 __all__ = [
     "Accumulator",
+    "AdaptiveMean",
     "NormalisedMean",
     "PrivateMean",
     "RobustRule",
@@ -156,6 +165,59 @@ class NormalisedMean(_RunningSum):
         return total * (self._steps / n / self._total)
 
 
+class AdaptiveMean(_RunningSum):
+    """FedNova's normalised average with random-effects weights:
+    ``mean_i(steps_i) * sum_i(w_i * delta_i / steps_i) / sum_i(w_i)``, ``w_i = n_i / (n_i + r)``
+    (times a drift boost) for ``n_i`` samples (see :mod:`aggregator.heterogeneity`).
+
+    ``r`` is the estimate made from the earlier rounds, fixed for this one (so the sum is
+    streaming); :meth:`result` then adds this round's updates to the estimate.
+
+    Parameters
+    ----------
+    shapes : mapping of str to shape
+        The model's tensors.
+    heterogeneity : Heterogeneity
+        The run's estimate (kept across rounds, checkpointed by the strategy's owner).
+    """
+
+    def __init__(self, shapes: Mapping[str, tuple[int, ...]], heterogeneity: Heterogeneity) -> None:
+        super().__init__(shapes)
+        self.heterogeneity = heterogeneity
+        self.ratio = heterogeneity.ratio()
+        self._pairs = PairMoments(shapes)
+
+    def update(
+        self,
+        delta: Mapping[str, np.ndarray],
+        weight: int,
+        device: str,
+        steps: int = 1,
+        boost: float = 1.0,
+    ) -> None:
+        """Add one device's update to the running sums (see :class:`Accumulator`)."""
+        per_step = {k: d.astype(np.float64) / max(1, steps) for k, d in delta.items()}
+        self._pairs.add(per_step, weight)
+        super().update(per_step, weight, device, steps, boost)
+
+    def _term(self, delta: np.ndarray, weight: int, steps: int, boost: float) -> np.ndarray:
+        """``boost * n / (n + r) * delta`` (``delta`` is per step already)."""
+        return self._weight(weight, boost) * delta
+
+    def _weight(self, weight: int, boost: float) -> float:
+        return boost * adaptive_weight(weight, self.ratio)
+
+    def _finish(self, total: np.ndarray) -> np.ndarray:
+        """The weighted mean per step times the mean number of steps."""
+        return total * (self._steps / len(self._devices) / self._total)
+
+    def result(self) -> tuple[Delta, list[str]] | None:
+        """The combined update (see :class:`Accumulator`); the round's updates also go into
+        the heterogeneity estimate the next rounds weigh by."""
+        self.heterogeneity.observe(self._pairs)
+        return super().result()
+
+
 class PrivateMean(_RunningSum):
     """Central differential privacy's rule: each update clipped to ``clip`` (its weight,
     steps and boost do not count: each device weighs the same, which is what the noise
@@ -267,9 +329,14 @@ class RobustRule:
 
 
 def make_accumulator(
-    settings: AggregationSettings, shapes: Mapping[str, tuple[int, ...]]
+    settings: AggregationSettings,
+    shapes: Mapping[str, tuple[int, ...]],
+    heterogeneity: Heterogeneity | None = None,
 ) -> Accumulator:
-    """The accumulator of the run's ``aggregation`` rule, for a model of these tensors."""
+    """The accumulator of the run's ``aggregation`` rule, for a model of these tensors
+    (``adaptive`` weighs by ``heterogeneity``, the run's estimate: a fresh one if None)."""
+    if settings.aggregation == "adaptive":
+        return AdaptiveMean(shapes, heterogeneity or Heterogeneity())
     if settings.aggregation == "fedavg":
         return WeightedMean(shapes)
     if settings.aggregation == "fednova":

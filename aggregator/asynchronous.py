@@ -111,7 +111,12 @@ class _AsyncLoop:
         shapes = {k: tuple(a.shape) for k, a in session.arrays.items()}
         size = s.asynchrony.async_buffer or default_buffer_size(len(nodes))
         self.buffer = UpdateBuffer.from_settings(
-            s.asynchrony, shapes, size, session.start - 1, s.aggregation_rule
+            s.asynchrony,
+            shapes,
+            size,
+            session.start - 1,
+            s.aggregation_rule,
+            self.strategy.heterogeneity,
         )
         if FEDBUFF_STATE in session.saved:
             self.buffer.load_state_dict(session.saved[FEDBUFF_STATE])
@@ -227,7 +232,7 @@ class _AsyncLoop:
             update.device,
             sent.version,
             update.delta,
-            m.num_examples,
+            strategy.weighed_samples(m, sent.planned),
             m.local_steps,
             boost=boost,
         )
@@ -244,6 +249,7 @@ class _AsyncLoop:
         self.arrays = ArrayRecord({k: Array(v.astype(np.float32)) for k, v in new.items()})
         report = self.report
         report.aggregated = made.devices
+        report.weight_ratio = made.ratio
         report.updates = [
             UpdateInfo(c.device, c.base_version, c.staleness, c.weight, c.num_examples)
             for c in made.contributions

@@ -18,8 +18,12 @@ Around the law:
 * **availability (ScaDLES)**: a device's batch never asks for more than it can have in its
   buffer by the end of the round, ``(fill + rate * t_round) / K`` per step for ``K`` local
   steps (the cap is computed by the strategy and passed in per step). If the batches then
-  cannot reach ``B``, the learning rate is scaled by ``sum(b) / B`` (linear scaling rule);
-  a device that trains a smaller batch than planned scales its own rate down the same way.
+  sum to less than the batch the learning rate is meant for (``lr-batch``, or ``B`` when
+  smaller), the rate is scaled by ``sum(b)`` over it (linear scaling rule); a device that
+  trains a smaller batch than planned scales its own rate down the same way. ``B`` is sized
+  for the controller's room (at a small batch a slow device's steps are mostly fixed
+  overhead), not for the rate: a capped round that still trains ``lr-batch`` samples a step
+  keeps the full rate.
 * **integers**: rounded with largest remainders so that ``sum(b) == B`` exactly (or the
   capped total).
 
@@ -28,7 +32,8 @@ measured throughput, then frozen) and ``dynamic`` (the closed loop above).
 
 The controller is configured by the run settings' controller knobs
 (:class:`~edge_client.wire.run_config.ControllerSettings`: ``global-batch``, ``b-min``,
-``b-max``, ``deadband``, ``controller-period``, ``controller``, ``controller-smoothing``).
+``b-max``, ``lr-batch``, ``deadband``, ``controller-period``, ``controller``,
+``controller-smoothing``).
 """
 
 from __future__ import annotations
@@ -228,7 +233,8 @@ class BatchController:
         for d, b in batches.items():
             self.devices[d].batch = b
         total = sum(batches.values())
-        return Plan(batches, lr_scale=min(1.0, total / cfg.global_batch))
+        reference = min(cfg.global_batch, cfg.lr_batch or cfg.global_batch)
+        return Plan(batches, lr_scale=min(1.0, total / reference))
 
     def _dynamic(
         self, ids: list[str], server_round: int, upper: dict[str, int]

@@ -11,6 +11,11 @@ the updates that arrive until there are ``size`` of them (FedBuff's K, the run c
 with ``s(tau_i)`` the weight of update ``i``'s staleness ``tau_i`` (versions applied since
 the version it started from) and ``u_i`` its weight as the run's ``aggregation`` gives it:
 
+- ``adaptive`` (the default): ``n / (n + r)`` for its ``n`` samples, the update normalised
+  by its local steps and the sum scaled back by the buffer's mean steps, with ``r`` the
+  fleet's noise-to-heterogeneity ratio as estimated when the version was started
+  (:mod:`aggregator.heterogeneity`; each applied buffer's updates then go into the
+  estimate);
 - ``fedavg``: the samples it was trained on;
 - ``fednova``: 1, the update normalised by its local steps and the sum scaled back by the
   buffer's mean steps (each update counts once, whatever its batch: FedBuff's own rule,
@@ -42,6 +47,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from aggregator.heterogeneity import Heterogeneity, PairMoments, adaptive_weight
 from edge_client.wire.constants import STALENESS_RULES
 from edge_client.wire.run_config import RunSettings
 from edge_client.wire.settings_groups import AggregationSettings, AsyncSettings
@@ -56,7 +62,7 @@ __all__ = [
 
 Delta = dict[str, npt.NDArray[np.float64]]
 #: How buffered updates weigh against each other: the run's ``aggregation``, as it applies.
-WEIGHTINGS = ("fedavg", "fednova")
+WEIGHTINGS = ("adaptive", "fedavg", "fednova")
 
 
 def staleness_weight(staleness: int, rule: str, a: float = 0.5, b: int = 4) -> float:
@@ -110,6 +116,7 @@ class Aggregation:
 
     version: int
     contributions: list[Contribution] = field(default_factory=list)
+    ratio: float | None = None  # adaptive: the r its updates were weighed by
 
     @property
     def devices(self) -> list[str]:
@@ -127,7 +134,7 @@ class UpdateBuffer:
     size : int
         Updates per aggregation (K), >= 1.
     rule, a, b : see :func:`staleness_weight`
-    weighting : {"fedavg", "fednova"}
+    weighting : {"adaptive", "fedavg", "fednova"}
         How updates weigh against each other (see the module notes).
     server_lr : float
         The step applied to the buffered mean, > 0.
@@ -135,6 +142,8 @@ class UpdateBuffer:
         Updates staler than this are refused, >= 0.
     version : int
         The model version to start from (a resumed run continues its own).
+    heterogeneity : Heterogeneity, optional
+        ``adaptive``: the run's estimate (a fresh one if None).
     """
 
     def __init__(
@@ -148,6 +157,7 @@ class UpdateBuffer:
         server_lr: float = 1.0,
         max_staleness: int = 100,
         version: int = 0,
+        heterogeneity: Heterogeneity | None = None,
     ) -> None:
         if size < 1:
             raise ValueError(f"async-buffer must be >= 1, got {size}")
@@ -168,6 +178,9 @@ class UpdateBuffer:
         self._sum = {k: np.zeros(s, np.float64) for k, s in self.shapes.items()}
         self._total = 0.0  # sum of the updates' weights u_i
         self._pending: list[Contribution] = []
+        self.heterogeneity = heterogeneity or Heterogeneity()
+        self.ratio = self.heterogeneity.ratio()  # adaptive: r of the version being built
+        self._pairs = PairMoments(self.shapes)
         # Ids taken in the last max_staleness + 1 versions: older ones are refused anyway.
         self._recent: deque[set[str]] = deque([set()], maxlen=max_staleness + 1)
 
@@ -179,10 +192,12 @@ class UpdateBuffer:
         size: int,
         version: int = 0,
         aggregation: AggregationSettings | None = None,
+        heterogeneity: Heterogeneity | None = None,
     ) -> UpdateBuffer:
         """The buffer the run's asynchrony group asks for, ``size`` updates per aggregation,
-        from model ``version``, its updates weighed as ``aggregation`` says (fednova, else
-        fedavg; the run's settings serve too, both groups taken from them)."""
+        from model ``version``, its updates weighed as ``aggregation`` says (adaptive, by
+        ``heterogeneity``, or fednova, else fedavg; the run's settings serve too, both groups
+        taken from them)."""
         if isinstance(settings, RunSettings):
             aggregation = settings.aggregation_rule
             settings = settings.asynchrony
@@ -193,10 +208,11 @@ class UpdateBuffer:
             rule=settings.staleness,
             a=settings.staleness_exponent,
             b=settings.staleness_hinge,
-            weighting="fednova" if rule == "fednova" else "fedavg",
+            weighting=rule if rule in WEIGHTINGS else "fedavg",
             server_lr=settings.server_lr,
             max_staleness=settings.max_staleness,
             version=version,
+            heterogeneity=heterogeneity,
         )
 
     def __len__(self) -> int:
@@ -245,8 +261,18 @@ class UpdateBuffer:
             raise ValueError("the update's tensors are not the model's")
         weight = staleness_weight(staleness, self.rule, self.a, self.b)
         steps = max(1, local_steps)
-        # fedavg: u = samples, the update as it is; fednova: u = 1, the update per step.
-        u, scale = (1.0, 1.0 / steps) if self.weighting == "fednova" else (num_examples, 1.0)
+        # fedavg: u = samples, the update as it is; fednova: u = 1, the update per step;
+        # adaptive: u = n / (n + r), the update per step.
+        if self.weighting == "fedavg":
+            u, scale = float(num_examples), 1.0
+        else:
+            u, scale = 1.0, 1.0 / steps
+            if self.weighting == "adaptive":
+                u = adaptive_weight(num_examples, self.ratio)
+                self._pairs.add(
+                    {k: np.asarray(d, np.float64) * scale for k, d in delta.items()},
+                    num_examples,
+                )
         u *= boost
         for k, total in self._sum.items():
             total += (u * weight * scale) * np.asarray(delta[k], np.float64)
@@ -275,16 +301,22 @@ class UpdateBuffer:
         if not self._pending:
             raise ValueError("no update is buffered")
         step = self.server_lr / self._total
-        if self.weighting == "fednova":  # scaled back by the mean steps
+        if self.weighting != "fedavg":  # per-step updates: scaled back by the mean steps
             step *= sum(c.local_steps for c in self._pending) / len(self._pending)
         new = {k: np.asarray(arrays[k], np.float64) + step * self._sum[k] for k in self.shapes}
         self.version += 1
-        made = Aggregation(self.version, self._pending)
+        made = Aggregation(
+            self.version, self._pending, self.ratio if self.weighting == "adaptive" else None
+        )
         self._pending = []
         self._total = 0.0
         for total in self._sum.values():
             total.fill(0.0)
         self._recent.append(set())
+        if self.weighting == "adaptive":  # the next version weighs by what this one showed
+            self.heterogeneity.observe(self._pairs)
+            self._pairs = PairMoments(self.shapes)
+            self.ratio = self.heterogeneity.ratio()
         return new, made
 
     def state_dict(self) -> dict[str, Any]:

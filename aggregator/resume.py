@@ -19,6 +19,7 @@ from edge_client.wire.settings_groups import CheckpointSettings, LearningSetting
 __all__ = [
     "DIVERGED_ROUNDS",
     "DRIFT",
+    "HETEROGENEITY",
     "MODEL_SETTINGS",
     "PRIVACY",
     "SKIPPED",
@@ -37,6 +38,7 @@ SKIPPED = "skipped-rounds"
 DRIFT = "drift"
 DIVERGED_ROUNDS = "diverged-rounds"
 PRIVACY = "privacy"  # the accountant's rounds and the clip (aggregator.privacy)
+HETEROGENEITY = "heterogeneity"  # the adaptive rule's pooled fit (aggregator.heterogeneity)
 
 
 def load_resume(settings: CheckpointSettings, learning: LearningSettings) -> Checkpoint | None:

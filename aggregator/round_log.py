@@ -243,6 +243,11 @@ class RoundRecord:
         (:mod:`aggregator.drift_reaction`), with the number of changes each has detected so far.
     live : int
         Live devices before ``fraction-train``'s draw (``planned`` holds those drawn).
+    weight_ratio : float, optional
+        ``aggregation = "adaptive"``: the ratio ``r`` (samples) each update was weighted by,
+        ``n / (n + r)`` for ``n`` samples (:mod:`aggregator.heterogeneity`): 0 weighs every
+        device the same (skewed streams, or no estimate yet), 1e9 weighs by samples (alike
+        streams); None under another rule, or under differential privacy (equal weights).
     dp_epsilon_spent : float, optional
         Differential privacy: the epsilon spent at ``dp-delta`` after this round, by the
         RDP accountant (:mod:`aggregator.privacy`); None without DP.
@@ -306,6 +311,7 @@ class RoundRecord:
     exported: int = 0
     drift: dict[str, int] = field(default_factory=dict)
     live: int = 0
+    weight_ratio: float | None = None
     dp_epsilon_spent: float | None = None
     dp_clip: float = 0.0
     dp_clipped_here: int = 0

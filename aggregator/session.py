@@ -33,7 +33,15 @@ from aggregator.divergence import DivergenceWatch
 from aggregator.exchange import exchange, wait_for_nodes
 from aggregator.exports import ExportSchedule
 from aggregator.privacy import Privacy
-from aggregator.resume import DIVERGED_ROUNDS, DRIFT, PRIVACY, SKIPPED, load_resume, save_round
+from aggregator.resume import (
+    DIVERGED_ROUNDS,
+    DRIFT,
+    HETEROGENEITY,
+    PRIVACY,
+    SKIPPED,
+    load_resume,
+    save_round,
+)
 from aggregator.round_log import (
     METRICS_FILE,
     PROBE_ROUND,
@@ -195,6 +203,7 @@ class RunSession:
             run_id=run_id,
         )
         session.strategy.drift.load_state_dict(saved.get(DRIFT, {}))
+        session.strategy.heterogeneity.load_state_dict(saved.get(HETEROGENEITY, {}))
         session.strategy.privacy.check_budget()  # a budget spent: refused before anything
         session.sinks = open_sinks(settings.sinks, settings.to_run_config())
         return session
@@ -417,6 +426,7 @@ class RunSession:
             drift=dict(report.drift),
             diverged=len(report.diverged),
             live=report.live,
+            weight_ratio=report.weight_ratio,
             dp_epsilon_spent=privacy.spent() if privacy.on else None,
             dp_clip=report.dp_clip,
             dp_clipped_here=report.dp_clipped_here,
@@ -487,6 +497,7 @@ class RunSession:
                 DIVERGED_ROUNDS: self.divergence.rounds,
                 DRIFT: self.strategy.drift.state_dict(),
                 PRIVACY: self.strategy.privacy.state_dict(),
+                HETEROGENEITY: self.strategy.heterogeneity.state_dict(),
                 **({} if self.run_id is None else {RUN_ID: self.run_id}),
                 **state,
             },

@@ -39,11 +39,12 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
 
-from aggregator.aggregation import make_accumulator
+from aggregator.aggregation import AdaptiveMean, make_accumulator
 from aggregator.compression import round_mode
 from aggregator.controller import BatchController, Plan
 from aggregator.device_registry import FleetRegistry
 from aggregator.drift_reaction import DriftReaction
+from aggregator.heterogeneity import Heterogeneity
 from aggregator.injection import InjectionPlanner
 from aggregator.privacy import Privacy
 from aggregator.round_log import UpdateInfo
@@ -116,6 +117,9 @@ class RoundReport:
         Devices whose drift count rose with this round's reply, and the count.
     live : int
         Live devices before ``fraction-train``'s draw.
+    weight_ratio : float, optional
+        The ``adaptive`` rule's ratio ``r`` (samples) the round's updates were weighted by,
+        ``n / (n + r)`` (:mod:`aggregator.heterogeneity`); None under another rule.
     dp_clip : float
         Differential privacy: the round's clip (0: off).
     dp_clipped_here : int
@@ -146,6 +150,7 @@ class RoundReport:
     bytes_up: int = 0
     inject_bytes: int = 0
     live: int = 0
+    weight_ratio: float | None = None
     dp_clip: float = 0.0
     dp_clipped_here: int = 0
     secagg: SecureRoundFigures | None = None
@@ -223,6 +228,9 @@ class StreamStrategy:
     privacy : Privacy, optional
         Differential privacy's clip, noise and accountant (restored from a checkpoint on
         resume); a fresh one configured by ``settings`` by default.
+    heterogeneity : Heterogeneity, optional
+        The ``adaptive`` rule's estimate of how the devices' updates differ (restored from
+        a checkpoint on resume); a fresh one by default.
     """
 
     def __init__(
@@ -232,9 +240,11 @@ class StreamStrategy:
         fleet: FleetRegistry | None = None,
         unshared: frozenset[str] = frozenset(),
         privacy: Privacy | None = None,
+        heterogeneity: Heterogeneity | None = None,
     ) -> None:
         self.settings = settings
         self.privacy = privacy or Privacy(settings.privacy, settings.rounds.fraction_train)
+        self.heterogeneity = heterogeneity or Heterogeneity()
         self.unshared = unshared  # tensors no update carries: the global model keeps them
         self.controller = controller or BatchController(settings)
         self.fleet = fleet or FleetRegistry()
@@ -415,7 +425,8 @@ class StreamStrategy:
         """The plan's secure-aggregation keys (none without it): how a device weighs its
         update before masking (FedNova's 1 / steps, FedAvg's samples over the round's
         planned total, or DP's equal weights), the shared range (DP's clip under DP) and
-        the grid."""
+        the grid. ``adaptive`` weighs as FedNova does here: its weights come from the
+        updates apart, which the aggregator does not see under masking."""
         secure = self.settings.secure
         if not secure.secure_aggregation:
             return {}
@@ -493,14 +504,22 @@ class StreamStrategy:
         if current is None or current.server_round != server_round:
             raise RuntimeError(f"round {server_round} was not configured (configure_train)")
         private = self.privacy.accumulator(current.shapes, current.live)
-        accumulator = private or make_accumulator(self.settings.aggregation_rule, current.shapes)
+        accumulator = private or make_accumulator(
+            self.settings.aggregation_rule, current.shapes, self.heterogeneity
+        )
         report = self._report(current)
-        for _msg, _node, update in self.read_replies(replies, sent or {}, report):
+        if isinstance(accumulator, AdaptiveMean):
+            report.weight_ratio = accumulator.ratio
+        for _msg, node, update in self.read_replies(replies, sent or {}, report):
             if update is not None and update.metrics.num_examples > 0:
                 m = update.metrics
                 boost = self.boost_of(update, report)
                 accumulator.update(
-                    update.delta, m.num_examples, update.device, m.local_steps, boost=boost
+                    update.delta,
+                    self.weighed_samples(m, current.planned.get(node, 0)),
+                    update.device,
+                    m.local_steps,
+                    boost=boost,
                 )
                 if private is not None:
                     private.count_within(bool(m.dp_within_clip))
@@ -518,6 +537,15 @@ class StreamStrategy:
             for k, g in current.model.items()
         }
         return ArrayRecord({k: Array(v) for k, v in new.items()}), report
+
+    def weighed_samples(self, metrics: ReplyMetrics, planned: int) -> int:
+        """The samples an update weighs as (``fedavg``, ``adaptive``): those it reports,
+        at most its plan's ``planned x local-steps``. A device never trains more than it
+        was planned (``adapt`` trains less), so a larger claim buys no weight: the plan is
+        the aggregator's own, the count the device's."""
+        if planned <= 0:
+            return metrics.num_examples
+        return min(metrics.num_examples, planned * self.settings.learning.local_steps)
 
     def read_replies(
         self, replies: Iterable[Message], sent: Mapping[str, int], report: RoundReport

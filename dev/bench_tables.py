@@ -74,6 +74,12 @@ def _hetero(doc: Doc) -> str:
     return hetero._table(doc["entries"])
 
 
+def _defaults(doc: Doc) -> str:
+    from deploy.bench import defaults
+
+    return defaults._table(doc["entries"])
+
+
 def _streams(doc: Doc) -> str:
     from deploy.bench import streams
 
@@ -301,6 +307,7 @@ RENDERERS: dict[str, Callable[[Doc], str]] = {
     "compression": _compression,
     "noniid": _noniid,
     "hetero": _hetero,
+    "defaults": _defaults,
     "streams": _streams,
     "async": _async,
     "scale": _scale,

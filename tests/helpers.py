@@ -1,6 +1,7 @@
 """Builders the tests share: mock replies for strategy tests (as Flower's own strategy tests
-build them), round records, the types of the shared fixtures, commands run so that nothing
-they start outlives the test, and ``fedstream demo`` as a user runs it."""
+build them), heterogeneity estimates of a given fit, round records, the types of the shared
+fixtures, commands run so that nothing they start outlives the test, and ``fedstream demo``
+as a user runs it."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from typing import Any
 import numpy as np
 from flwr.app import Message
 
+from aggregator.heterogeneity import Heterogeneity
 from aggregator.round_log import RoundRecord
 from deploy.inprocess import VirtualDevice
 from deploy.local import fedstream_command, stop_tree
@@ -53,6 +55,22 @@ def mock_reply(
     }
     reply = DeviceReply(device, ReplyMetrics(**values), frame)
     return Message(reply.to_content(), reply_to=ask)
+
+
+def fitted(h: float, s: float) -> Heterogeneity:
+    """A heterogeneity estimate whose pooled fit is exactly ``H = h``, ``S = s`` (two pairs on
+    the line ``D = 2 h + s x``, at ``x`` = 0.01 and 0.02), so that its ratio is ``s / h``."""
+    xs = np.array([0.01, 0.02])
+    ys = 2 * h + s * xs
+    het = Heterogeneity()
+    het.load_state_dict(
+        {
+            "sums": [2.0, xs.sum(), (xs**2).sum(), ys.sum(), (xs * ys).sum()],
+            "scale": 1.0,
+            "rounds": 1,
+        }
+    )
+    return het
 
 
 def round_record(**fields: Any) -> RoundRecord:

@@ -20,6 +20,7 @@ __all__ = ["SCENARIOS", "run_scenario"]
 # name -> module; ``all`` runs them in this order.
 SCENARIOS = {
     "hetero": "deploy.bench.hetero",
+    "defaults": "deploy.bench.defaults",
     "streams": "deploy.bench.streams",
     "noniid": "deploy.bench.noniid",
     "compression": "deploy.bench.compression",

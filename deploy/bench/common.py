@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import statistics
+import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -26,10 +27,13 @@ from aggregator.round_log import RoundRecord
 from aggregator.server_app import run_rounds
 from deploy.inprocess import InProcessGrid, VirtualDevice
 from deploy.plots import Panel, save_figure
+from edge_client.wire.mapping import kebab
 from edge_client.wire.run_config import RunSettings
 
 __all__ = [
+    "HARNESS_KEYS",
     "HOLD",
+    "RESULTS",
     "SEEDS",
     "SHORT_RUN",
     "VIRTUAL_CLOCK_NOTE",
@@ -37,10 +41,15 @@ __all__ = [
     "Panel",
     "Result",
     "StepCost",
+    "changed_settings",
+    "describe_settings",
+    "every_seed",
+    "flower_round_s",
     "footnote",
     "markdown_table",
     "mean_or_none",
     "measure_step_cost",
+    "measured_code",
     "rounds_to_target",
     "run_fleet",
     "save_figure",
@@ -52,6 +61,19 @@ __all__ = [
 
 #: The seeds every scenario's full run repeats over (its quick run takes the first).
 SEEDS = (0, 1, 2)
+#: The committed results (``fedstream bench`` writes here by default).
+RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
+#: Run-config keys a benchmark sets to run and score a scenario, not to train differently:
+#: how long, scored on what, with which seed, written where (:func:`changed_settings`
+#: leaves them out of a row's settings; each table's footnote names them).
+HARNESS_KEYS = (
+    "num_rounds",
+    "eval_data",
+    "eval_samples",
+    "seed",
+    "checkpoint_dir",
+    "out_dir",
+)
 
 VIRTUAL_CLOCK_NOTE = (
     "Times are on the in-process runner's virtual clock (per message: the model's download, "
@@ -260,6 +282,54 @@ def mean_or_none(values: Sequence[float | None]) -> float | None:
     return statistics.mean(got) if got else None
 
 
+def changed_settings(
+    settings: RunSettings, harness: Sequence[str] = HARNESS_KEYS
+) -> dict[str, Any]:
+    """The run-config keys (kebab-case) whose values in ``settings`` differ from the
+    defaults, leaving out the ``harness`` keys: what a row changes from the product."""
+    mine, defaults = settings.to_run_config(), RunSettings().to_run_config()
+    skip = {kebab(k) for k in harness}
+    return {k: v for k, v in mine.items() if k not in skip and v != defaults.get(k)}
+
+
+def describe_settings(changed: dict[str, Any]) -> str:
+    """A row's settings as its table cell: ``defaults``, or the keys it changes."""
+    if not changed:
+        return "defaults"
+    return ", ".join(f"{k}={v}" for k, v in changed.items())
+
+
+def every_seed(values: Sequence[float | None], ok: Callable[[float], bool]) -> bool:
+    """The verdict rule of every goal stated over seeds: met only when each seed has a value
+    and that value meets the goal (a seed that never got one misses it)."""
+    return bool(values) and all(v is not None and ok(v) for v in values)
+
+
+def flower_round_s(results: Path = RESULTS) -> tuple[float, str]:
+    """The median round of plain Flower on its deployment engine as ``fedstream bench
+    deployment`` last measured it (``plain-flower-tuned``: Flower's own FedAvg app, 4
+    SuperNodes, this kind of machine), and where the figure comes from.
+
+    Raises
+    ------
+    FileNotFoundError, KeyError
+        If ``deployment.json`` or its plain-Flower entries are missing: the figure is
+        measured, never typed in.
+    """
+    path = results / "deployment.json"
+    doc = json.loads(path.read_text())
+    medians = [
+        e["round_wall_median_s"] for e in doc["entries"] if e["variant"] == "plain-flower-tuned"
+    ]
+    if not medians:
+        raise KeyError(f"{path} holds no plain-flower-tuned run")
+    value = float(statistics.median(medians))
+    return value, (
+        f"median round of plain Flower 1.42 (its FedAvg app, 4 SuperNodes) in "
+        f"bench/results/deployment.json ({len(medians)} runs, {doc['created']})"
+    )
+
+
 def footnote(setup: str, goals: str | None = None, virtual_clock: bool = True) -> str:
     """The text under a results table: the setup, the goals and their verdicts, and (for the
     in-process runner's results) where the times come from."""
@@ -283,12 +353,33 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str
     return "\n".join(lines)
 
 
+def measured_code() -> dict[str, Any]:
+    """The commit the benchmark ran (``commit``) and whether the checkout had changes to
+    tracked files beside it (``tree-clean``), so that a result names the code it measured
+    (both None outside a git checkout)."""
+    root = Path(__file__).resolve().parents[2]
+
+    def git(*args: str) -> str | None:
+        try:
+            done = subprocess.run(
+                ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=30
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"commit": commit, "tree-clean": None if status is None else status == ""}
+
+
 def write_result(result: Result, out_dir: Path, json_path: Path | None = None) -> list[Path]:
     """Write ``<scenario>.json``, ``<scenario>.md`` and the plots; return the paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     doc = {
         "scenario": result.scenario,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **measured_code(),
         **result.meta,
         "entries": result.entries,
     }

@@ -72,7 +72,7 @@ def _raw(text: str) -> bytes:
 
 def weight_of(plan: RoundPlan, num_examples: int, local_steps: int) -> float:
     """What a device multiplies its update by (``secagg-weighting``): 1 / its steps
-    (fednova), its samples x the plan's scale, at most 1 (fedavg), or 1 (DP's equal
+    (fednova, adaptive), its samples x the plan's scale, at most 1 (fedavg), or 1 (DP's equal
     weights)."""
     if plan.secagg_weighting == "steps":
         return 1.0 / max(1, local_steps)

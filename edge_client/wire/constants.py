@@ -65,10 +65,13 @@ CONTROLLER_MODES: Final = ("fixed", "static", "dynamic")  # aggregator.controlle
 ADAPTIVE: Final = "adaptive"  # the compress choice that lets the aggregator pick per round
 COMPRESS_MODES: Final = (*CODEC_MODES, ADAPTIVE)
 BROADCAST_MODES: Final = ("none", "fp16")  # how the model is sent down
-# Aggregation rules (aggregator.aggregation): fedavg and fednova stream; the others are
-# Byzantine-robust and keep every update of the round.
+# Aggregation rules (aggregator.aggregation): adaptive, fedavg and fednova stream; the others
+# are Byzantine-robust and keep every update of the round.
 ROBUST_AGGREGATIONS: Final = ("trimmed-mean", "median", "krum", "multi-krum")
-AGGREGATIONS: Final = ("fedavg", "fednova", *ROBUST_AGGREGATIONS)
+AGGREGATIONS: Final = ("adaptive", "fedavg", "fednova", *ROBUST_AGGREGATIONS)
+#: The rules that weigh every device the same under differential privacy and secure
+#: aggregation (adaptive's weights come from the updates the aggregator must not see apart).
+EQUAL_WEIGHT_AGGREGATIONS: Final = ("adaptive", "fednova")
 #: How the simulation engine's virtual devices keep their streams: as counts, samples made
 #: only when a round takes them (lazy), or stored in a buffer file each (files).
 SIM_BUFFERS: Final = ("lazy", "files")

@@ -134,9 +134,9 @@ class RoundPlan(_Record):
         aggregator).
     secagg_weighting : str
         Secure aggregation (:mod:`edge_client.wire.masking`): what the device multiplies its
-        update by before quantising it: ``steps`` (1 / its local steps: fednova), ``samples``
-        (its samples x ``secagg_weight_scale``: fedavg), ``equal`` (1, after the DP clip);
-        empty: the update travels as a codec frame.
+        update by before quantising it: ``steps`` (1 / its local steps: fednova, adaptive),
+        ``samples`` (its samples x ``secagg_weight_scale``: fedavg), ``equal`` (1, after the
+        DP clip); empty: the update travels as a codec frame.
     secagg_weight_scale : float
         ``samples``: the scale that keeps a device's weight at most 1.
     secagg_range, secagg_bits : float, int

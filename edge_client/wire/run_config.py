@@ -25,7 +25,11 @@ from dataclasses import KW_ONLY, Field, dataclass, fields, replace
 from typing import TYPE_CHECKING, Any
 
 from edge_client.wire import settings_groups as groups
-from edge_client.wire.constants import DIGITS_SHAPE, ROBUST_AGGREGATIONS
+from edge_client.wire.constants import (
+    DIGITS_SHAPE,
+    EQUAL_WEIGHT_AGGREGATIONS,
+    ROBUST_AGGREGATIONS,
+)
 from edge_client.wire.knob_checks import (
     allowed,
     check_knobs,
@@ -231,7 +235,7 @@ class RunSettings(ControllerSettings):
         if mode == "async" and aggregation in ROBUST_AGGREGATIONS:
             raise ValueError(
                 f"aggregation {aggregation} needs every update of a round: async mode "
-                "takes fedavg or fednova"
+                "takes adaptive, fedavg or fednova"
             )
         personal = self.learning.personalize != "none" or self.learning.personal_layers.strip()
         if mode == "async" and personal:
@@ -264,10 +268,11 @@ class RunSettings(ControllerSettings):
                 f"{dp} refuses data injection (inject-alpha > 0): for privacy, raw samples "
                 "would leave the device over the broker, outside any guarantee"
             )
-        if self.aggregation_rule.aggregation != "fednova":
+        if self.aggregation_rule.aggregation not in EQUAL_WEIGHT_AGGREGATIONS:
             raise ValueError(
-                f"{dp} needs aggregation = 'fednova', the equal-weight mean DP-FedAvg "
-                f"analyses: {self.aggregation_rule.aggregation} gives a device a weight of its "
+                f"{dp} needs aggregation = 'adaptive' or 'fednova' (under DP both are the "
+                "equal-weight mean DP-FedAvg analyses): "
+                f"{self.aggregation_rule.aggregation} gives a device a weight of its "
                 "own (its samples, or a robust rule's pick), which the noise does not cover"
             )
         if self.asynchrony.mode == "async":
@@ -299,7 +304,8 @@ class RunSettings(ControllerSettings):
         if aggregation in ROBUST_AGGREGATIONS:
             raise ValueError(
                 f"{what} refuses aggregation = {aggregation!r}: a robust rule looks at each "
-                "update, and the aggregator sees only their sum (use fednova or fedavg)"
+                "update, and the aggregator sees only their sum (use adaptive, fednova or "
+                "fedavg)"
             )
         compress = self.codec.compress
         if compress in ("topk", "adaptive"):

@@ -68,9 +68,16 @@ __all__ = [
 class ControllerSettings:
     """The batch controller's knobs (:mod:`aggregator.controller`)."""
 
-    global_batch: int = knob(128, "B, the global batch per step summed over devices", ge=1)
+    global_batch: int = knob(512, "B, the global batch per step summed over devices", ge=1)
     b_min: int = knob(8, "smallest batch a device is given", ge=1)
-    b_max: int = knob(256, "largest batch a device is given", ge=1)
+    b_max: int = knob(512, "largest batch a device is given", ge=1)
+    lr_batch: int = knob(
+        128,
+        "the global batch lr is meant for: when streams cap the batches below "
+        "min(global-batch, lr-batch) in sum, lr scales down in proportion (ScaDLES' linear "
+        "scaling rule); 0: global-batch",
+        ge=0,
+    )
     deadband: float = knob(
         0.05,
         "spread of the devices' step times (relative) below which the plan is kept",
@@ -87,9 +94,10 @@ class ControllerSettings:
         0.5, "weight of the newest step-time measurement against older ones", gt=0, le=1
     )
     controller_probe: int = knob(
-        3,
+        1,
         "timed SGD steps per batch size each device runs before round 1, so that the first "
-        "plan follows its speed instead of splitting B equally (0: no probe)",
+        "plan follows its speed instead of splitting B equally (0: no probe; round 1 then "
+        "splits B equally and times two step sizes)",
         ge=0,
     )
 
@@ -458,9 +466,12 @@ class AggregationSettings:
     (:mod:`aggregator.aggregation`)."""
 
     aggregation: str = knob(
-        "fednova",
-        "fedavg (weighted by samples trained) | fednova (each device's steps weigh the same, "
-        "whatever its batch) | trimmed-mean | median | krum | multi-krum",
+        "adaptive",
+        "adaptive (FedNova's normalised mean, each device weighted n / (n + r) for n samples: "
+        "r, estimated from the updates, goes to infinity (sample weights) on alike streams "
+        "and to 0 (equal weights) on skewed ones) | fedavg (weighted by samples trained) | "
+        "fednova (each device's steps weigh the same, whatever its batch) | trimmed-mean | "
+        "median | krum | multi-krum",
         choices=AGGREGATIONS,
     )
     trim_fraction: float = knob(0.2, "trimmed-mean: cut at each end", ge=0, lt=0.5)

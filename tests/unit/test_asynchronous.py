@@ -138,7 +138,7 @@ def test_the_default_buffer_is_half_the_fleet() -> None:
 
 
 def test_robust_rules_are_refused_in_async_mode() -> None:
-    with pytest.raises(ValueError, match="async mode takes fedavg or fednova"):
+    with pytest.raises(ValueError, match="async mode takes adaptive, fedavg or fednova"):
         RunSettings(mode="async", aggregation="krum")
 
 

@@ -15,6 +15,8 @@ from deploy.bench import forecast
 from deploy.bench.asynchronous import OFF_FRACTION, SCENARIOS, accuracy_at, accuracy_over
 from deploy.bench.common import (
     Result,
+    StepCost,
+    every_seed,
     markdown_table,
     rounds_to_target,
     spread,
@@ -22,11 +24,14 @@ from deploy.bench.common import (
     write_result,
 )
 from deploy.bench.forecast import HORIZON, PAST, relative_windows, ridge_mae
-from deploy.bench.hetero import ideal_speedup, slowdowns
+from deploy.bench.hetero import SCENARIOS as HETERO_SCENARIOS
+from deploy.bench.hetero import Achievable, ideal_speedup, slowdowns
+from deploy.bench.hetero import _goals as hetero_goals
 from deploy.bench.reliability import _fault_summary, _samples
 from deploy.bench.scale import MODEL_SHAPES, rounds
 from edge_client.task.recordings import series_windows
 from edge_client.wire.codec import encode
+from edge_client.wire.run_config import RunSettings
 from tests.helpers import round_record
 
 
@@ -184,3 +189,70 @@ def test_intermittent_devices_are_off_about_the_declared_share_of_the_time() -> 
         for d in fleet:
             assert all(a[1] <= b[0] for a, b in zip(d.offline, d.offline[1:], strict=False))
         assert np.mean(off) == pytest.approx(OFF_FRACTION, abs=0.1)
+
+
+# -- the verdict rule, and what the heterogeneity benchmark judges against ----------------
+
+
+@pytest.mark.parametrize(
+    ("values", "met"),
+    [
+        ([0.9, 0.85, 0.81], True),
+        ([0.95, 0.95, 0.79], False),  # the mean (0.90) would pass: one seed misses
+        ([0.9, None, 0.9], False),  # a seed that never reached the target misses
+        ([], False),  # no seed, no verdict
+    ],
+)
+def test_a_goal_is_met_only_when_every_seed_meets_it(values: list[float | None], met: bool) -> None:
+    assert every_seed(values, lambda v: v >= 0.8) is met
+
+
+def test_achievable_reduction_of_a_hand_computed_split() -> None:
+    # Prepare: two devices, one 3x slower; a step costs b seconds at batch b (no fixed part);
+    # B = 8 in [1, 8], one step a round. Equal split: 4 each, the slow one takes 3 x 4 = 12 s;
+    # the best split 6 + 2 takes 6 s on both.
+    cost = StepCost(a=0.0, c=1.0, table={}, sigma=0.0)
+    s = RunSettings(global_batch=8, b_min=1, b_max=8, local_steps=1, lr_batch=0)
+    # Execute: without and with 6 s of transfers a round.
+    bare, sent = Achievable((1.0, 3.0), cost, s, 0.0), Achievable((1.0, 3.0), cost, s, 6.0)
+    # Assert
+    assert (bare.fixed_round_s, bare.best_round_s, bare.reduction) == pytest.approx((12, 6, 0.5))
+    assert sent.reduction == pytest.approx(1 / 3) and sent.reduction_compute == pytest.approx(0.5)
+
+
+def _hetero_entry(level: str, arm: str, **per_seed: list[float | None]) -> dict[str, object]:
+    entry: dict[str, object] = {"level": level, "arm": arm}
+    entry.update({f"{k}_per_seed": v for k, v in per_seed.items()})
+    return entry
+
+
+def test_hetero_judges_each_goal_in_every_seed() -> None:
+    # Prepare: every goal met in every seed, but HL4's cut in time to target, which misses
+    # in its last seed (0.75 of the achievable, against 0.8) while its mean (0.85) passes.
+    good: dict[str, list[float | None]] = {
+        "of_achievable": [0.9, 0.9, 0.9],
+        "steady_efficiency": [0.95] * 3,
+    }
+    entries = [
+        _hetero_entry(sc, "dynamic", final_vs_fixed=[0.0, 0.004, -0.002], **good)
+        for sc in ("HL2", "HL8", "straggler")
+    ]
+    entries.append(
+        _hetero_entry(
+            "HL4",
+            "dynamic",
+            of_achievable=[0.9, 0.9, 0.75],
+            steady_efficiency=[0.95] * 3,
+            final_vs_fixed=[0.0] * 3,
+        )
+    )
+    entries.append(_hetero_entry("skew-HL8", "dynamic/adaptive", ttt=[3.0, 4.0, 5.0]))
+    entries.append({"level": "schedule", "arm": "dynamic", "periods_to_balance": 2})
+    cost = StepCost(a=0.0, c=1.0, table={}, sigma=0.0)
+    room = {sc: Achievable(slowdowns(sc), cost, RunSettings(), 0.0) for sc in HETERO_SCENARIOS}
+    # Execute
+    met = hetero_goals(entries, room)["met"]
+    # Assert
+    assert met["of_achievable"] == {"HL2": True, "HL4": False, "HL8": True, "straggler": True}
+    assert all(met["steady"].values()) and all(met["final"].values())
+    assert met["skew"] and met["rebalance"]

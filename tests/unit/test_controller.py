@@ -155,7 +155,7 @@ def test_a_newcomer_gets_an_equal_share_and_the_others_keep_their_plan() -> None
 
 def test_availability_cap_and_learning_rate_scaling() -> None:
     slow = profile(1, 1, 1, 1)
-    ctrl = BatchController(ControllerSettings(global_batch=200, b_min=5, b_max=200))
+    ctrl = BatchController(ControllerSettings(global_batch=200, b_min=5, b_max=200, lr_batch=0))
     run(ctrl, slow, 2)
     # d0 can only have 20 samples by the end of the round; the others take its share.
     capped = ctrl.plan(DEVICES, 3, available={"d0": 20.7})
@@ -165,6 +165,24 @@ def test_availability_cap_and_learning_rate_scaling() -> None:
     assert capped.batches["d0"] == 20 and capped.total == 200 and capped.lr_scale == 1.0
     assert starved.batches == dict.fromkeys(DEVICES, 30)
     assert starved.lr_scale == pytest.approx(120 / 200)
+
+
+@pytest.mark.parametrize(
+    ("available", "scale"),
+    [
+        (30, 120 / 128),  # capped below lr-batch: the linear scaling rule
+        (40, 1.0),  # capped, yet 160 samples a step: above lr-batch, the full rate
+        (200, 1.0),  # not capped
+    ],
+)
+def test_the_learning_rate_scales_below_lr_batch_only(available: int, scale: float) -> None:
+    # Prepare: B = 512 sized for the controller's room, lr meant for 128 samples a step.
+    ctrl = BatchController(ControllerSettings(global_batch=512, b_max=512, lr_batch=128))
+    run(ctrl, profile(1, 1, 1, 1), 2)
+    # Execute: every device's stream caps it at `available` samples a step.
+    plan = ctrl.plan(DEVICES, 3, available=dict.fromkeys(DEVICES, available))
+    # Assert
+    assert plan.lr_scale == pytest.approx(scale)
 
 
 def test_modes_fixed_and_static() -> None:

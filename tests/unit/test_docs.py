@@ -240,3 +240,32 @@ def test_the_deployment_bullet_reads_both_formats() -> None:
     assert "0.85x (0.80-0.90)" in repeated and "1.15x (1.10-1.20)" in repeated
     assert "goal <= 1.2x: met, met" in repeated
     assert "vs plain-flower-tuned-pull, mean (min-max, repetitions)" in table
+
+
+DEFAULTS_TABLE = re.compile(r"<!-- defaults:table -->\n(?P<body>.*?)<!-- /defaults:table -->", re.S)
+
+
+def test_the_training_page_names_the_defaults_the_run_config_has() -> None:
+    # Prepare: the training page's table of the controller's and aggregation's defaults.
+    from edge_client.wire.run_config import knobs
+
+    found = DEFAULTS_TABLE.search((DOCS / "training.md").read_text())
+    assert found, "docs/training.md lost its <!-- defaults:table --> block"
+    rows = [line.split("|")[1:3] for line in found["body"].splitlines()[2:] if line.strip()]
+    # Execute: each row's key and default as the page writes them.
+    named = {key.strip().strip("`"): value.strip().strip("`") for key, value in rows}
+    # Assert: the keys the controller and the aggregation are chosen by, each at the default
+    # the run config declares.
+    declared = knobs()
+    assert set(named) >= {
+        "global-batch",
+        "b-min",
+        "b-max",
+        "lr-batch",
+        "aggregation",
+        "controller-probe",
+        "deadband",
+        "controller-smoothing",
+        "controller-period",
+    }
+    assert {k: str(declared[k]["default"]) for k in named} == named

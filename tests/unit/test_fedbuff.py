@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from aggregator.fedbuff import UpdateBuffer, staleness_weight
+from tests.helpers import fitted
 
 SHAPES = {"w": (2,), "b": (1,)}
 
@@ -170,3 +171,27 @@ def test_a_buffer_takes_its_rule_from_the_run_settings() -> None:
         3, "fedavg", 4, 7,
     )  # fmt: skip
     assert buffer.add("old", "d", 3, delta(1.0), 1) == "too-stale"  # 4 versions old
+
+
+def test_adaptive_weighting_weighs_n_over_n_plus_r_and_learns_from_each_buffer() -> None:
+    # Prepare: adaptive weighting with an estimate of r = 480 samples; two fresh updates of
+    # 20 steps, 160 and 1120 samples (weights 160 / 640 = 0.25 and 1120 / 1600 = 0.7).
+    het = fitted(h=1.0, s=480.0)
+    buffer = UpdateBuffer(SHAPES, size=2, weighting="adaptive", heterogeneity=het)
+    rounds = het.rounds
+    # Execute
+    buffer.add("u1", "slow", 0, delta(20.0), num_examples=160, local_steps=20)
+    buffer.add("u2", "fast", 0, delta(0.0), num_examples=1120, local_steps=20)
+    new, made = buffer.apply({"w": np.zeros(2), "b": np.zeros(1)})
+    # Assert: 20 steps x 0.25 x 1 a step / 0.95 = 5.263158; the ratio used is recorded, and
+    # the buffer's pair went into the estimate the next version weighs by.
+    assert new["w"].tolist() == pytest.approx([5.263157895, 5.263157895])
+    assert made.ratio == pytest.approx(480.0)
+    assert het.rounds == rounds + 1 and buffer.ratio == het.ratio()
+
+
+def test_the_default_buffer_is_adaptive() -> None:
+    from edge_client.wire.run_config import RunSettings
+
+    buffer = UpdateBuffer.from_settings(RunSettings(mode="async"), SHAPES, size=2)
+    assert buffer.weighting == "adaptive"

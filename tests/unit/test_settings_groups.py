@@ -76,7 +76,7 @@ def test_a_group_checks_the_rules_among_its_keys() -> None:
 
 def test_rules_across_groups_are_the_run_settings() -> None:
     # Each group alone is fine; together they are not.
-    with pytest.raises(ValueError, match="async mode takes fedavg or fednova"):
+    with pytest.raises(ValueError, match="async mode takes adaptive, fedavg or fednova"):
         RunSettings(mode="async", aggregation="krum")
     with pytest.raises(ValueError, match="sim-labels"):
         RunSettings(num_classes=3, sim_labels=4)

@@ -181,3 +181,36 @@ def test_a_reply_to_an_unplanned_round_is_refused_loudly(fast: Fast) -> None:
     strategy = StreamStrategy(fast())
     with pytest.raises(RuntimeError, match="not configured"):
         strategy.aggregate_train(1, [Message(RecordDict(), 1, "train")])
+
+
+def test_a_device_claiming_more_samples_than_planned_weighs_as_planned(fast: Fast) -> None:
+    # Prepare: fedavg over two devices planned 32 samples a step each for 5 steps (160
+    # samples); x claims a million.
+    strategy = StreamStrategy(fast(aggregation="fedavg"))
+    asks = plan_round(strategy, StaticGrid([1, 2]))
+    planned = strategy.planned_batch(1) * strategy.settings.local_steps
+    replies = [
+        mock_reply(asks[1], "x", {"w": [4.0, 0.0], "b": [0.0]}, 1_000_000),
+        mock_reply(asks[2], "y", {"w": [0.0, 4.0], "b": [0.0]}, planned),
+    ]
+    # Execute
+    new, _ = strategy.aggregate_train(1, replies)
+    # Assert: the claim buys no weight beyond the plan: an even mean
+    assert new is not None and planned == 160
+    np.testing.assert_allclose(new.to_numpy_ndarrays()[0], [2.0, 2.0])
+
+
+def test_the_adaptive_rule_records_the_ratio_it_weighed_by(fast: Fast) -> None:
+    # Prepare: the default rule, a fresh estimate (r = 0: equal weights).
+    strategy = StreamStrategy(fast())
+    asks = plan_round(strategy, StaticGrid([1, 2]))
+    replies = [
+        mock_reply(asks[1], "x", {"w": [4.0, 0.0], "b": [0.0]}, 20),
+        mock_reply(asks[2], "y", {"w": [0.0, 4.0], "b": [0.0]}, 160),
+    ]
+    # Execute
+    new, report = strategy.aggregate_train(1, replies)
+    # Assert
+    assert strategy.settings.aggregation == "adaptive" and report.weight_ratio == 0.0
+    assert new is not None
+    np.testing.assert_allclose(new.to_numpy_ndarrays()[0], [2.0, 2.0])
