@@ -196,13 +196,12 @@ class AdaptiveMean(_RunningSum):
         boost: float = 1.0,
     ) -> None:
         """Add one device's update to the running sums (see :class:`Accumulator`)."""
-        per_step = {k: d.astype(np.float64) / max(1, steps) for k, d in delta.items()}
-        self._pairs.add(per_step, weight)
-        super().update(per_step, weight, device, steps, boost)
+        self._pairs.add(delta, weight, steps)
+        super().update(delta, weight, device, steps, boost)
 
     def _term(self, delta: np.ndarray, weight: int, steps: int, boost: float) -> np.ndarray:
-        """``boost * n / (n + r) * delta`` (``delta`` is per step already)."""
-        return self._weight(weight, boost) * delta
+        """``boost * n / (n + r) * delta / steps``."""
+        return self._weight(weight, boost) * (delta / max(1, steps))
 
     def _weight(self, weight: int, boost: float) -> float:
         return boost * adaptive_weight(weight, self.ratio)

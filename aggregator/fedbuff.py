@@ -269,10 +269,7 @@ class UpdateBuffer:
             u, scale = 1.0, 1.0 / steps
             if self.weighting == "adaptive":
                 u = adaptive_weight(num_examples, self.ratio)
-                self._pairs.add(
-                    {k: np.asarray(d, np.float64) * scale for k, d in delta.items()},
-                    num_examples,
-                )
+                self._pairs.add(delta, num_examples, steps)
         u *= boost
         for k, total in self._sum.items():
             total += (u * weight * scale) * np.asarray(delta[k], np.float64)

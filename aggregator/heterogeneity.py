@@ -25,7 +25,8 @@ its samples: the fast devices weigh at most the same as everyone else.
 ``H`` and ``S`` are estimated from the updates themselves: for two devices,
 ``E ||d_i - d_j||^2 = 2 H + S (1/n_i + 1/n_j)`` (``d`` an update per local step), a line in
 ``x = 1/n_i + 1/n_j`` whose intercept is ``2 H`` and slope ``S``. Each round's pairs
-(:class:`PairMoments`: running sums, so that memory stays O(model) whatever the fleet) are
+(:class:`PairMoments`: running sums, so that memory stays O(model) whatever the fleet, over
+at most :data:`SKETCH` coordinates of the model, so that their cost does too) are
 pooled with the earlier rounds' in least-squares sums that decay by :data:`DECAY` a round
 (:class:`Heterogeneity`); each round's distances are divided by their running scale first,
 since updates shrink as the model converges. Pooling is what lets an asynchronous buffer of
@@ -42,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["DECAY", "MAX_RATIO", "Heterogeneity", "PairMoments", "adaptive_weight"]
+__all__ = ["DECAY", "MAX_RATIO", "SKETCH", "Heterogeneity", "PairMoments", "adaptive_weight"]
 
 #: Weight of the earlier rounds' pairs against a new round's in the pooled fit (per round):
 #: about the last five rounds count.
@@ -50,6 +51,10 @@ DECAY = 0.8
 #: ``r`` when the fit sees no heterogeneity: far beyond any round's samples, so that
 #: ``n / (n + r)`` is proportional to ``n`` (sample weights), and finite in ``metrics.jsonl``.
 MAX_RATIO = 1e9
+#: Most coordinates of an update the pair distances are taken over (:class:`PairMoments`):
+#: the default CNN's every one; a larger model's fixed random subset of this many.
+SKETCH = 8192
+_SKETCH_SEED = 0x5EED  # the subset is a function of the model's shapes alone
 # Scale of the pair distances: an EWMA over rounds with this weight on the newest.
 _SCALE_SMOOTHING = 0.5
 # Pooled 1/n values that spread less than this (relative) say nothing about the slope.
@@ -75,26 +80,59 @@ class PairMoments:
     ``k (k - 1) / 2`` pairs are ``sum D = k A - ||T||^2``, ``sum x D = k QA + Q A - 2 <U, T>``,
     ``sum x = (k - 1) Q`` and ``sum x^2 = (k - 2) Q2 + Q^2``.
 
+    A model of more than :data:`SKETCH` values is sketched: the distances are taken over a
+    fixed random subset of that many coordinates (the same for every update; drawn from a
+    fixed seed, so a run repeats). Every coordinate's squared difference is in the distance
+    with the same chance, so the intercept and slope shrink alike and ``r``, their ratio,
+    stays what the whole model gives, up to the sketch's sampling noise; the cost per
+    update stays that of a few thousand values whatever the model.
+
     Parameters
     ----------
     shapes : mapping of str to shape
         The tensors an update holds.
+    sketch : int
+        Most coordinates the distances are taken over.
     """
 
-    def __init__(self, shapes: Mapping[str, tuple[int, ...]]) -> None:
-        self._t = {k: np.zeros(s, np.float64) for k, s in shapes.items()}
-        self._u = {k: np.zeros(s, np.float64) for k, s in shapes.items()}
+    def __init__(self, shapes: Mapping[str, tuple[int, ...]], sketch: int = SKETCH) -> None:
+        sizes = {k: int(np.prod(s)) for k, s in shapes.items()}
+        total = sum(sizes.values())
+        self._picks: dict[str, np.ndarray | None] = dict.fromkeys(shapes)
+        if total > sketch:
+            rng = np.random.default_rng(_SKETCH_SEED)
+            chosen = np.sort(rng.choice(total, size=sketch, replace=False))
+            start = 0
+            for k, size in sizes.items():
+                inside = chosen[(chosen >= start) & (chosen < start + size)]
+                self._picks[k] = inside - start
+                start += size
+        self._t = {k: np.zeros(self._length(k, sizes[k]), np.float64) for k in shapes}
+        self._u = {k: np.zeros_like(t) for k, t in self._t.items()}
         self.count = 0
         self._a = self._qa = self._q = self._q2 = 0.0
 
-    def add(self, per_step: Mapping[str, np.ndarray], samples: float) -> None:
-        """Add one update (already divided by its local steps), trained on ``samples`` > 0."""
+    @property
+    def coordinates(self) -> int:
+        """How many coordinates of an update the distances are taken over."""
+        return sum(t.size for t in self._t.values())
+
+    def _length(self, key: str, size: int) -> int:
+        picks = self._picks[key]
+        return size if picks is None else len(picks)
+
+    def add(self, delta: Mapping[str, np.ndarray], samples: float, steps: int = 1) -> None:
+        """Add one update of ``steps`` local steps (divided by them here: a per-step update),
+        trained on ``samples`` > 0."""
         q = 1.0 / samples
         norm = 0.0
-        for k, d in per_step.items():
-            self._t[k] += d
-            self._u[k] += q * d
-            norm += float(np.vdot(d, d))
+        for k, d in delta.items():
+            picks = self._picks[k]
+            flat = np.asarray(d).reshape(-1)
+            per_step = (flat if picks is None else flat[picks]).astype(np.float64) / max(1, steps)
+            self._t[k] += per_step
+            self._u[k] += q * per_step
+            norm += float(np.vdot(per_step, per_step))
         self._a += norm
         self._qa += q * norm
         self._q += q
@@ -159,7 +197,7 @@ class Heterogeneity:
             return 0.0
         if h <= s / MAX_RATIO:
             return MAX_RATIO
-        return s / h
+        return float(s / h)
 
     def observe(self, moments: PairMoments) -> None:
         """Pool one round's (or one asynchronous aggregation's) updates into the fit."""

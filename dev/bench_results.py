@@ -55,6 +55,7 @@ __all__ = [
     "buffers",
     "bursts",
     "compression",
+    "controller_defaults",
     "deployment",
     "drift",
     "footprint",
@@ -218,6 +219,46 @@ def buffers(doc: Doc) -> str:
         at most {peak:,} samples) is {reduction} smaller than fixed-{PAPER_BATCH}'s
         (persistence; goal >= {GOALS["buffer_reduction"]:g}x: {fmt_verdict(met)}{reason}), at
         the cost of the arrivals truncation drops: {dropped}. `fedstream bench streams`."""
+    )
+
+
+def controller_defaults(doc: Doc) -> str:
+    """What chose the controller's and the aggregation's defaults (``defaults.json``).
+
+    Reads, per scenario, the entries' ``reduction_per_seed``, ``ttt_per_seed``, ``reached``,
+    ``steady_per_seed``, ``final_per_seed`` and ``target``; ``old-defaults`` and ``seeds``.
+    """
+    from deploy.bench.defaults import IID_SCENARIOS
+
+    entries = doc["entries"]
+
+    def cut(arm: str) -> str:
+        return ", ".join(
+            f"{sc} {fmt_pct(one_entry(entries, scenario=sc, arm=arm)['reduction_per_seed'])}"
+            for sc in IID_SCENARIOS
+        )
+
+    def held(arm: str) -> str:
+        e = one_entry(entries, scenario="skew-HL8", arm=arm)
+        return f"`{arm}` {e['reached']} of {len(e['seeds'])}"
+
+    def stream_time(arm: str) -> str:
+        return fmt_spread(one_entry(entries, scenario="streams-S2", arm=arm)["ttt_per_seed"])
+
+    old = ", ".join(f"{k} {v}" for k, v in doc["old-defaults"].items())
+    skew_target = one_entry(entries, scenario="skew-HL8", arm="dynamic")["target"]
+    return bullet(
+        f"""**Choosing the defaults**: virtual clock, 4 devices, {fmt_seeds(doc["seeds"])}; the
+        dynamic controller's cut in time to 0.85 against the fixed split of its own starting
+        point. At the previous defaults ({old}): {cut("old dynamic")}; with the adaptive
+        weights alone {cut("old + adaptive")}; with B = 512 alone {cut("old + B 512")}; at
+        this release's defaults {cut("dynamic")} (with `fednova` {cut("fednova")}, with
+        `fedavg` {cut("fedavg")}). One label per device at HL8, target {skew_target:g} held:
+        {held("dynamic")} (`adaptive`), {held("fednova")}, {held("fedavg")}, {held("fixed")}
+        seeds, and at lr 0.1 {held("lr 0.1")}. On S2 streams that cap the batches, time to
+        0.85: {stream_time("dynamic")} s at the defaults, {stream_time("lr-batch 0")} s with
+        the rate scaled by sum(b) / B, {stream_time("old dynamic")} s at the previous
+        defaults. `fedstream bench defaults`."""
     )
 
 
@@ -387,8 +428,8 @@ def asynchronous(doc: Doc) -> str:
 
     Reads the entries' ``time-to-target-s`` (as speedups over ``sync-dynamic`` and over the
     best synchronous arm, per seed), ``accuracy-at-horizon``, ``accuracy-last-quarter``,
-    ``failed`` and ``updates``; ``deadline-tuning-seed``, ``deadline-factors``,
-    ``deadline-chosen``, ``settings``, ``seeds`` and ``goals``.
+    ``failed``, ``updates`` and ``settings``; ``deadline-tuning-seed``, ``deadline-factors``,
+    ``deadline-chosen``, ``seeds`` and ``goals``.
     """
     from deploy.bench.asynchronous import (
         GOALS,
@@ -407,9 +448,17 @@ def asynchronous(doc: Doc) -> str:
     def vs_best(name: str, method: str = "async") -> str:
         return fmt_x(_vs_best_sync(entries, name, method))
 
+    from deploy.bench.asynchronous import METHODS
+
     changes = "; ".join(
-        f"{method}: {', '.join(f'{k} = {v}' for k, v in keys.items()) or 'defaults'}"
-        for method, keys in doc["settings"].items()
+        f"{method}: "
+        + (
+            ", ".join(
+                f"{k} = {v}" for k, v in _select(entries, "HL8", method, "settings")[0].items()
+            )
+            or "defaults"
+        )
+        for method in METHODS
     )
 
     def accuracy(name: str, method: str, key: str = "accuracy-at-horizon") -> str:
@@ -696,6 +745,7 @@ BULLETS: list[tuple[Callable[..., str], tuple[str, ...]]] = [
     (streams, ("streams",)),
     (buffers, ("streams",)),
     (label_skew, ("hetero",)),
+    (controller_defaults, ("defaults",)),
     (noniid, ("noniid",)),
     (compression, ("compression",)),
     (forecast, ("forecast", "demo-forecast-accelerometer")),

@@ -268,7 +268,6 @@ def run(quick: bool = False) -> common.Result:
             "deadline-tuning": tuning,
             "deadline-tuning-seed": TUNING_SEED,
             "goals": goals["verdicts"],
-            "settings": {m: common.changed_settings(_settings(m, 0, 1)) for m in METHODS},
             "step-cost": {"a": cost.a, "c": cost.c, "sigma": cost.sigma},
             "clock": "virtual",
         },
@@ -324,6 +323,7 @@ def _entries(runs: Runs, horizons: dict[tuple[str, int], float]) -> list[dict[st
             {
                 "scenario": name,
                 "method": method,
+                "settings": common.changed_settings(_settings(method, seed, 1)),
                 "seed": seed,
                 "target": target,
                 "horizon-s": horizon,
@@ -401,10 +401,14 @@ def _table(entries: list[dict[str, Any]], chosen: dict[str, float]) -> str:
             label = method
             if method == "sync-deadline":
                 label += f" ({chosen[name]:g} x median round)"
+            settings = next(
+                e["settings"] for e in entries if e["scenario"] == name and e["method"] == method
+            )
             rows.append(
                 [
                     name,
                     label,
+                    common.describe_settings(settings),
                     common.spread(ttt),
                     common.spread(_speedups(entries, name, method)),
                     common.spread(_vs_best_sync(entries, name, method)),
@@ -418,6 +422,7 @@ def _table(entries: list[dict[str, Any]], chosen: dict[str, float]) -> str:
         [
             "scenario",
             "method",
+            "settings",
             "time to target (s)",
             "speedup vs sync-dynamic",
             "vs best sync",

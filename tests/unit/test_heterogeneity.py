@@ -11,7 +11,13 @@ import numpy as np
 import pytest
 
 from aggregator.checkpoint import load_checkpoint
-from aggregator.heterogeneity import MAX_RATIO, Heterogeneity, PairMoments, adaptive_weight
+from aggregator.heterogeneity import (
+    MAX_RATIO,
+    SKETCH,
+    Heterogeneity,
+    PairMoments,
+    adaptive_weight,
+)
 from aggregator.round_log import RoundRecord, rounds_only
 from aggregator.server_app import run_rounds
 from deploy.inprocess import InProcessGrid, VirtualDevice
@@ -64,6 +70,35 @@ def test_pair_sums_equal_the_sums_over_every_pair() -> None:
     np.testing.assert_allclose(
         sums, [6, xs.sum(), (xs**2).sum(), ys.sum(), (xs * ys).sum()], rtol=1e-12
     )
+
+
+def test_a_large_model_is_sketched_to_the_same_ratio() -> None:
+    # Prepare: a model of 50,000 values (over SKETCH) in two tensors, skewed updates.
+    shapes = {"w": (200, 200), "b": (10_000,)}
+    rng = np.random.default_rng(6)
+    sketched, whole = Heterogeneity(), Heterogeneity()
+    # Execute: the same ten rounds, sketched and over every coordinate.
+    for _ in range(10):
+        shared = {k: rng.normal(size=s) for k, s in shapes.items()}
+        updates = []
+        for n in SAMPLES:
+            updates.append(
+                {
+                    k: shared[k]
+                    + rng.normal(size=s) * math.sqrt(5.0 / 50_000)
+                    + rng.normal(size=s) * math.sqrt(1000.0 / n / 50_000)
+                    for k, s in shapes.items()
+                }
+            )
+        for het, size in ((sketched, SKETCH), (whole, 10**9)):
+            pairs = PairMoments(shapes, sketch=size)
+            for d, n in zip(updates, SAMPLES, strict=True):
+                pairs.add(d, n)
+            het.observe(pairs)
+    # Assert: the sketch holds SKETCH values, and its ratio is the whole model's (r = 200).
+    assert PairMoments(shapes).coordinates == SKETCH
+    assert sketched.ratio() == pytest.approx(whole.ratio(), rel=0.15)
+    assert 100 < whole.ratio() < 400
 
 
 def test_one_update_makes_no_pair() -> None:
