@@ -18,12 +18,12 @@ Each line: the run, a SHA-256 of its final weights (names and float32 bytes, sor
 name), its per-round plans, accuracies, codec modes and aggregated devices, and every
 record's virtual seconds (the timing probe's, round 0, first). The hash is
 bit-exact on one machine and torch build; across CPUs or builds, compare the rest.
-``dev/fingerprint.jsonl`` holds the lines of the charged-clock change (issue 34: the timing
-probe recorded and charged as round 0, the model's download charged per message, the
-aggregator's aggregation and evaluation charged by a measured cost line; the plans of
-``B-features``, whose availability cap reads the round time, changed with it, the others'
-weights did not), made on the 2-core x86_64 development machine with torch 2.13.0+cpu.
-Earlier lines (the honest-seed-reproductions change, commit ab28955) are in git history.
+``dev/fingerprint.jsonl`` holds the lines of the defaults chosen by measurement (issue 52:
+``aggregation = "adaptive"``, a one-step probe, ``lr-batch``; every run's weights changed
+with them, and the probe's virtual seconds with its steps), made on the 2-core x86_64
+development machine with torch 2.13.0+cpu. Earlier lines (the charged-clock change, issue 34;
+the honest-seed-reproductions change, commit ab28955) are in git history; the committed lines
+before this change no longer matched their own code either (nothing ran the comparison).
 """
 
 from __future__ import annotations
