@@ -567,7 +567,7 @@ def _table(entries: list[dict[str, Any]]) -> str:
             "-"
             if e["achievable"] is None
             else f"{e['achievable'] * 100:.0f} / {e['achievable_compute'] * 100:.0f} %",
-            common.spread(e["of_achievable_per_seed"]),
+            "-" if not e["achievable"] else common.spread(e["of_achievable_per_seed"]),
             common.spread(e["steady_efficiency_per_seed"]),
             common.spread(e["final_per_seed"], "{:.3f}"),
             " / ".join("-" if a is None else f"{a:.2f}" for a in e.get("per_class_accuracy", []))

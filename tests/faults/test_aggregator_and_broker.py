@@ -29,7 +29,7 @@ def test_a_secure_run_survives_a_broker_crash_and_resumes_after_an_aggregator_ki
     tmp_path: Path,
 ) -> None:
     # Prepare / Execute: dev-1 is 3x slower, so the controller has moved off an equal split
-    # by round 3; a fresh (not resumed) aggregator would plan round 3 as 64/64.
+    # by round 3; a fresh (not resumed) aggregator would plan round 3 as an equal split.
     rc, out, summary = demo(
         tmp_path,
         "--devices", "2", "--rounds", "4", "--local-steps", "10", "--slowdowns", "1,3",
@@ -52,9 +52,9 @@ def test_a_secure_run_survives_a_broker_crash_and_resumes_after_an_aggregator_ki
     records = rounds_only(read_metrics(run_dir / "metrics.jsonl"))
     assert [r.round for r in records] == [1, 2, 3, 4]
     # The controller state came back: round 3 is planned from the timings of rounds 1-2.
-    assert records[0].planned == {"dev-0": 64, "dev-1": 64}
+    assert records[0].planned["dev-0"] == records[0].planned["dev-1"]
     assert records[2].planned["dev-1"] < records[2].planned["dev-0"]
-    assert sum(records[2].planned.values()) == 128
+    assert sum(records[2].planned.values()) == sum(records[0].planned.values())
     # So did the model: training goes on from where it was, not from scratch.
     assert records[3].test_accuracy > records[0].test_accuracy
     state = json.loads((run_dir / "checkpoint" / "state.json").read_text())
