@@ -1,19 +1,26 @@
 """Device agents on one machine (``fedstream demo``, the benchmarks): one ``fedstream agent``
 per device, their sockets in a private temporary directory (a Unix socket's path is limited
-to about 107 bytes, which a run directory can exceed)."""
+to about 107 bytes, which a run directory can exceed), beside them each device's SuperExec
+secret when the agents take their SuperNodes' tasks themselves."""
 
 from __future__ import annotations
 
 import contextlib
+import os
+import secrets
 import shutil
 import socket
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from deploy.local import ProcessGroup, fedstream_command, wait_until
+from deploy.local import ProcessGroup, fedstream_command, free_port, wait_until
 
-__all__ = ["AGENT_START_S", "agent_sockets", "start_agents"]
+if TYPE_CHECKING:
+    from deploy.flower import FlowerDeployment
+
+__all__ = ["AGENT_START_S", "agent_sockets", "start_agents", "start_devices", "task_secret"]
 
 #: How long an agent may take to load torch and listen (a loaded 2-core machine: seconds).
 AGENT_START_S = 60.0
@@ -33,11 +40,30 @@ def agent_sockets(enabled: bool = True) -> Iterator[Path | None]:
         shutil.rmtree(directory, ignore_errors=True)
 
 
+def task_secret(sockets: Path, device: str) -> Path:
+    """A fresh SuperExec secret for ``device``'s SuperNode and agent, in a file only this
+    user reads (0600, in the agents' private directory); its path."""
+    path = sockets / f"{device}.secret"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(secrets.token_hex(32))
+    return path
+
+
 def start_agents(
-    group: ProcessGroup, buffers: dict[str, Path], sockets: Path, logs: Path | None = None
+    group: ProcessGroup,
+    buffers: dict[str, Path],
+    sockets: Path,
+    logs: Path | None = None,
+    tasks: dict[str, tuple[int, Path]] | None = None,
+    env: dict[str, str] | None = None,
 ) -> dict[str, Path]:
     """Start ``fedstream agent`` for each device of ``buffers``; return each one's socket
     once all of them listen.
+
+    ``tasks`` (device -> its SuperNode's runtime API port and SuperExec secret): the agents
+    take their SuperNodes' tasks themselves (no ClientApp process per message), in ``env``
+    (the deployment's Flower home, where they install the run's app).
 
     Raises
     ------
@@ -49,10 +75,20 @@ def start_agents(
     for dev, buffer in buffers.items():
         log = (logs or buffer.parent.parent / "logs") / f"agent-{dev}.log"
         paths[dev] = sockets / f"{dev}.sock"
+        taking: list[str] = []
+        if tasks is not None:
+            port, secret = tasks[dev]
+            taking = [
+                "--runtime-api",
+                f"127.0.0.1:{port}",
+                "--superexec-auth-secret-file",
+                str(secret),
+            ]
         group.start(
             f"agent-{dev}",
-            fedstream_command("agent", "--socket", str(paths[dev]), "--device-id", dev),
+            fedstream_command("agent", "--socket", str(paths[dev]), "--device-id", dev, *taking),
             log_path=log,
+            env=env,
         )
 
     def listening() -> bool:
@@ -64,6 +100,42 @@ def start_agents(
     if not wait_until(listening, AGENT_START_S, interval=0.1):
         raise RuntimeError(f"device agents did not listen within {AGENT_START_S:.0f} s")
     return paths
+
+
+def start_devices(
+    flower: FlowerDeployment,
+    buffers: dict[str, Path],
+    node_config: Callable[[str, str], Mapping[str, Any]],
+    sockets: Path | None,
+    logs: Path | None = None,
+    take_tasks: bool = True,
+) -> bool:
+    """Start each device of ``buffers``: its agent (with ``sockets``, the agents' private
+    directory) and its SuperNode, whose node config is ``node_config(device, agent)``
+    (``agent``: the socket the ClientApps hand over to, or ``""``).
+
+    ``take_tasks`` (the default): each agent takes its SuperNode's tasks itself (the node
+    runs ``--isolation process`` and starts no ClientApp process); else each message's
+    ClientApp process hands over through the agent's socket. Returns whether the agents
+    take the tasks.
+    """
+    tasks = None
+    if sockets is not None and take_tasks:
+        tasks = {dev: (free_port(), task_secret(sockets, dev)) for dev in buffers}
+    agents = (
+        start_agents(flower.group, buffers, sockets, logs, tasks=tasks, env=flower.env)
+        if sockets is not None
+        else {}
+    )
+    for dev in buffers:
+        task = tasks[dev] if tasks is not None else None
+        flower.start_supernode(
+            dev,
+            node_config(dev, "" if task else str(agents.get(dev, ""))),
+            tasks_secret=task[1] if task else None,
+            runtime_port=task[0] if task else None,
+        )
+    return tasks is not None
 
 
 def _answers(path: Path) -> bool:

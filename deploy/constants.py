@@ -20,6 +20,10 @@ DEFAULT_BROKER_URL: Final = f"mqtt://127.0.0.1:{DEFAULT_MQTT_PORT}"
 RESUME_WAIT_S: Final = 120.0
 RESUME_POLL_S: Final = 2.0
 
+# --- fedstream fleet ---------------------------------------------------------------------
+# Its table's width off a terminal (a pipe, a log): wide enough that no header or cell is cut.
+FLEET_PLAIN_WIDTH: Final = 240
+
 # --- fedstream demo ----------------------------------------------------------------------
 DEMO_DEVICES: Final = 4
 DEMO_MAX_DEVICES: Final = 64  # processes on one machine: a publisher, ingest and SuperNode each

@@ -24,7 +24,7 @@ from rich.console import Console
 from rich.live import Live
 
 from aggregator.round_log import RoundRecord, read_metrics, rounds_only
-from deploy.agents import agent_sockets, start_agents
+from deploy.agents import agent_sockets, start_devices
 from deploy.constants import (
     APP_DIR,
     DEMO_DRAIN_TIMEOUT_S,
@@ -209,7 +209,6 @@ def _start_flower(
     if secrets is not None:  # only these SuperNodes may join
         for dev in paths:
             flower.register_supernode(secrets.node_public_key(dev))
-    agents = start_agents(flower.group, paths, agent_dir) if agent_dir is not None else {}
     node_configs = {
         dev: NodeConfig(
             dev,
@@ -217,13 +216,22 @@ def _start_flower(
             slowdown=config.slowdowns[i],
             threads=1,
             inject=config.inject,
-            agent=str(agents.get(dev, "")),
         )
         for i, (dev, path) in enumerate(paths.items())
     }
-    for dev, node_config in node_configs.items():
-        flower.start_supernode(dev, node_config.to_node_config())
-    if agents:
+
+    def node_config(dev: str, agent: str) -> dict[str, Any]:
+        node_configs[dev] = replace(node_configs[dev], agent=agent)
+        return node_configs[dev].to_node_config()
+
+    taking = start_devices(flower, paths, node_config, agent_dir, take_tasks=config.agent_tasks)
+    if taking:
+        console.print(
+            "[bold]device agents[/bold]: one `fedstream agent` per device holds torch and the "
+            "model and takes its SuperNode's tasks itself: no process per message "
+            "(--no-agent: Flower's way, a ClientApp process per message)"
+        )
+    elif agent_dir is not None:
         console.print(
             "[bold]device agents[/bold]: one `fedstream agent` per device holds torch and the "
             "model; each message's ClientApp hands over to it (--no-agent: it trains itself)"

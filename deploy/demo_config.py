@@ -82,10 +82,15 @@ class DemoConfig:
     run_config: dict[str, Any] = field(default_factory=dict)  # kebab-case overrides
     kill: dict[str, int] = field(default_factory=dict)  # device -> after which round
     restart: dict[str, int] = field(default_factory=dict)  # killed device -> back after round
+    # device -> the round after which its agent is SIGKILLed mid-round, and started again
+    kill_agent: dict[str, int] = field(default_factory=dict)
     labels: int | None = None  # non-IID: classes per device (round-robin over the fleet)
     dirichlet: float | None = None  # non-IID: Dirichlet(alpha) label mix per device
     secure: bool = False  # Mosquitto TLS + passwords + ACL, Flower TLS + SuperNode auth
-    agent: bool = True  # one `fedstream agent` per device; the ClientApps hand over to it
+    agent: bool = True  # one `fedstream agent` per device, holding torch and the model
+    # ... which takes its SuperNode's tasks itself (False: each message's ClientApp process
+    # hands over to it through its socket, the node config's agent)
+    agent_tasks: bool = True
     kill_aggregator: int | None = None  # SIGKILL SuperLink + ServerApp after round N, resume
     # SIGKILL Mosquitto after round N, start it again DEMO_BROKER_OUTAGE_S later
     kill_broker: int | None = None
@@ -163,6 +168,13 @@ class DemoConfig:
         for dev, after in self.restart.items():
             if dev not in self.kill or after < self.kill[dev]:
                 raise ValueError(f"--restart {dev}@{after} needs --kill {dev}@N with N <= {after}")
+        unknown = set(self.kill_agent) - set(device_ids(self.devices))
+        if unknown:
+            raise ValueError(f"--kill-agent names unknown devices {sorted(unknown)}")
+        if self.kill_agent and not self.agent:
+            raise ValueError("--kill-agent needs the device agents (drop --no-agent)")
+        if any(not 1 <= after < rounds for after in self.kill_agent.values()):
+            raise ValueError(f"--kill-agent DEVICE@N takes N in 1..{rounds - 1}")
         if self.policy not in POLICIES:
             raise ValueError(f"--policy must be one of {POLICIES}")
         if self.capacity < 1:

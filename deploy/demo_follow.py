@@ -26,6 +26,7 @@ from deploy.demo_view import (
     progress_table,
 )
 from deploy.flower import FlowerDeployment
+from edge_client.runtime.buffer import BufferStore
 from edge_client.runtime.node_config import NodeConfig
 
 __all__ = ["follow_run", "kill_and_resume"]
@@ -42,7 +43,8 @@ def follow_run(
 ) -> tuple[dict[str, Any], list[str]]:
     """Show progress until the run ends (or stalls past every round's timeout).
 
-    Injects the faults asked for: SuperNodes killed and restarted, the broker killed and
+    Injects the faults asked for: SuperNodes killed and restarted, device agents killed
+    mid-round and restarted, the broker killed and
     started again ``DEMO_BROKER_OUTAGE_S`` later (training goes on from the buffers), and the
     aggregator (SuperLink with its ServerApp) killed, started again, and the run resumed from
     its last checkpoint as ``fedstream resume`` would. Returns the last run's status and the run ids
@@ -56,6 +58,7 @@ def follow_run(
         shown = -1
         doomed = dict(config.kill)
         revived = dict(config.restart)
+        agents_doomed = dict(config.kill_agent)
         aggregator_fault = config.kill_aggregator
         broker_fault = config.kill_broker
         broker_back_at: float | None = None
@@ -88,6 +91,15 @@ def follow_run(
                     flower.kill_supernode(dev)
                     console.print(f"[yellow]killed {dev}'s SuperNode after round {after}[/yellow]")
                     del doomed[dev]
+            for dev, after in list(agents_doomed.items()):
+                if len(records) >= after and _training(node_configs[dev]):
+                    flower.group.kill(f"agent-{dev}")  # mid-round: its samples held aside
+                    flower.group.restart(f"agent-{dev}")
+                    console.print(
+                        f"[yellow]killed {dev}'s agent (SIGKILL) while it trained round "
+                        f"{after + 1}; started it again[/yellow]"
+                    )
+                    del agents_doomed[dev]
             for dev, after in list(revived.items()):
                 if dev not in doomed and len(records) >= after:  # the device comes back
                     flower.start_supernode(dev, node_configs[dev].to_node_config())
@@ -102,9 +114,16 @@ def follow_run(
                     console.print(table)
             if str(status.get("status", "")).startswith("finished"):
                 break
-            time.sleep(DEMO_STATUS_POLL_S)
+            # an agent to kill mid-round: look often enough to find its round training
+            time.sleep(DEMO_STATUS_POLL_S / 5 if agents_doomed else DEMO_STATUS_POLL_S)
     (run_dir / "serverapp.log").write_text(flower.logs(run_id))
     return status, resumed
+
+
+def _training(node: NodeConfig) -> bool:
+    """Whether the device's round is training now (its buffer holds samples aside)."""
+    with BufferStore(Path(node.buffer)) as store:
+        return store.held_aside() > 0
 
 
 def kill_and_resume(

@@ -163,6 +163,19 @@ def _cli_json(*args: str, env: Mapping[str, str] | None = None) -> dict[str, Any
     return data if isinstance(data, dict) else {"success": False, "error": str(data)}
 
 
+def flower_says(data: Mapping[str, Any]) -> str:
+    """A failed ``flwr ... --format json`` reply as a sentence (Flower's own message, and the
+    fix where it is a missing connection), never the raw dict."""
+    said = str(data.get("error-message") or data.get("error") or "no reason given").strip()
+    if "No SuperLink connection set" in said:
+        said += (
+            ": name the SuperLink connection (a [superlink.NAME] entry of "
+            "$FLWR_HOME/config.toml), e.g. fedstream resume DIR --connection NAME, or set "
+            "its default"
+        )
+    return said
+
+
 def submit_run(
     app_dir: Path,
     connection: str | None,
@@ -191,7 +204,7 @@ def submit_run(
     where = [str(app_dir), *([connection] if connection else [])]
     data = _cli_json("run", *where, "--run-config", pairs, env=env)
     if not data.get("success") or "run-id" not in data:
-        raise FlowerError(f"flwr run failed: {data}")
+        raise FlowerError(f"flwr run failed: {flower_says(data)}")
     return str(data["run-id"])
 
 
@@ -378,6 +391,8 @@ class FlowerDeployment:
             "PATH": f"{SCRIPTS_DIR}{os.pathsep}{os.environ.get('PATH', '')}",
         }
         self.nodes: list[str] = []
+        self.runtime_ports: dict[str, int] = {}  # name -> its SuperNode's runtime API port
+        self._task_secrets: dict[str, Path] = {}  # name -> the secret its agent signs with
         home.mkdir(parents=True, exist_ok=True)
         self.simulated_nodes = simulated_nodes
         transport = (
@@ -454,11 +469,16 @@ class FlowerDeployment:
         """
         data = self._cli_json("supernode", "register", str(public_key), CONNECTION)
         if not data.get("success") or "node-id" not in data:
-            raise FlowerError(f"flwr supernode register {public_key} failed: {data}")
+            raise FlowerError(f"flwr supernode register {public_key} failed: {flower_says(data)}")
         return int(data["node-id"])
 
     def start_supernode(
-        self, name: str, node_config: Mapping[str, Any], key: Path | None = None
+        self,
+        name: str,
+        node_config: Mapping[str, Any],
+        key: Path | None = None,
+        tasks_secret: Path | None = None,
+        runtime_port: int | None = None,
     ) -> subprocess.Popen[bytes]:
         """Start a ``flower-supernode`` with ``--node-config`` built from ``node_config``.
 
@@ -471,6 +491,15 @@ class FlowerDeployment:
         key : Path, optional
             Private key it signs with; secured deployments default to the device's key in
             the run's secrets (``node_config["device-id"]``).
+        tasks_secret : Path, optional
+            A SuperExec secret file: the node runs as ``fedstream-supernode`` (Flower's
+            SuperNode, its idle waits shortened: :mod:`edge_client.runtime.flower_internals`)
+            in ``--isolation process``, its tasks left for the device's agent, which signs
+            with this secret; its runtime API's port is in :attr:`runtime_ports`. None:
+            Flower's own ``flower-supernode``, one ``flwr-clientapp`` per message.
+        runtime_port : int, optional
+            The runtime API's port; None: a free one. A node started again under the same
+            name keeps its port and secret (its agent's).
         """
         config = " ".join(f"{k}={_toml_value(v)}" for k, v in node_config.items())
         if self.secrets is None:
@@ -483,19 +512,28 @@ class FlowerDeployment:
                 "--auth-supernode-private-key",
                 str(key),
             ]
+        tasks_secret = tasks_secret or self._task_secrets.get(name)
+        port = runtime_port or self.runtime_ports.get(name) or free_port()
+        self.runtime_ports[name] = port
+        if tasks_secret is not None:
+            self._task_secrets[name] = tasks_secret
+        if tasks_secret is None:
+            program, isolation = [_flwr_bin("flower-supernode"), "--isolation", "subprocess"], []
+        else:
+            program = [_flwr_bin("fedstream-supernode"), "--isolation", "process"]
+            isolation = ["--superexec-auth-secret-file", str(tasks_secret)]
         proc = self.group.start(
             f"supernode-{name}",
             [
-                _flwr_bin("flower-supernode"),
+                *program,
+                *isolation,
                 *transport,
                 "--superlink",
                 f"127.0.0.1:{self.port}",
                 "--host",
                 "127.0.0.1",
                 "--port",
-                str(free_port()),
-                "--isolation",
-                "subprocess",
+                str(port),
                 "--node-config",
                 config,
             ],
@@ -572,7 +610,7 @@ class FlowerDeployment:
         if data.get("success", False):
             return
         if not str(self.status(run_id).get("status", "")).startswith("finished"):
-            raise FlowerError(f"flwr stop {run_id} failed: {data}")
+            raise FlowerError(f"flwr stop {run_id} failed: {flower_says(data)}")
 
     def wait_finished(
         self, run_id: str, timeout: float = 300.0, interval: float = 2.0

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType
-from typing import IO, NamedTuple, Self
+from typing import IO, Any, NamedTuple, Self
 
 __all__ = [
     "SIGNAL_ECHO_S",
@@ -262,6 +262,7 @@ class ProcessGroup:
         self.grace = grace
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self._logs: list[IO[bytes]] = []
+        self._started: dict[str, dict[str, Any]] = {}  # name -> how it was started
 
     def start(
         self,
@@ -274,6 +275,13 @@ class ProcessGroup:
         cwd: Path | None = None,
     ) -> subprocess.Popen[bytes]:
         """Start ``cmd`` as child ``name``; stderr (and stdout) go to ``log_path`` if given."""
+        self._started[name] = {
+            "cmd": list(cmd),
+            "log_path": log_path,
+            "env": env,
+            "stdout_pipe": stdout_pipe,
+            "cwd": cwd,
+        }
         out: IO[bytes] | int = subprocess.DEVNULL
         if log_path is not None:
             log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -305,6 +313,13 @@ class ProcessGroup:
         wait_until(lambda: not _alive(tree), min(grace, 2.0), 0.1)
         _signal_all(tree, signal.SIGKILL)  # what it started and left behind
         return code
+
+    def restart(self, name: str) -> subprocess.Popen[bytes]:
+        """Start child ``name`` again as it was started last (after :meth:`kill` or
+        :meth:`stop`: as systemd restarts a unit), its log appended to."""
+        if name in self.procs:
+            raise ValueError(f"{name} is running")
+        return self.start(name, **self._started[name])
 
     def kill(self, name: str) -> None:
         """SIGKILL one child and everything it started (for crash tests), and reap it."""

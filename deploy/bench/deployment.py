@@ -1,7 +1,11 @@
 """``fedstream bench deployment``: rounds on the wall clock, on Flower's deployment engine.
 
-Every run is a real SuperLink and real SuperNodes on this machine (subprocess isolation,
-one ClientApp process per message, as deployed), one after the other:
+Every run is a real SuperLink and real SuperNodes on this machine, one after the other: the
+plain apps and the ``fedstream-idle`` and ``fedstream-live`` arms on Flower's own
+``flower-supernode`` (subprocess isolation, one ClientApp process per message); the
+``-agent`` arms and the controller pair with a device agent per device, which takes its
+SuperNode's tasks itself (``fedstream-supernode`` in process isolation: no process per
+message, :mod:`edge_client.runtime.task_taker`):
 
 - ``plain-flower``: a plain Flower app (:mod:`plain_flower`, in this folder: Flower's
   ``FedAvg`` through ``Strategy.start``, unmodified, a ClientApp that trains fedstream's
@@ -42,7 +46,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +55,7 @@ from rich.console import Console
 
 from aggregator.exchange import PULL_INTERVAL_S
 from aggregator.round_log import RoundRecord, read_metrics, rounds_only
-from deploy.agents import agent_sockets, start_agents
+from deploy.agents import agent_sockets, start_devices
 from deploy.bench.agent import agent_summary, run_soak
 from deploy.bench.common import Result, spread
 from deploy.bench.curves import batch_per_device, compute_per_device, slowest_share, time_to
@@ -144,6 +148,7 @@ class ProcessSampler:
     roles: dict[str, str] = field(
         default_factory=lambda: {
             "flower-supernode": "supernode",
+            "fedstream-supernode": "supernode",  # Flower's, its waits shortened
             "flower-superexec": "superexec",
             "flwr-clientapp": "clientapp",
             " ingest ": "ingest",
@@ -309,21 +314,21 @@ def _deployment(
     agents: bool = False,
 ) -> Iterator[FlowerDeployment]:
     """A SuperLink and one SuperNode per buffer (with ``agents``: and one device agent
-    each, which their node configs name), kept for several runs one after the other (the
+    each, which takes its SuperNode's tasks), kept for several runs one after the other (the
     plain app reads ``seed`` from the node config, fedstream's the device's keys)."""
     with agent_sockets(agents) as sockets, ProcessGroup() as group:
         flower = FlowerDeployment(group, home)
         flower.start_superlink()
-        by_dev = start_agents(group, buffers, sockets, home / "logs") if sockets else {}
-        for i, (dev, path) in enumerate(buffers.items()):
+        order = {dev: i for i, dev in enumerate(buffers)}
+
+        def node_config(dev: str, agent: str) -> dict[str, Any]:
+            i = order[dev]
             node = NodeConfig(
-                dev,
-                str(path),
-                slowdown=slowdowns[i % len(slowdowns)],
-                threads=1,
-                agent=str(by_dev.get(dev, "")),
+                dev, str(buffers[dev]), slowdown=slowdowns[i % len(slowdowns)], threads=1
             )
-            flower.start_supernode(dev, {**node.to_node_config(), "seed": i})
+            return {**replace(node, agent=agent).to_node_config(), "seed": i}
+
+        start_devices(flower, buffers, node_config, sockets, home / "logs")
         flower.wait_nodes(len(buffers))
         yield flower
 

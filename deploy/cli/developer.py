@@ -114,8 +114,9 @@ def demo(
     agent: Annotated[
         bool,
         typer.Option(
-            help="One fedstream agent per device (torch loaded once; each Flower message's "
-            "ClientApp hands over to it). Off: every message's ClientApp loads torch itself."
+            help="One fedstream agent per device: torch and the model loaded once, and it takes "
+            "its SuperNode's tasks itself (no process per message). Off: Flower's way, a "
+            "ClientApp process per message that loads torch itself."
         ),
     ] = True,
     stream_only: Annotated[
@@ -130,6 +131,14 @@ def demo(
     restart: Annotated[
         list[str] | None,
         typer.Option(help="DEVICE@ROUND starts a killed device's SuperNode again."),
+    ] = None,
+    kill_agent: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--kill-agent",
+            help="Fault injection: DEVICE@ROUND SIGKILLs the device's agent while it trains "
+            "the next round, and starts it again (as systemd would).",
+        ),
     ] = None,
     round_timeout: Annotated[
         float | None,
@@ -298,6 +307,7 @@ def demo(
             run_config=overrides,
             kill=_parse_kills(kill or []),
             restart=_parse_kills(restart or [], "--restart"),
+            kill_agent=_parse_kills(kill_agent or [], "--kill-agent"),
             labels=labels,
             dirichlet=dirichlet,
             secure=secure,

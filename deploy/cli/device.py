@@ -573,13 +573,30 @@ def infer(
 
 def agent(
     socket_path: Annotated[
-        Path,
+        Path | None,
         typer.Option(
             "--socket",
-            help="The Unix socket to serve on; name it as agent in the SuperNode's node config "
-            "(its directory is made private to this user).",
+            help="A Unix socket to serve ClientApps on (node config agent=<socket>; its "
+            "directory is made private to this user).",
         ),
-    ],
+    ] = None,
+    runtime_api: Annotated[
+        str | None,
+        typer.Option(
+            "--runtime-api",
+            help="Take the tasks of the SuperNode whose runtime API listens here "
+            "(host:port; the SuperNode runs with --isolation process): no process per message.",
+        ),
+    ] = None,
+    secret_file: Annotated[
+        Path | None,
+        typer.Option(
+            "--superexec-auth-secret-file",
+            help="The SuperNode's --superexec-auth-secret-file (mode 0600): only a process "
+            "that reads it may take the device's tasks. The tasks being served are noted beside "
+            "it (<file>.task-<id>), for a restarted agent to answer at once.",
+        ),
+    ] = None,
     device_id: Annotated[
         str | None,
         typer.Option("--device-id", help="Serve only this device (others are refused)."),
@@ -587,14 +604,28 @@ def agent(
     threads: Annotated[int, typer.Option(help="torch intra-op threads.", min=1)] = AGENT_THREADS,
     verbose: VerboseOption = False,
 ) -> None:
-    """Serve this device's training: torch, the task and the model loaded once; the
-    ClientApp (node config agent=<socket>) hands each Flower message over."""
+    """Serve this device's training with torch, the task and the model loaded once: its
+    SuperNode's tasks (--runtime-api), or the ClientApps that hand their message over
+    (--socket, node config agent=<socket>)."""
     from edge_client.runtime.agent import DeviceAgent
+    from edge_client.runtime.task_taker import TaskTaker, read_secret
 
     setup_logging(verbose)
+    if socket_path is None and runtime_api is None:
+        raise fail("give --runtime-api HOST:PORT (take the SuperNode's tasks), --socket, or both")
+    if (runtime_api is None) != (secret_file is None):
+        raise fail("--runtime-api and --superexec-auth-secret-file go together")
     try:
-        DeviceAgent(socket_path, threads=threads, device_id=device_id).run()
-    except (PermissionError, OSError) as err:
+        tasks = None
+        if runtime_api is not None and secret_file is not None:
+            tasks = TaskTaker(
+                runtime_api,
+                read_secret(secret_file),
+                device_id,
+                inflight=secret_file.with_name(f"{secret_file.name}.task"),
+            )
+        DeviceAgent(socket_path, threads=threads, device_id=device_id, tasks=tasks).run()
+    except (PermissionError, OSError, ValueError) as err:
         raise fail(str(err), code=1) from err
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import signal
+import sys
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -25,7 +26,7 @@ from deploy.cli.options import (
     broker_options,
     with_credentials,
 )
-from deploy.constants import RESUME_WAIT_S
+from deploy.constants import FLEET_PLAIN_WIDTH, RESUME_WAIT_S
 from deploy.local import STOP_SIGNALS
 
 if TYPE_CHECKING:
@@ -131,7 +132,11 @@ def _print_fleet(rows: list[dict[str, Any]], json_out: bool, broker: str) -> Non
     if not rows:
         console.print(f"no device has published a status on {broker} yet")
         return
-    Console().print(_fleet_table(rows, broker))
+    # Off a terminal (a pipe, a log) rich would fit the table to 80 columns and cut the
+    # headers: print it whole there.
+    Console(width=None if sys.stdout.isatty() else FLEET_PLAIN_WIDTH).print(
+        _fleet_table(rows, broker)
+    )
 
 
 def _fleet_table(rows: list[dict[str, Any]], broker: str) -> Table:
@@ -145,8 +150,13 @@ def _fleet_table(rows: list[dict[str, Any]], broker: str) -> Table:
 
     table = Table(title=f"fleet on {broker}", box=box.SIMPLE_HEAD)
     columns = ("device", "online", "rate/s", "fill", "dropped", "refused", "missing", "seen")
-    for column in (*columns, "drift"):
-        table.add_column(column, justify="left" if column == "device" else "right")
+    for column in (*columns, "drift"):  # a header is never cut: at least its own width
+        table.add_column(
+            column,
+            justify="left" if column == "device" else "right",
+            min_width=len(column),
+            no_wrap=True,
+        )
     table.add_column("error")
     for row in rows:
         reasons = ", ".join(f"{k} {v}" for k, v in sorted(row["refused-by-reason"].items()))
@@ -263,8 +273,11 @@ def stop(
         state = read_state(directory)
         if state is not None:
             console.print(
-                f"the run stopped after round {state[SERVER_ROUND]}: fedstream resume "
-                f"{directory} continues it",
+                f"the run stopped after round {state[SERVER_ROUND]}: `fedstream resume "
+                f"{directory} --connection CONNECTION --app APP` continues it (CONNECTION: "
+                "the SuperLink connection you ran it with, a [superlink.NAME] of "
+                "$FLWR_HOME/config.toml; APP: the app's folder, /opt/fedstream/app from "
+                "deploy/install.sh)",
                 soft_wrap=True,
             )
             return

@@ -55,6 +55,7 @@ from edge_client.wire.records import ReplyMetrics
 if TYPE_CHECKING:
     from flwr.app import Message
 
+    from edge_client.runtime.task_taker import TaskTaker
     from edge_client.task.interface import Task
 
 __all__ = ["DeviceAgent"]
@@ -79,14 +80,24 @@ class DeviceAgent:
         torch intra-op threads (a node config's ``threads`` overrides it per run).
     device_id : str, optional
         Serve only this device (a request for another is refused); None: any.
+    tasks : TaskTaker, optional
+        Also take the device's SuperNode's tasks itself
+        (:mod:`~edge_client.runtime.task_taker`); with it ``socket_path`` may be None.
     """
 
     def __init__(
-        self, socket_path: Path, threads: int = AGENT_THREADS, device_id: str | None = None
+        self,
+        socket_path: Path | None,
+        threads: int = AGENT_THREADS,
+        device_id: str | None = None,
+        tasks: TaskTaker | None = None,
     ) -> None:
-        self.socket_path = Path(socket_path)
+        if socket_path is None and tasks is None:
+            raise ValueError("an agent serves a socket, its SuperNode's tasks, or both")
+        self.socket_path = Path(socket_path) if socket_path is not None else None
         self.threads = threads
         self.device_id = device_id
+        self.tasks = tasks
         self.served = 0
         self._sock: socket.socket | None = None
         self._stopping = threading.Event()
@@ -108,6 +119,10 @@ class DeviceAgent:
         OSError
             If another agent already listens on the socket.
         """
+        if self.socket_path is None:
+            self._warm_up()
+            self._start_tasks()
+            return
         if len(os.fsencode(self.socket_path)) > _MAX_SOCKET_PATH:
             raise OSError(
                 f"socket path {self.socket_path} is longer than a Unix socket's "
@@ -126,6 +141,7 @@ class DeviceAgent:
         sock.settimeout(0.5)  # to notice stop()
         self._sock = sock
         self._thread.start()
+        self._start_tasks()
         log.info(
             "agent (fedstream %s, torch threads %d) serving %s on %s",
             fedstream_version(),
@@ -134,20 +150,34 @@ class DeviceAgent:
             self.socket_path,
         )
 
+    def _start_tasks(self) -> None:
+        if self.tasks is not None:
+            self.tasks.start()
+
     def stop(self) -> None:
         """Stop accepting, finish the message being served, remove the socket."""
         self._stopping.set()
+        if self.tasks is not None:
+            self.tasks.stop()
         if self._thread.is_alive():
             self._thread.join(timeout=600)
-        if self._sock is not None:
+        if self._sock is not None and self.socket_path is not None:
             self._sock.close()
             with contextlib.suppress(FileNotFoundError):
                 self.socket_path.unlink()
-        log.info("agent stopped after %d messages", self.served)
+        served = self.served + (self.tasks.served if self.tasks is not None else 0)
+        log.info("agent stopped after %d messages", served)
 
     def run(self) -> None:
         """Serve until SIGTERM, SIGINT or SIGHUP (what ``fedstream agent`` runs)."""
-        run_until_signalled(self.start, self.stop, self._thread, "agent")
+        # The tasks, where it takes them, are its main work: their thread is the one watched.
+        thread = self.tasks.thread if self.tasks is not None else self._thread
+        try:
+            run_until_signalled(self.start, self.stop, thread, "agent")
+        except RuntimeError:
+            if self.tasks is not None and self.tasks.error:
+                raise PermissionError(self.tasks.error) from None
+            raise
 
     def _warm_up(self) -> None:
         """Import torch and the round's code, and run one step: the first message then pays
@@ -166,6 +196,7 @@ class DeviceAgent:
 
     def _unlink_stale(self) -> None:
         """Remove the socket a killed agent left behind; refuse to take over a live one."""
+        assert self.socket_path is not None
         if not self.socket_path.exists():
             return
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:

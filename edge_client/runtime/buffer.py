@@ -402,6 +402,12 @@ class BufferStore(SqliteStore):
 
     # -- training side --------------------------------------------------------------------
 
+    def held_aside(self) -> int:
+        """Samples a round has taken and holds aside now (:meth:`take` with ``hold``): more
+        than 0 while a round trains, until its reply is ready."""
+        row = self._db.execute("SELECT coalesce(sum(n), 0) FROM taken").fetchone()
+        return int(row[0])
+
     def settle_taken(self) -> None:
         """Forget the samples held by :meth:`take` (``hold=True``): their round is done."""
         with self._write() as db:

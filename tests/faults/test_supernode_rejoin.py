@@ -41,3 +41,8 @@ def test_a_killed_supernode_rejoins_and_keeps_its_state_by_device_id(tmp_path: P
     assert set(state["controller"]["devices"]) == {"dev-0", "dev-1", "dev-2"}
     assert len(state["retired-nodes"]) == 1 and "dev-2" in state["node-devices"].values()
     assert records[-1].failed == records[-2].failed  # nothing new failed in round 4
+    # Its agent lost the SuperNode it took tasks from, waited, and took them again from the
+    # restarted one (same runtime API port): the last rounds trained in the agent.
+    agent_log = (run_dir / "logs" / "agent-dev-2.log").read_text()
+    assert "not reachable" in agent_log and "is back" in agent_log, agent_log[-2000:]
+    assert records[-1].devices["dev-2"].agent_cpu_s > 0

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from aggregator.round_log import RoundRecord, read_metrics, rounds_only
+from deploy.bench.deployment import ProcessSampler
 from deploy.bench.forecast import DATA as CO2
 from deploy.demo import APP_DIR
 from deploy.flower import FlowerDeployment
@@ -46,13 +47,14 @@ def test_demo_on_a_users_recording_learns_and_the_slower_device_gets_the_smaller
     # enough that neither caps its device's batch (at the demo's 400 and 300 samples/s, the
     # agents' short rounds let the fast device's stream cap it below the slow one's share:
     # rate-aware, as planned, but not what this test is about).
-    rc, out, summary = demo(
-        tmp_path,
-        *("--source", str(tmp_path / "rec.npz"), "--test", str(tmp_path / "test.npz")),
-        *("--devices", "2", "--rounds", "3", "--local-steps", "40", "--slowdowns", "1,4"),
-        *("--rates", "1500,1500"),
-        *("--run-config", "controller-probe=3"),
-    )
+    with ProcessSampler().running() as processes:
+        rc, out, summary = demo(
+            tmp_path,
+            *("--source", str(tmp_path / "rec.npz"), "--test", str(tmp_path / "test.npz")),
+            *("--devices", "2", "--rounds", "3", "--local-steps", "40", "--slowdowns", "1,4"),
+            *("--rates", "1500,1500"),
+            *("--run-config", "controller-probe=3"),
+        )
     # Assert: the model was built for the recording, and learned it well above chance (0.2).
     assert rc == 0, out[-3000:]
     assert summary["status"] == "finished:completed" and summary["rounds"] == 3
@@ -78,11 +80,13 @@ def test_demo_on_a_users_recording_learns_and_the_slower_device_gets_the_smaller
     assert (run_dir / "report.png").stat().st_size > 10_000
     probe, *records = read_metrics(run_dir / "metrics.jsonl")  # the timing probe's first
     assert probe.round == 0 and [r.round for r in records] == [1, 2, 3]
-    # Through the devices' agents (the demo's default): each message's
-    # ClientApp handed over, and no ClientApp process loaded torch (its peak well under it).
-    assert "device agents" in out
-    assert all(m.agent_cpu_s > 0 for r in records for m in r.devices.values())
-    assert all(m.peak_rss < 200 * 2**20 for r in records for m in r.devices.values())
+    # Through the devices' agents (the demo's default), which took their SuperNodes' tasks
+    # themselves: every round trained in an agent, and no ClientApp process was started.
+    assert "takes its SuperNode's tasks itself" in out
+    assert all(m.agent_cpu_s > 0 and m.cpu_s == 0 for r in records for m in r.devices.values())
+    roles = processes.by_role()
+    assert "clientapp" not in roles and "superexec" not in roles, roles
+    assert roles["agent"]["processes"] == 2 == roles["supernode"]["processes"]
 
 
 def simulate(tmp_path: Path, config: dict[str, object]) -> list[RoundRecord]:

@@ -128,6 +128,9 @@ def test_fleet_shows_every_devices_retained_status_and_serves_it_to_prometheus(
     # Assert: one row per device, the stopped one offline with its last counters.
     assert table.returncode == 0 and listed.returncode == 0, table.stderr + listed.stderr
     assert "dev-a" in table.stdout and "dev-b" in table.stdout
+    # off a terminal (captured here) every header is whole, not cut to fit 80 columns
+    for header in ("device", "online", "rate/s", "dropped", "refused", "missing", "drift"):
+        assert f" {header} " in table.stdout.replace("\n", " "), table.stdout
     rows = {row["device"]: row for row in json.loads(listed.stdout)}
     assert set(rows) == {"dev-a", "dev-b", "dev-d"}  # dev-c's status was not JSON: ignored
     # dev-d's values are not numbers: unknown, not a crash

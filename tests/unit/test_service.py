@@ -173,7 +173,9 @@ def test_fedstream_stop_ends_a_bounded_run_after_a_round_and_says_which(
     # Assert: it stopped after a whole round, checkpointed, and said which
     last = read_state(ckpt)["server-round"]  # type: ignore[index]
     assert result.exit_code == 0, result.output
-    assert f"the run stopped after round {last}: fedstream resume {ckpt}" in result.output
+    assert f"the run stopped after round {last}: `fedstream resume {ckpt} --connection" in (
+        " ".join(result.output.split())
+    )
     assert not run.is_alive() and [r.round for r in records][-1] == last < 30
 
 

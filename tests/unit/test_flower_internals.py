@@ -1,0 +1,84 @@
+"""The one module that leans on Flower's internals: pinned, and its pacing by hand."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from edge_client.runtime import flower_internals as fi
+from edge_client.runtime.task_taker import read_secret
+
+
+def test_the_flower_internals_relied_on_are_those_pinned() -> None:
+    # Execute: hash the source of every Flower function the device runtime relies on.
+    changed = fi.changed_internals()
+    # Assert: a Flower release that changes one fails here (read it again, then re-pin).
+    assert changed == {}, (
+        "Flower changed what edge_client/runtime/flower_internals.py relies on: read the "
+        f"new sources, adapt, and update PINNED: {changed}"
+    )
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_pacer_pulls_fast_in_a_run_and_at_flowers_pace_when_idle() -> None:
+    # Prepare: a node that handled a message at t = 100.
+    clock, slept = _Clock(), list[float]()
+    pacer = fi.Pacer(clock=clock, sleep=slept.append)
+    # Execute / Assert: an empty pull right after a message waits FAST_PULL_S ...
+    pacer.sleep(3)
+    assert slept[-1] == fi.FAST_PULL_S
+    # ... and once the node has been idle past HOT_S, Flower's own 3 s.
+    clock.now += fi.HOT_S + 1
+    pacer.sleep(3)
+    assert slept[-1] == 3
+    # Waiting for a reply looks every REPLY_POLL_S and makes the node busy again.
+    pacer.sleep(0.5)
+    assert slept[-1] == fi.REPLY_POLL_S
+    pacer.sleep(3)
+    assert slept[-1] == fi.FAST_PULL_S
+    # Everything else is the real time module.
+    assert pacer.time() > 0 and pacer.monotonic() > 0
+
+
+def test_installing_the_pacer_changes_only_the_supernode_module(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Prepare: restore Flower's module afterwards.
+    import time
+
+    import flwr.supernode.start_client_internal as module
+
+    for name in ("time", "_push_messages", "pull_objects"):
+        monkeypatch.setattr(module, name, getattr(module, name))
+    # Execute
+    pacer = fi.install_pacer(fi.Pacer())
+    # Assert: the SuperNode's loop sees the pacer; the process's time module is untouched.
+    assert getattr(module, "time") is pacer and time.sleep is not pacer.sleep  # noqa: B009
+    assert getattr(module, "pull_objects").keywords == {  # noqa: B009
+        "initial_backoff": fi.OBJECT_RETRY_S[0],
+        "backoff_cap": fi.OBJECT_RETRY_S[1],
+    }
+
+
+def test_the_superexec_secret_must_be_private_and_not_empty(tmp_path: Path) -> None:
+    # Prepare
+    secret = tmp_path / "dev-0.secret"
+    secret.write_text("s3cret\n")
+    # Execute / Assert: others may read it: refused, with the fix.
+    os.chmod(secret, 0o640)
+    with pytest.raises(ValueError, match="chmod 600"):
+        read_secret(secret)
+    os.chmod(secret, 0o600)
+    assert read_secret(secret) == b"s3cret"
+    secret.write_text("\n")
+    with pytest.raises(ValueError, match="empty"):
+        read_secret(secret)
