@@ -36,6 +36,7 @@ import importlib
 import inspect
 import json
 import logging
+import math
 import sys
 import threading
 import time
@@ -150,7 +151,9 @@ class Pacer:
     ) -> None:
         self._clock = clock
         self._sleep = sleep
-        self._busy_at = clock()  # a node that just joined is likely joining a run
+        # Idle until its first message: a fleet of nodes that join and wait loads the
+        # SuperLink as Flower's own do (a run's first message may wait one 3 s pull).
+        self._busy_at = -math.inf
         self._lock = threading.Lock()
 
     def __getattr__(self, name: str) -> Any:

@@ -30,10 +30,14 @@ class _Clock:
 
 
 def test_the_pacer_pulls_fast_in_a_run_and_at_flowers_pace_when_idle() -> None:
-    # Prepare: a node that handled a message at t = 100.
+    # Prepare: a node that has just joined.
     clock, slept = _Clock(), list[float]()
     pacer = fi.Pacer(clock=clock, sleep=slept.append)
-    # Execute / Assert: an empty pull right after a message waits FAST_PULL_S ...
+    # Execute / Assert: before its first message it pulls at Flower's pace ...
+    pacer.sleep(3)
+    assert slept[-1] == 3
+    # ... an empty pull right after a message waits FAST_PULL_S ...
+    pacer.busy()
     pacer.sleep(3)
     assert slept[-1] == fi.FAST_PULL_S
     # ... and once the node has been idle past HOT_S, Flower's own 3 s.
