@@ -6,7 +6,6 @@ secret when the agents take their SuperNodes' tasks themselves."""
 from __future__ import annotations
 
 import contextlib
-import os
 import secrets
 import shutil
 import socket
@@ -16,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from deploy.local import ProcessGroup, fedstream_command, free_port, wait_until
+from edge_client.runtime.task_taker import write_private
 
 if TYPE_CHECKING:
     from deploy.flower import FlowerDeployment
@@ -44,9 +44,7 @@ def task_secret(sockets: Path, device: str) -> Path:
     """A fresh SuperExec secret for ``device``'s SuperNode and agent, in a file only this
     user reads (0600, in the agents' private directory); its path."""
     path = sockets / f"{device}.secret"
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as out:
-        out.write(secrets.token_hex(32))
+    write_private(path, secrets.token_hex(32))
     return path
 
 

@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from flwr.app import Context, Message
     from flwr.clientapp import ClientApp
 
-__all__ = ["HOT_POLL_S", "IDLE_POLL_S", "TaskTaker", "read_secret"]
+__all__ = ["HOT_POLL_S", "IDLE_POLL_S", "TaskTaker", "read_secret", "write_private"]
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +54,14 @@ log = logging.getLogger(__name__)
 HOT_POLL_S = 0.1
 #: ... and outside one (Flower's SuperExec: 1 s).
 IDLE_POLL_S = 1.0
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path``, a file born readable by its owner only (0600: no window in
+    which others may read it, as a write then chmod would leave)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(text)
 
 
 def read_secret(path: Path) -> bytes:
@@ -215,9 +223,7 @@ class TaskTaker:
         if note is None:
             path.unlink(missing_ok=True)
             return
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write(note)
+        write_private(path, note)
 
     def _serve(self, task: AcquiredTask) -> None:
         self._note(task, "")
