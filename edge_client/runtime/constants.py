@@ -28,6 +28,9 @@ STATUS_INTERVAL_S: Final = 5.0
 #: How long a stopping ingest daemon waits for its last status to be acknowledged and its
 #: DISCONNECT to go out (a dropped connection would make the broker publish the will).
 STOP_FLUSH_S: Final = 5.0
+#: Longest the writer waits, after committing per-reading JSON, for paho to write that
+#: commit's acknowledgements before it gathers the next transaction (see _flush_acks).
+ACK_FLUSH_MAX_S: Final = 1.0
 # Messages per SQLite transaction: a fraction of the broker's in-flight window (1,000 in
 # broker_config/), so that it keeps sending while one commits ...
 INGEST_MAX_BATCH: Final = 256

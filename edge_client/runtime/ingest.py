@@ -47,6 +47,7 @@ import paho.mqtt.client as mqtt
 
 from edge_client.runtime.buffer import BufferStore
 from edge_client.runtime.constants import (
+    ACK_FLUSH_MAX_S,
     COMMIT_INTERVAL_S,
     DEFAULT_CAPACITY,
     DEFAULT_POLICY,
@@ -208,7 +209,8 @@ class IngestDaemon(Subscribed):
         self._gap = 0.0  # the stream's mean seconds between messages (see _drain)
         # Per-reading JSON has no sequence numbers: a reading redelivered after a crash (its
         # transaction committed, the acknowledgements not yet sent) is known as a duplicate
-        # only among its topic's RECENT_TIMESTAMPS, so a transaction holds no more messages.
+        # only among its topic's RECENT_TIMESTAMPS, so a transaction holds no more messages
+        # and its acknowledgements are written before the next one commits (_flush_acks).
         self._max_batch = INGEST_MAX_BATCH if config.windowing is None else RECENT_TIMESTAMPS
         self._cycle: tuple[float, int] | None = None  # the last gather's first arrival, size
         self._rejects = RejectLog()
@@ -419,6 +421,8 @@ class IngestDaemon(Subscribed):
                         time.sleep(1.0)
                         continue
                 self._release(pending)
+                if pending and self.assembler is not None:
+                    self._flush_acks()
                 pending = []
             if self.injection is not None and now >= self._next_outbox:
                 self._publish_outbox()
@@ -484,6 +488,24 @@ class IngestDaemon(Subscribed):
                 tag, qos = acks.popleft()
                 if tag >> _MID_BITS == self._connection:
                     self._client.ack(tag & ((1 << _MID_BITS) - 1), qos)
+
+    def _flush_acks(self) -> None:
+        """Acknowledge a committed transaction of per-reading JSON before the next one.
+
+        A reading redelivered after a crash is known as a duplicate only among its topic's
+        RECENT_TIMESTAMPS, so at most one transaction may be committed and unacknowledged at
+        any time. paho's thread sends acks with its next message; when the messages of the
+        next transaction are already queued (a burst, or a stream that comes in chunks) none
+        may come before that one commits too, and a kill -9 then made the broker redeliver
+        two transactions' readings: the older ones were refused as ``late``, lost. The
+        writer hands the acks to paho itself and waits, bounded, until they are written.
+        """
+        self._send_acks()
+        deadline = time.monotonic() + ACK_FLUSH_MAX_S
+        while (
+            self._client.want_write() and self._connected.is_set() and time.monotonic() < deadline
+        ):
+            time.sleep(0.001)
 
     def _drain(self) -> list[_Item]:
         """Gather messages for one transaction: up to a batch or the commit interval, ending

@@ -27,7 +27,11 @@ from deploy.local import ProcessGroup, wait_until
 from deploy.probes import buffer_stats as stats
 from deploy.probes import start_ingest
 from edge_client.runtime.buffer import BufferStore
+from edge_client.runtime.constants import RECENT_TIMESTAMPS
+from edge_client.runtime.ingest import IngestConfig, IngestDaemon
+from edge_client.runtime.mqtt import BrokerURL
 from edge_client.runtime.trainer import train_local
+from edge_client.runtime.windowing import WindowSpec
 from edge_client.task import (
     Classification,
     Forecast,
@@ -131,6 +135,46 @@ def test_mosquitto_pub_readings_are_windowed_exactly_once_across_kill9_and_train
     assert y.tolist() == [(i // 20) % 3 for i in last]  # the window's last reading's label
     assert result.num_examples == 144 and np.isfinite(result.train_loss)
     assert after >= 0.9  # one round of 18 steps learns the activities (chance: 1/3)
+
+
+def test_a_windowed_transaction_is_acknowledged_before_the_next_one_commits(
+    broker: Broker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Per-reading JSON is deduplicated by timestamp among RECENT_TIMESTAMPS per topic: were
+    two transactions committed and unacknowledged at a kill -9, the broker would redeliver
+    both and the older one's readings would be refused as late (lost)."""
+    # Prepare: an in-process daemon; at each commit, count the acks of earlier commits that
+    # have not been written to the broker yet (queued by the daemon, or in paho's queue).
+    spec = WindowSpec.from_options(topics=["site/burst"], fields="acc.x", window=10)
+    config = IngestConfig(
+        BrokerURL.parse(broker.url), "burst-1", tmp_path / "b.sqlite", windowing=spec
+    )
+    daemon = IngestDaemon(config)
+    owed: list[int] = []
+    commit = daemon._commit
+
+    def watched(items: list[Any]) -> None:
+        queued = list(daemon._client._out_packet)  # paho's queue of packets to write
+        pubacks = sum(1 for p in queued if p["command"] & 0xF0 == mqtt.PUBACK)
+        owed.append(len(daemon._acks) + pubacks)
+        commit(items)
+
+    monkeypatch.setattr(daemon, "_commit", watched)
+    rng = np.random.default_rng(0)
+    n = 640  # ten transactions of RECENT_TIMESTAMPS readings, published as one burst
+    burst = [("site/burst", activity_reading(i, rng)) for i in range(n)]
+    daemon.start()
+    try:
+        assert wait_until(daemon._connected.is_set, 10)
+        # Execute
+        publish_in_order(broker.url, burst)  # type: ignore[arg-type]
+        assert wait_until(lambda: daemon.store.stats().get("readings", 0) >= n, 30)
+    finally:
+        daemon.stop()
+    # Assert: every commit found the earlier ones' acks written; every reading taken once
+    assert len(owed) >= n // RECENT_TIMESTAMPS
+    assert max(owed) == 0, owed
+    assert stats(tmp_path / "b.sqlite")["rejected"] == 0
 
 
 def publish_in_order(url: str, messages: list[tuple[str, dict[str, Any] | bytes]]) -> None:
