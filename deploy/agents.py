@@ -44,7 +44,9 @@ def task_secret(sockets: Path, device: str) -> Path:
     """A fresh SuperExec secret for ``device``'s SuperNode and agent, in a file only this
     user reads (0600, in the agents' private directory); its path."""
     path = sockets / f"{device}.secret"
-    write_private(path, secrets.token_hex(32))
+    # With a newline, as `openssl rand -hex 32 > FILE` writes one (the deployment guide's
+    # way): the SuperNode keeps it, and so must the agent.
+    write_private(path, secrets.token_hex(32) + "\n")
     return path
 
 

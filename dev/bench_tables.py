@@ -123,6 +123,10 @@ def _deployment(doc: Doc) -> str:
         from deploy.bench.agent import agent_table
 
         table += "\n\n" + agent_table(doc["agent"], doc.get("soak"))
+    if doc.get("goals"):
+        from deploy.bench.deployment_table import goals_table
+
+        table += "\n\n" + goals_table(doc["goals"])
     return table
 
 

@@ -56,10 +56,10 @@ from rich.console import Console
 from aggregator.exchange import PULL_INTERVAL_S
 from aggregator.round_log import RoundRecord, read_metrics, rounds_only
 from deploy.agents import agent_sockets, start_devices
-from deploy.bench.agent import agent_summary, run_soak
-from deploy.bench.common import Result, spread
+from deploy.bench.agent import agent_summary
+from deploy.bench.common import Result, every_seed, spread, verdict
 from deploy.bench.curves import batch_per_device, compute_per_device, slowest_share, time_to
-from deploy.bench.deployment_table import deployment_table
+from deploy.bench.deployment_table import deployment_table, goals_table
 from deploy.breakdown import PARTS, run_breakdown
 from deploy.demo import APP_DIR, STATUS_CHECK_S, DemoConfig, run_demo
 from deploy.flower import FlowerDeployment, FlowerError
@@ -73,7 +73,7 @@ from edge_client.wire.frames import SampleBatch
 from edge_client.wire.mapping import kebab
 from edge_client.wire.run_config import RunSettings
 
-__all__ = ["NOOP_APP", "PLAIN_APP", "ProcessSampler", "rerun_controllers", "run"]
+__all__ = ["NOOP_APP", "PLAIN_APP", "ProcessSampler", "goals", "rerun_controllers", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -85,17 +85,13 @@ PLAIN_METRICS = ("wall_s", "cpu_s", "start_s", "train_s")
 #: Samples per step on each device, local steps, model width: the comparison's work.
 BATCH, STEPS, WIDTH = 32, 20, 32
 #: The controller runs: OmniLearn's heterogeneity, and local work that compute dominates
-#: (the slowest device trains for about half its round under the fixed split) in rounds
-#: short enough that 0.9 takes several of them, so the controller's rounds, not round 1, decide
-#: the time to it. Samples per step on each device, local steps, model width (337k
-#: parameters), rounds.
+#: (the slowest device trains for most of its round under the fixed split) in rounds short
+#: enough that 0.9 takes several of them, so the controller's rounds, not round 1, decide the
+#: time to it. Everything else is at the run config's defaults (global batch 512: 128 samples
+#: a step per device under the fixed split; aggregation adaptive; controller-probe 1): what a
+#: user who turns the controller on gets. Local steps, model width (337k parameters), rounds.
 SLOWDOWNS = (1.0, 1.0, 2.0, 4.0)
-CONTROLLER_BATCH, CONTROLLER_STEPS, CONTROLLER_WIDTH, CONTROLLER_ROUNDS = 64, 40, 256, 10
-#: The controller runs' rule: OmniLearn's own, each update weighted by its samples (b_i / B).
-#: The buffers are IID, where it is the right rule; FedNova's equal weights (the default, for
-#: label skew) would give the slow device's 16-sample steps a quarter of the update, which
-#: costs the dynamic split accuracy per round (the equal split is the same under either).
-CONTROLLER_AGGREGATION = "fedavg"
+CONTROLLER_STEPS, CONTROLLER_WIDTH, CONTROLLER_ROUNDS = 20, 256, 10
 CONTROLLER_SEEDS = (0, 1, 2)
 #: Test accuracies whose wall time to reach the controller runs report (and the one all reach).
 CONTROLLER_TARGETS = (0.85, 0.9)
@@ -112,10 +108,17 @@ RUN_TIMEOUT_S = 900.0
 SAMPLE_S = 0.5
 #: What a device runs besides its ClientApp processes.
 DEVICE_ROLES = ("ingest", "supernode", "superexec", "agent")
-#: The agent's soak: messages served back to back.
-SOAK_MESSAGES = 500
+#: The agent's soak: messages served back to back, and how often (in messages) its resident
+#: memory is read.
+SOAK_MESSAGES, SOAK_EVERY = 500, 50
 #: A 1 GB Raspberry Pi: the device's processes should leave 40 % of it free.
 PI_BYTES = 1 << 30
+#: The goals :func:`goals` judges (issue 53): the idle round over plain Flower's, seconds
+#: above the slowest device's compute, a device's CPU seconds per idle round, the dynamic
+#: controller's time to 0.9 over the fixed split's, the fixed split's slowest device's
+#: training share, the agent's memory growth over the soak.
+GOAL_VS_PLAIN, GOAL_ABOVE_COMPUTE_S, GOAL_DEVICE_CPU_S = 0.4, 2.0, 0.3
+GOAL_CONTROLLER_RATIO, GOAL_SLOWEST_SHARE, GOAL_SOAK_GROWTH = 0.8, 0.4, 0.05
 
 
 # -- reading the processes -----------------------------------------------------------------
@@ -436,13 +439,23 @@ def _settings(devices: int, rounds: int, out: Path, **over: Any) -> RunSettings:
 
 
 def _idle(flower: FlowerDeployment, name: str, settings: RunSettings) -> _Run:
-    """fedstream's app on the deployment's buffers, filled before the run (no stream)."""
+    """fedstream's app on the deployment's buffers, filled before the run (no stream); the
+    device processes sampled meanwhile (their CPU per round, :func:`_device_cpu`)."""
     started = time.monotonic()
     metrics = Path(settings.out_dir) / "metrics.jsonl"
-    run_id = flower.submit(APP_DIR, settings.to_run_config())
-    _finish(flower, run_id, lambda: len(rounds_only(read_metrics(metrics))) >= settings.num_rounds)
+    sampler = ProcessSampler(mark_when=lambda: len(rounds_only(read_metrics(metrics))) >= 1)
+    with sampler.running():
+        run_id = flower.submit(APP_DIR, settings.to_run_config())
+        _finish(
+            flower, run_id, lambda: len(rounds_only(read_metrics(metrics))) >= settings.num_rounds
+        )
     records = rounds_only(read_metrics(metrics))  # the probe's exchange is in run-wall-s
-    return _fedstream_run(name, records, time.monotonic() - started)
+    run = _fedstream_run(name, records, time.monotonic() - started)
+    run.extra.update(_device_cpu(sampler, records))
+    steady = records[1:] or records
+    slowest = statistics.median(max(m.compute_s for m in r.devices.values()) for r in steady)
+    run.extra["slowest_compute_s"] = round(slowest, 3)
+    return run
 
 
 def _live(
@@ -520,13 +533,7 @@ def _footprint(
     written = {role: roles.get(role, {}).get("written", 0.0) * devices for role in DEVICE_ROLES}
     written["clientapp"] = float(sum(m.write_bytes for m in replies))
     per_sample = sum(written.values()) / accepted if accepted else None
-    # A device's CPU per round in the steady state (after round 1: start-ups left out), all
-    # its processes: the long-lived ones as sampled since the end of round 1, and each later
-    # message's ClientApp as it reports itself (its process's whole life).
-    lasting = sum(roles[r]["cpu_s_after_mark"] for r in DEVICE_ROLES if r in roles) / devices
-    later = [m for r in records[1:] for m in r.devices.values()]
-    steady_rounds = max(1, len(records) - 1)
-    clientapps = sum(m.cpu_s for m in later) / devices
+    cpu = _device_cpu(sampler, records)
     return {
         "pss_peak_bytes": sampler.device_pss_peak,
         "pi_1gb_headroom": round(1 - sampler.device_pss_peak / PI_BYTES, 3),
@@ -541,15 +548,32 @@ def _footprint(
             None if per_sample is None or not sample_bytes else round(per_sample / sample_bytes, 2)
         ),
         "cpu_s_while_sampled": {k: round(v["cpu_s"], 2) for k, v in roles.items()},
+        **cpu,
+        # Processes that had torch mapped, by role; a ClientApp seen for a moment only may
+        # be missed (sampled every SAMPLE_S).
+        "torch_processes": {k: int(v["with_torch"]) for k, v in roles.items()},
+        "processes_seen": {k: int(v["processes"]) for k, v in roles.items()},
+    }
+
+
+def _device_cpu(sampler: ProcessSampler, records: list[RoundRecord]) -> dict[str, Any]:
+    """A device's CPU seconds per round in the steady state (after round 1: start-ups left
+    out), all its processes: the long-lived ones (SuperNode, SuperExec, agent, ingest) as
+    sampled since the end of round 1, idle polling included, and each later message's
+    ClientApp process as it reports itself (its whole life); the training's part is what the
+    agents or ClientApps spent in the handler's local steps (``train_s`` at one thread)."""
+    roles = sampler.by_role()
+    devices = max(1, len({d for r in records for d in r.devices}))
+    lasting = sum(roles[r]["cpu_s_after_mark"] for r in DEVICE_ROLES if r in roles) / devices
+    later = [m for r in records[1:] for m in r.devices.values()]
+    steady_rounds = max(1, len(records) - 1)
+    clientapps = sum(m.cpu_s for m in later) / devices
+    return {
         "device_cpu_s_per_round": round((lasting + clientapps) / steady_rounds, 3),
         "device_cpu_s_per_round_parts": {
             "long-lived": round(lasting / steady_rounds, 3),
             "clientapps": round(clientapps / steady_rounds, 3),
         },
-        # Processes that had torch mapped, by role; a ClientApp seen for a moment only may
-        # be missed (sampled every SAMPLE_S).
-        "torch_processes": {k: int(v["with_torch"]) for k, v in roles.items()},
-        "processes_seen": {k: int(v["processes"]) for k, v in roles.items()},
     }
 
 
@@ -612,36 +636,38 @@ def run(quick: bool = False, progress: Callable[[str], None] = print) -> Result:
         "soak": soak,
         "controllers": _controller_summary(entries),
     }
-    return Result("deployment", entries, deployment_table(entries, meta["ratios"]), meta)
+    meta["goals"] = goals(entries, soak)
+    table = deployment_table(entries, meta["ratios"]) + "\n\n" + goals_table(meta["goals"])
+    return Result("deployment", entries, table, meta)
 
 
 def _controllers(
     tmp: Path, devices: int, quick: bool, timed: Callable[[str, Callable[[], _Run]], _Run]
 ) -> None:
-    """The controllers in wall time, with agents, seeds alternating them: ``fixed``,
-    ``dynamic`` probing each device's speed before round 1 (one more Flower exchange,
-    charged to its time) and, but in the quick run, ``dynamic-no-probe``, whose round 1
-    splits B equally, as fixed does, and times two step sizes on each device (the slope)."""
+    """The controllers in wall time, with agents taking their tasks, seeds alternating
+    them: ``fixed`` (the equal split) and ``dynamic`` (the proportional controller), every
+    key at its default but the controller, the work (:data:`CONTROLLER_STEPS`,
+    :data:`CONTROLLER_WIDTH`), the rounds and the seed; the dynamic arm's timing probe
+    (``controller-probe``, an exchange before round 1) is charged to its time."""
     slowdowns = _slowdowns(quick)
     plans = [
         (
             f"controller-{name}",
             seed,
-            _settings(
-                devices,
-                2 if quick else CONTROLLER_ROUNDS,
-                tmp / f"controller-{name}-{seed}",
-                controller=name.split("-")[0],
-                controller_probe=3 if name == "dynamic" else 0,
-                global_batch=CONTROLLER_BATCH * devices,
+            RunSettings(
+                num_rounds=2 if quick else CONTROLLER_ROUNDS,
+                min_nodes=devices,
+                controller=name,
                 local_steps=10 if quick else CONTROLLER_STEPS,
                 model_width=CONTROLLER_WIDTH,
-                aggregation=CONTROLLER_AGGREGATION,
                 seed=seed,
+                eval_data="synthetic",
+                out_dir=str(tmp / f"controller-{name}-{seed}"),
+                checkpoint_dir=str(tmp / f"controller-{name}-{seed}" / "checkpoint"),
             ),
         )
         for seed in ((0,) if quick else CONTROLLER_SEEDS)
-        for name in ("fixed", "dynamic", *(() if quick else ("dynamic-no-probe",)))
+        for name in ("fixed", "dynamic")
     ]
     needed = _samples_for(*(settings for _, _, settings in plans))
     buffers = _fill_buffers(tmp / "controller-buffers", devices, needed)
@@ -693,16 +719,55 @@ def rerun_controllers(doc: dict[str, Any], progress: Callable[[str], None] = pri
     _add_ratios(entries)
     meta = {k: v for k, v in doc.items() if k not in ("scenario", "created", "entries")}
     meta["controllers"] = _controller_summary(entries)
+    meta["goals"] = goals(entries, doc["soak"])
     return Result("deployment", entries, deployment_table(entries, meta["ratios"]), meta)
 
 
 def _soak(tmp: Path, messages: int, progress: Callable[[str], None]) -> dict[str, Any]:
-    """The agent's soak (:func:`~deploy.bench.agent.run_soak`): ``messages`` rounds of 2
-    steps of :data:`BATCH` samples, on a buffer filled for them."""
-    steps = 2
-    settings = _settings(1, messages, tmp / "soak-out", local_steps=steps)
-    buffer = _fill_buffers(tmp / "soak", 1, messages * BATCH * steps + 100)["dev-0"]
-    return run_soak(buffer, settings, BATCH, tmp / "soak-logs", progress)
+    """One device's agent taking ``messages`` tasks from a real SuperNode, back to back (a
+    run of that many rounds of 2 steps of :data:`BATCH` samples): its resident memory after
+    the first round and every :data:`SOAK_EVERY` rounds (flat when nothing leaks)."""
+    settings = _settings(1, messages, tmp / "soak-out", local_steps=2)
+    buffers = _fill_buffers(tmp / "soak", 1, messages * BATCH * 2 + 1000)
+    metrics = Path(settings.out_dir) / "metrics.jsonl"
+    rss: list[list[int]] = []
+    with _deployment(tmp / "flwr-soak", buffers, agents=True) as flower:
+        pid = flower.group.procs["agent-dev-0"].pid
+        stop = threading.Event()
+
+        def watch() -> None:
+            due = 1
+            while not stop.wait(SAMPLE_S) and due <= messages:
+                done = len(rounds_only(read_metrics(metrics)))
+                if done >= due:
+                    rss.append([done, usage.rss_bytes(pid)])
+                    mib = rss[-1][1] / 2**20
+                    progress(f"  agent soak: {done} messages, resident {mib:.0f} MiB")
+                    due = SOAK_EVERY * (done // SOAK_EVERY + 1)
+
+        watcher = threading.Thread(target=watch, daemon=True)
+        watcher.start()
+        try:
+            run_id = flower.submit(APP_DIR, settings.to_run_config())
+            _finish(flower, run_id, lambda: len(rounds_only(read_metrics(metrics))) >= messages)
+        finally:
+            stop.set()
+            watcher.join()
+        if not rss or rss[-1][0] < messages:  # the run ended between two reads
+            rss.append([len(rounds_only(read_metrics(metrics))), usage.rss_bytes(pid)])
+    records = rounds_only(read_metrics(metrics))
+    first, warm, last = rss[0][1], rss[min(1, len(rss) - 1)][1], rss[-1][1]
+    return {
+        "messages": len(records),
+        "rss_bytes": rss,
+        "rss_growth_after_first_bytes": last - first,
+        "rss_growth_after_warmup_bytes": last - warm,
+        "rss_growth_after_warmup": round((last - warm) / warm, 4),
+        "round_s_median": round(statistics.median(r.wall_s for r in records), 3),
+        "steps_per_message": 2,
+        "batch": BATCH,
+        "path": "SuperLink -> fedstream-supernode (process isolation) -> agent taking tasks",
+    }
 
 
 def _add_ratios(entries: list[dict[str, Any]]) -> None:
@@ -750,6 +815,60 @@ def _controller_summary(entries: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def goals(entries: list[dict[str, Any]], soak: dict[str, Any]) -> dict[str, Any]:
+    """The deployment goals, each judged in every repetition (or seed) it was measured in:
+    the value in each, and ``met`` or ``MISSED`` (:func:`~deploy.bench.common.every_seed`).
+
+    - ``idle-round-vs-plain``: fedstream-idle-agent's median round over plain Flower's
+      (``plain-flower-tuned``) at most :data:`GOAL_VS_PLAIN`;
+    - ``idle-round-above-compute-s``: its median round less the slowest device's compute
+      (median over the steady rounds) at most :data:`GOAL_ABOVE_COMPUTE_S`;
+    - ``device-cpu-s-per-idle-round``: its device's CPU seconds per steady round, every
+      process of the device, polling between rounds included, at most
+      :data:`GOAL_DEVICE_CPU_S`;
+    - ``controller-time-to-0.9``: the dynamic arm's wall time to 0.9 over the fixed arm's,
+      seed by seed, at most :data:`GOAL_CONTROLLER_RATIO`, while the fixed split's slowest
+      device trains for at least :data:`GOAL_SLOWEST_SHARE` of its round;
+    - ``soak-rss-growth``: the agent's resident memory after the soak over after its first
+      :data:`SOAK_EVERY` messages, at most :data:`GOAL_SOAK_GROWTH` more.
+    """
+
+    def of(variant: str) -> list[dict[str, Any]]:
+        return [e for e in entries if e["variant"] == variant]
+
+    idle = of("fedstream-idle-agent")
+    vs_plain = [e["vs_plain_tuned"] for e in idle]
+    above = [
+        round(e["round_wall_median_s"] - e["slowest_compute_s"], 3)
+        for e in idle
+        if "slowest_compute_s" in e
+    ]
+    cpu = [e.get("device_cpu_s_per_round") for e in idle]
+    fixed = {e["seed"]: e for e in of("controller-fixed")}
+    dynamic = {e["seed"]: e for e in of("controller-dynamic")}
+    target = str(CONTROLLER_TARGETS[-1])
+
+    def ratio(seed: int) -> float | None:
+        a, b = dynamic[seed]["time_to_s"].get(target), fixed[seed]["time_to_s"].get(target)
+        return None if a is None or b is None else round(a / b, 3)
+
+    controller = [ratio(seed) for seed in sorted(fixed) if seed in dynamic]
+    shares = [fixed[seed].get("slowest_training_share") for seed in sorted(fixed)]
+    growth = soak.get("rss_growth_after_warmup")
+    rows = {
+        "idle-round-vs-plain": (vs_plain, lambda v: v <= GOAL_VS_PLAIN),
+        "idle-round-above-compute-s": (above, lambda v: v <= GOAL_ABOVE_COMPUTE_S),
+        "device-cpu-s-per-idle-round": (cpu, lambda v: v <= GOAL_DEVICE_CPU_S),
+        "controller-time-to-0.9": (controller, lambda v: v <= GOAL_CONTROLLER_RATIO),
+        "controller-fixed-slowest-training-share": (shares, lambda v: v >= GOAL_SLOWEST_SHARE),
+        "soak-rss-growth": ([growth], lambda v: v <= GOAL_SOAK_GROWTH),
+    }
+    return {
+        name: {"values": values, "verdict": verdict(every_seed(values, ok))}
+        for name, (values, ok) in rows.items()
+    }
+
+
 def _meta(quick: bool, devices: int, rounds: int) -> dict[str, Any]:
     return {
         "quick": quick,
@@ -758,10 +877,10 @@ def _meta(quick: bool, devices: int, rounds: int) -> dict[str, Any]:
         "batch_per_device": BATCH,
         "local_steps": STEPS,
         "model_width": WIDTH,
-        "controller_batch_per_device": CONTROLLER_BATCH,
         "controller_local_steps": CONTROLLER_STEPS,
         "controller_model_width": CONTROLLER_WIDTH,
-        "controller_aggregation": CONTROLLER_AGGREGATION,
+        "controller_settings": "run-config defaults but controller, local-steps, model-width, "
+        "num-rounds, seed",
         "clock": "wall clock, Flower's deployment engine on this machine (2 cores shared)",
         "parts": list(PARTS),
     }

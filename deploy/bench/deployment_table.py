@@ -8,7 +8,7 @@ from typing import Any
 
 from deploy.bench.common import markdown_table
 
-__all__ = ["deployment_table", "ratio_table"]
+__all__ = ["deployment_table", "goals_table", "ratio_table"]
 
 
 def _times(entry: dict[str, Any]) -> str:
@@ -82,3 +82,13 @@ def ratio_table(ratios: dict[str, Any]) -> str:
     bases: dict[str, Any] = next(iter(ratios.values()), {})
     headers = ["variant"] + [f"vs {base}, mean (min-max, repetitions)" for base in bases]
     return markdown_table(headers, rows)
+
+
+def goals_table(goals: dict[str, Any]) -> str:
+    """Each goal's value in every repetition (or seed) and its verdict (the JSON's
+    ``goals``)."""
+    rows = [
+        [name, ", ".join("-" if v is None else f"{v:g}" for v in g["values"]), g["verdict"]]
+        for name, g in goals.items()
+    ]
+    return markdown_table(["goal", "value per repetition or seed", "verdict"], rows)

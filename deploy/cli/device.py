@@ -31,6 +31,8 @@ from deploy.cli.options import (
     Policy,
     RateSet,
     Readings,
+    RuntimeApiOption,
+    SuperExecSecretOption,
     VerboseOption,
     broker_options,
     reading_option,
@@ -56,6 +58,7 @@ from edge_client.wire.constants import DEFAULT_MAX_PAYLOAD_BYTES
 if TYPE_CHECKING:
     from edge_client.emulation import PublisherConfig, SampleSource, SeriesReadings
     from edge_client.runtime.agent import DeviceAgent
+    from edge_client.runtime.task_taker import TaskTaker
     from edge_client.runtime.windowing import WindowSpec
 
 __all__ = ["infer", "ingest", "publish", "status"]
@@ -536,6 +539,8 @@ def infer(
             "node config names it as agent): training and inference share one torch process.",
         ),
     ] = None,
+    runtime_api: RuntimeApiOption = None,
+    secret_file: SuperExecSecretOption = None,
     verbose: VerboseOption = False,
 ) -> None:
     """Run the newest model on every sample of the device's stream; publish predictions to
@@ -561,10 +566,16 @@ def infer(
         )
     except (ValueError, OSError) as err:
         raise fail(str(err)) from err
-    if agent_socket is None:
+    try:
+        tasks = _task_taker(runtime_api, secret_file, device_id)
+    except (PermissionError, OSError, ValueError) as err:
+        raise fail(str(err), code=1) from err
+    if agent_socket is None and tasks is None:
         run_daemon(daemon)
         return
-    agent = _start_agent(agent_socket, device_id)
+    # Also this device's agent (its SuperNode's tasks, its ClientApps' socket, or both):
+    # training and inference share one torch process.
+    agent = _start_agent(agent_socket, device_id, tasks)
     try:
         run_daemon(daemon)
     finally:
@@ -580,23 +591,8 @@ def agent(
             "directory is made private to this user).",
         ),
     ] = None,
-    runtime_api: Annotated[
-        str | None,
-        typer.Option(
-            "--runtime-api",
-            help="Take the tasks of the SuperNode whose runtime API listens here "
-            "(host:port; the SuperNode runs with --isolation process): no process per message.",
-        ),
-    ] = None,
-    secret_file: Annotated[
-        Path | None,
-        typer.Option(
-            "--superexec-auth-secret-file",
-            help="The SuperNode's --superexec-auth-secret-file (mode 0600): only a process "
-            "that reads it may take the device's tasks. The tasks being served are noted beside "
-            "it (<file>.task-<id>), for a restarted agent to answer at once.",
-        ),
-    ] = None,
+    runtime_api: RuntimeApiOption = None,
+    secret_file: SuperExecSecretOption = None,
     device_id: Annotated[
         str | None,
         typer.Option("--device-id", help="Serve only this device (others are refused)."),
@@ -608,32 +604,51 @@ def agent(
     SuperNode's tasks (--runtime-api), or the ClientApps that hand their message over
     (--socket, node config agent=<socket>)."""
     from edge_client.runtime.agent import DeviceAgent
-    from edge_client.runtime.task_taker import TaskTaker, read_secret
 
     setup_logging(verbose)
     if socket_path is None and runtime_api is None:
         raise fail("give --runtime-api HOST:PORT (take the SuperNode's tasks), --socket, or both")
-    if (runtime_api is None) != (secret_file is None):
-        raise fail("--runtime-api and --superexec-auth-secret-file go together")
     try:
-        tasks = None
-        if runtime_api is not None and secret_file is not None:
-            tasks = TaskTaker(
-                runtime_api,
-                read_secret(secret_file),
-                device_id,
-                inflight=secret_file.with_name(f"{secret_file.name}.task"),
-            )
+        tasks = _task_taker(runtime_api, secret_file, device_id)
         DeviceAgent(socket_path, threads=threads, device_id=device_id, tasks=tasks).run()
     except (PermissionError, OSError, ValueError) as err:
         raise fail(str(err), code=1) from err
 
 
-def _start_agent(socket_path: Path, device_id: str) -> DeviceAgent:
-    """A device agent serving in this process's background (``infer --agent-socket``)."""
+def _task_taker(
+    runtime_api: str | None, secret_file: Path | None, device_id: str | None
+) -> TaskTaker | None:
+    """The agent's taker of its SuperNode's tasks (None without ``--runtime-api``).
+
+    Raises
+    ------
+    typer.Exit
+        If only one of ``--runtime-api`` and ``--superexec-auth-secret-file`` is given.
+    PermissionError, OSError, ValueError
+        If the secret file cannot be read or others may read it.
+    """
+    from edge_client.runtime.task_taker import TaskTaker, read_secret
+
+    if (runtime_api is None) != (secret_file is None):
+        raise fail("--runtime-api and --superexec-auth-secret-file go together")
+    if runtime_api is None or secret_file is None:
+        return None
+    return TaskTaker(
+        runtime_api,
+        read_secret(secret_file),
+        device_id,
+        inflight=secret_file.with_name(f"{secret_file.name}.task"),
+    )
+
+
+def _start_agent(
+    socket_path: Path | None, device_id: str, tasks: TaskTaker | None = None
+) -> DeviceAgent:
+    """A device agent serving in this process's background (``infer --agent-socket``,
+    ``--runtime-api``)."""
     from edge_client.runtime.agent import DeviceAgent
 
-    agent = DeviceAgent(socket_path, device_id=device_id)
+    agent = DeviceAgent(socket_path, device_id=device_id, tasks=tasks)
     try:
         agent.start()
     except OSError as err:

@@ -12,6 +12,7 @@ import functools
 import inspect
 from collections.abc import Callable
 from enum import Enum, StrEnum
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import click
@@ -58,7 +59,9 @@ __all__ = [
     "RateOption",
     "RateSet",
     "Readings",
+    "RuntimeApiOption",
     "StrideOption",
+    "SuperExecSecretOption",
     "TimeFieldOption",
     "TimeUnitOption",
     "TopicOption",
@@ -287,3 +290,22 @@ with_readings = _grouped(
         "time_unit": (TimeUnitOption, "s"),
     },
 )
+
+#: Taking a SuperNode's tasks (``fedstream agent``, ``fedstream infer``'s agent).
+RuntimeApiOption = Annotated[
+    str | None,
+    typer.Option(
+        "--runtime-api",
+        help="Take the tasks of the SuperNode whose runtime API listens here "
+        "(host:port; the SuperNode runs with --isolation process): no process per message.",
+    ),
+]
+SuperExecSecretOption = Annotated[
+    Path | None,
+    typer.Option(
+        "--superexec-auth-secret-file",
+        help="The SuperNode's --superexec-auth-secret-file (mode 0600): only a process "
+        "that reads it may take the device's tasks. The tasks being served are noted beside "
+        "it (<file>.task-<id>), for a restarted agent to answer at once.",
+    ),
+]

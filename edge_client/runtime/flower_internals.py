@@ -62,6 +62,7 @@ __all__ = [
     "TaskClient",
     "changed_internals",
     "install_pacer",
+    "superexec_secret",
     "supernode_main",
 ]
 
@@ -112,6 +113,10 @@ PINNED: dict[str, str] = {
     ),
     "flwr.supernode.runtime.run_clientapp:push_task_output": (
         "9206407456e79e17338d367de7c21e2d840d939de378c03ac61da6cc2b57a3c6"
+    ),
+    # the secret's file as the SuperNode reads it (its exact bytes, a newline included)
+    "flwr.supercore.auth.superexec_secret:load_superexec_auth_secret": (
+        "6765c403a16b0cb3ac753c272160ebf5f31d8406238364ed0248dbf98903ddab"
     ),
     "flwr.supercore.inflatable.inflatable_utils:pull_objects": (
         "31bb2de46b450e6acfadb7a8bb15e3f2074bb112199826a40a5eaa648bad5b2b"
@@ -226,6 +231,23 @@ class AcquiredTask:
     token: str
     task_id: int
     run_id: int
+
+
+def superexec_secret(path: str) -> bytes:
+    """The SuperExec secret in ``path``, read as the SuperNode's ``--superexec-auth-secret-file``
+    is: its exact bytes (a secret written with ``echo`` or ``openssl rand -hex 32 > FILE``
+    ends in a newline, and the SuperNode keeps it).
+
+    Raises
+    ------
+    ValueError
+        If the file cannot be read or is empty.
+    """
+    from flwr.supercore.auth.superexec_secret import load_superexec_auth_secret
+
+    secret = load_superexec_auth_secret(path)
+    assert secret is not None  # a path was given
+    return secret
 
 
 class TaskClient:

@@ -38,7 +38,12 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from edge_client.runtime.flower_internals import HOT_S, AcquiredTask, TaskClient
+from edge_client.runtime.flower_internals import (
+    HOT_S,
+    AcquiredTask,
+    TaskClient,
+    superexec_secret,
+)
 from edge_client.runtime.usage import peak_rss_bytes
 from edge_client.wire.records import ReplyMetrics
 
@@ -76,10 +81,9 @@ def read_secret(path: Path) -> bytes:
         raise ValueError(
             f"{path}: the SuperExec secret must be readable by its owner only (chmod 600 {path})"
         )
-    secret = Path(path).read_bytes().strip()
-    if not secret:
+    if Path(path).stat().st_size == 0:
         raise ValueError(f"{path} is empty: write a random secret into it")
-    return secret
+    return superexec_secret(str(path))  # byte for byte as the SuperNode reads it
 
 
 class TaskTaker:

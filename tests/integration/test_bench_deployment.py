@@ -82,7 +82,21 @@ def test_the_quick_deployment_benchmark_runs_and_its_breakdowns_add_up(tmp_path:
     assert footprint["torch_processes"]["clientapp"] > 0  # without: each message loads it
     assert by["fedstream-live-agent"]["agent_cpu_s_per_message"] > 0
     assert doc["agent"]["per_repetition"][0]["do_nothing_clientapp_cpu_s"] > 0
+    # the soak went through a real SuperNode to an agent taking its tasks
     assert doc["soak"]["messages"] == 50 and len(doc["soak"]["rss_bytes"]) == 2
+    assert doc["soak"]["rss_bytes"][-1][0] == 50 and doc["soak"]["round_s_median"] > 0
+    # every goal judged from this run's own figures, in its one repetition and seed
+    assert by["fedstream-idle-agent"]["device_cpu_s_per_round"] > 0
+    assert by["fedstream-idle-agent"]["slowest_compute_s"] > 0
+    assert set(doc["goals"]) == {
+        "idle-round-vs-plain", "idle-round-above-compute-s", "device-cpu-s-per-idle-round",
+        "controller-time-to-0.9", "controller-fixed-slowest-training-share", "soak-rss-growth",
+    }  # fmt: skip
+    for name, goal in doc["goals"].items():
+        assert len(goal["values"]) == 1 and goal["verdict"] in ("met", "MISSED"), name
+    assert doc["goals"]["idle-round-vs-plain"]["values"] == [
+        by["fedstream-idle-agent"]["vs_plain_tuned"]
+    ]
     for name in ("controller-fixed", "controller-dynamic"):
         common = str(by[name]["common_target"])
         assert by[name]["time_to_s"][common] is not None

@@ -55,6 +55,7 @@ AGGREGATOR_ONLY = "/nonexistent/aggregator-only"
 UNITS = (
     "fedstream-ingest@.service",
     "fedstream-supernode@.service",
+    "fedstream-agent@.service",
     "fedstream-superlink.service",
     "fedstream-aggregator.service",
 )
@@ -375,6 +376,19 @@ def _walkthrough(tmp_path: Path) -> None:
     assert all(set(r.devices) == set(DEVICES) and not r.failed for r in records), [
         (r.round, sorted(r.devices), r.failed, r.wall_s) for r in records
     ]
+    # Every message was trained by its device's agent, which took it from its SuperNode: no
+    # ClientApp process (its CPU would be in cpu-s), the agent's CPU in agent-cpu-s.
+    replies = [m for r in records for m in r.devices.values()]
+    assert all(m.agent_cpu_s > 0 and m.cpu_s == 0 for m in replies), [
+        (m.agent_cpu_s, m.cpu_s) for m in replies
+    ]
+    assert "flwr-clientapp" not in logs
+    # The SuperExec secrets: the units' user's only (the shim runs the units as the caller,
+    # not as User=, so their ownership is checked here).
+    uid = NOBODY if os.geteuid() == 0 else os.geteuid()
+    for d in DEVICES:
+        secret = (state / f"superexec-{d}.secret").stat()
+        assert secret.st_mode & 0o777 == 0o600 and secret.st_uid == uid, d
     # The broker and the SuperLink were the secured ones: the devices came in over TLS with
     # their passwords, and the SuperNodes with their registered keys.
     broker_log = (mosquitto_etc / "mosquitto.log").read_text()

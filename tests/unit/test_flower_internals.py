@@ -82,7 +82,7 @@ def test_the_superexec_secret_must_be_private_and_not_empty(tmp_path: Path) -> N
     with pytest.raises(ValueError, match="chmod 600"):
         read_secret(secret)
     os.chmod(secret, 0o600)
-    assert read_secret(secret) == b"s3cret"
-    secret.write_text("\n")
+    assert read_secret(secret) == b"s3cret\n"  # byte for byte as the SuperNode reads it
+    secret.write_text("")
     with pytest.raises(ValueError, match="empty"):
         read_secret(secret)
