@@ -59,6 +59,8 @@ from edge_client.wire.records import (
     RecordError,
     ReplyMetrics,
     RoundPlan,
+    model_layout,
+    pack_model,
 )
 from edge_client.wire.run_config import ControllerSettings, RunSettings
 
@@ -201,8 +203,9 @@ class _Round:
     plan: Plan
     mode: str
     injectors: list[str]
-    broadcast: ArrayRecord  # the model as sent down
+    broadcast: ArrayRecord  # the model as sent down, packed
     broadcast_bytes: int
+    layout: str  # the packed model's (RoundPlan.model_layout)
     planned: dict[int, int]  # node -> planned batch
     lr_factor: float = 1.0  # the drift reaction's (aggregator.drift_reaction)
     live: int = 0  # live devices before fraction-train's draw
@@ -366,7 +369,7 @@ class StreamStrategy:
         ]
         mode = round_mode(codec.compress, gaps, codec.compress_delta)
         injectors = self.injection.pick(self.fleet.opted_in(devices.values()), server_round)
-        down = self._broadcast(arrays, model)
+        down = self._broadcast(model)
         shapes = {k: v.shape for k, v in model.items() if k not in self.unshared}
         return _Round(
             server_round=server_round,
@@ -378,6 +381,7 @@ class StreamStrategy:
             injectors=injectors,
             broadcast=down,
             broadcast_bytes=sum(len(a.data) for a in down.values()),
+            layout=model_layout(model),
             planned={node: plan.batches[device] for node, device in devices.items()},
             lr_factor=self.drift.next_lr_factor(),
         )
@@ -403,6 +407,7 @@ class StreamStrategy:
             inject_beta=injection.beta,
             inject_budget=injection.budget,
             time_spread=self.controller.time_spread(self.fleet.device_of(node)),
+            model_layout=current.layout,
             dp_clip=dp_clip,
             dp_noise=dp_noise,
             **self._secure_plan(current),
@@ -444,11 +449,12 @@ class StreamStrategy:
             "secagg_bits": secure.secagg_bits,
         }
 
-    def _broadcast(self, arrays: ArrayRecord, model: Mapping[str, np.ndarray]) -> ArrayRecord:
-        """The model as sent down: float32, or float16 when the broadcast is compressed."""
-        if self.settings.codec.compress_broadcast == "fp16":
-            return ArrayRecord({k: Array(a.astype(np.float16)) for k, a in model.items()})
-        return arrays
+    def _broadcast(self, model: Mapping[str, np.ndarray]) -> ArrayRecord:
+        """The model as sent down, packed into one array (a message's every array is an
+        object Flower moves with requests of its own): float32, or float16 when the
+        broadcast is compressed."""
+        fp16 = self.settings.codec.compress_broadcast == "fp16"
+        return pack_model(model, np.float16 if fp16 else np.float32)
 
     def _available(self) -> dict[str, float]:
         """ScaDLES cap, per step: what each device can have by the time it trains again (its

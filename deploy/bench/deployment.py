@@ -39,7 +39,6 @@ import functools
 import io
 import json
 import logging
-import os
 import statistics
 import tempfile
 import threading
@@ -57,9 +56,11 @@ from aggregator.exchange import PULL_INTERVAL_S
 from aggregator.round_log import RoundRecord, read_metrics, rounds_only
 from deploy.agents import agent_sockets, start_devices
 from deploy.bench.agent import agent_summary
-from deploy.bench.common import Result, every_seed, spread, verdict
+from deploy.bench.common import Result, spread
 from deploy.bench.curves import batch_per_device, compute_per_device, slowest_share, time_to
+from deploy.bench.deployment_goals import goals
 from deploy.bench.deployment_table import deployment_table, goals_table
+from deploy.bench.processes import DEVICE_ROLES, SAMPLE_S, ProcessSampler
 from deploy.breakdown import PARTS, run_breakdown
 from deploy.demo import APP_DIR, STATUS_CHECK_S, DemoConfig, run_demo
 from deploy.flower import FlowerDeployment, FlowerError
@@ -73,7 +74,7 @@ from edge_client.wire.frames import SampleBatch
 from edge_client.wire.mapping import kebab
 from edge_client.wire.run_config import RunSettings
 
-__all__ = ["NOOP_APP", "PLAIN_APP", "ProcessSampler", "goals", "rerun_controllers", "run"]
+__all__ = ["NOOP_APP", "PLAIN_APP", "ProcessSampler", "rerun_controllers", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -104,154 +105,11 @@ BASELINES = {
     "plain-flower-tuned-pull": "vs_plain_tuned_pull",
 }
 RUN_TIMEOUT_S = 900.0
-#: How often the sampler reads the processes.
-SAMPLE_S = 0.5
-#: What a device runs besides its ClientApp processes.
-DEVICE_ROLES = ("ingest", "supernode", "superexec", "agent")
 #: The agent's soak: messages served back to back, and how often (in messages) its resident
 #: memory is read.
 SOAK_MESSAGES, SOAK_EVERY = 500, 50
 #: A 1 GB Raspberry Pi: the device's processes should leave 40 % of it free.
 PI_BYTES = 1 << 30
-#: The goals :func:`goals` judges (issue 53): the idle round over plain Flower's, seconds
-#: above the slowest device's compute, a device's CPU seconds per idle round, the dynamic
-#: controller's time to 0.9 over the fixed split's, the fixed split's slowest device's
-#: training share, the agent's memory growth over the soak.
-GOAL_VS_PLAIN, GOAL_ABOVE_COMPUTE_S, GOAL_DEVICE_CPU_S = 0.4, 2.0, 0.3
-GOAL_CONTROLLER_RATIO, GOAL_SLOWEST_SHARE, GOAL_SOAK_GROWTH = 0.8, 0.4, 0.05
-
-
-# -- reading the processes -----------------------------------------------------------------
-
-
-@dataclass
-class _Seen:
-    """One sampled process: its role, its CPU seconds and bytes written when first seen, and
-    the largest CPU seconds, peak resident bytes and bytes written read since."""
-
-    role: str
-    cpu0: float
-    cpu: float = 0.0
-    peak: int = 0
-    written0: int = 0
-    written: int = 0
-    torch: bool = False  # torch's library mapped (it loads after the process starts)
-    cpu_mark: float | None = None  # CPU seconds at the sampler's mark (the first round's end)
-
-
-@dataclass
-class ProcessSampler:
-    """Reads the processes this one started, every :data:`SAMPLE_S`, by role (what the
-    command line runs): CPU seconds, peak resident memory and bytes written while sampled.
-
-    Short-lived ClientApp processes report their own figures in their replies; this is for
-    the long-lived ones (ingest daemon, SuperNode, SuperExec).
-    """
-
-    roles: dict[str, str] = field(
-        default_factory=lambda: {
-            "flower-supernode": "supernode",
-            "fedstream-supernode": "supernode",  # Flower's, its waits shortened
-            "flower-superexec": "superexec",
-            "flwr-clientapp": "clientapp",
-            " ingest ": "ingest",
-            " agent ": "agent",
-            " publish ": "publisher",
-            "flower-superlink": "superlink",
-            "flwr-serverapp": "serverapp",
-        }
-    )
-    seen: dict[int, _Seen] = field(default_factory=dict)
-    #: The largest memory the devices' processes held together at one instant (PSS), and the
-    #: most SuperNodes seen alive at once: :attr:`device_pss_peak` is the one over the other.
-    together_peak: int = 0
-    devices: int = 0
-    #: When this turns true (checked at each sample), each process's CPU seconds are noted:
-    #: what they spend after it is the steady state, start-up left out.
-    mark_when: Callable[[], bool] | None = None
-    marked: bool = False
-    _stop: threading.Event = field(default_factory=threading.Event)
-
-    def _role(self, pid: int) -> str | None:
-        try:
-            cmd = " " + Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            return None
-        for needle, role in self.roles.items():
-            if needle in cmd:
-                return role
-        return None
-
-    def sample(self) -> None:
-        """Read every live descendant of this process once."""
-        together = nodes = 0
-        for pid in usage.children(os.getpid()):
-            entry = self.seen.get(pid)
-            if entry is None:
-                role = self._role(pid)
-                if role is None:
-                    continue
-                if role == "superexec" and self._role(usage.parent(pid)) != "supernode":
-                    role = "superlink-superexec"  # the one that runs the ServerApp
-                entry = self.seen[pid] = _Seen(
-                    role, usage.cpu_s(pid, reaped=False), written0=usage.disk_write_bytes(pid)
-                )
-            entry.cpu = max(entry.cpu, usage.cpu_s(pid, reaped=False))
-            entry.peak = max(entry.peak, usage.peak_rss_bytes(pid))
-            entry.written = max(entry.written, usage.disk_write_bytes(pid))
-            if not entry.torch and entry.role in (*DEVICE_ROLES, "clientapp"):
-                entry.torch = usage.maps_torch(pid)
-            if entry.role in (*DEVICE_ROLES, "clientapp"):
-                together += usage.pss_bytes(pid)
-            nodes += entry.role == "supernode"
-        # Summed over all devices and divided once at the end: the agents and ingest daemons
-        # start before the SuperNodes, so dividing by the SuperNodes seen so far overstates.
-        self.together_peak = max(self.together_peak, together)
-        self.devices = max(self.devices, nodes)
-        if not self.marked and self.mark_when is not None and self.mark_when():
-            self.marked = True
-            for entry in self.seen.values():
-                entry.cpu_mark = entry.cpu
-
-    @contextmanager
-    def running(self) -> Iterator[ProcessSampler]:
-        """Sample in a thread while the block runs."""
-
-        def loop() -> None:
-            while not self._stop.wait(SAMPLE_S):
-                self.sample()
-
-        thread = threading.Thread(target=loop, daemon=True)
-        thread.start()
-        try:
-            yield self
-        finally:
-            self._stop.set()
-            thread.join()
-
-    @property
-    def device_pss_peak(self) -> int:
-        """The largest memory the device processes held at one instant, per device (PSS)."""
-        return self.together_peak // max(1, self.devices)
-
-    def by_role(self) -> dict[str, dict[str, float]]:
-        """Per role: processes, mean CPU seconds and bytes written while sampled, and the
-        largest peak resident memory."""
-        out: dict[str, dict[str, float]] = {}
-        for role in sorted({e.role for e in self.seen.values()}):
-            of = [e for e in self.seen.values() if e.role == role]
-            out[role] = {
-                "processes": len(of),
-                "with_torch": sum(e.torch for e in of),
-                "cpu_s": statistics.mean(e.cpu - e.cpu0 for e in of),
-                # all of them after the mark (a process started after it: all its seconds)
-                "cpu_s_after_mark": sum(
-                    e.cpu - (e.cpu0 if e.cpu_mark is None else e.cpu_mark) for e in of
-                ),
-                "peak_rss": max(e.peak for e in of),
-                "written": statistics.mean(e.written - e.written0 for e in of),
-            }
-        return out
 
 
 # -- the runs -------------------------------------------------------------------------------
@@ -813,60 +671,6 @@ def _controller_summary(entries: list[dict[str, Any]]) -> dict[str, Any]:
             "time_to_s": {t: spread([e["time_to_s"][t] for e in of]) for t in of[0]["time_to_s"]},
         }
     return out
-
-
-def goals(entries: list[dict[str, Any]], soak: dict[str, Any]) -> dict[str, Any]:
-    """The deployment goals, each judged in every repetition (or seed) it was measured in:
-    the value in each, and ``met`` or ``MISSED`` (:func:`~deploy.bench.common.every_seed`).
-
-    - ``idle-round-vs-plain``: fedstream-idle-agent's median round over plain Flower's
-      (``plain-flower-tuned``) at most :data:`GOAL_VS_PLAIN`;
-    - ``idle-round-above-compute-s``: its median round less the slowest device's compute
-      (median over the steady rounds) at most :data:`GOAL_ABOVE_COMPUTE_S`;
-    - ``device-cpu-s-per-idle-round``: its device's CPU seconds per steady round, every
-      process of the device, polling between rounds included, at most
-      :data:`GOAL_DEVICE_CPU_S`;
-    - ``controller-time-to-0.9``: the dynamic arm's wall time to 0.9 over the fixed arm's,
-      seed by seed, at most :data:`GOAL_CONTROLLER_RATIO`, while the fixed split's slowest
-      device trains for at least :data:`GOAL_SLOWEST_SHARE` of its round;
-    - ``soak-rss-growth``: the agent's resident memory after the soak over after its first
-      :data:`SOAK_EVERY` messages, at most :data:`GOAL_SOAK_GROWTH` more.
-    """
-
-    def of(variant: str) -> list[dict[str, Any]]:
-        return [e for e in entries if e["variant"] == variant]
-
-    idle = of("fedstream-idle-agent")
-    vs_plain = [e["vs_plain_tuned"] for e in idle]
-    above = [
-        round(e["round_wall_median_s"] - e["slowest_compute_s"], 3)
-        for e in idle
-        if "slowest_compute_s" in e
-    ]
-    cpu = [e.get("device_cpu_s_per_round") for e in idle]
-    fixed = {e["seed"]: e for e in of("controller-fixed")}
-    dynamic = {e["seed"]: e for e in of("controller-dynamic")}
-    target = str(CONTROLLER_TARGETS[-1])
-
-    def ratio(seed: int) -> float | None:
-        a, b = dynamic[seed]["time_to_s"].get(target), fixed[seed]["time_to_s"].get(target)
-        return None if a is None or b is None else round(a / b, 3)
-
-    controller = [ratio(seed) for seed in sorted(fixed) if seed in dynamic]
-    shares = [fixed[seed].get("slowest_training_share") for seed in sorted(fixed)]
-    growth = soak.get("rss_growth_after_warmup")
-    rows = {
-        "idle-round-vs-plain": (vs_plain, lambda v: v <= GOAL_VS_PLAIN),
-        "idle-round-above-compute-s": (above, lambda v: v <= GOAL_ABOVE_COMPUTE_S),
-        "device-cpu-s-per-idle-round": (cpu, lambda v: v <= GOAL_DEVICE_CPU_S),
-        "controller-time-to-0.9": (controller, lambda v: v <= GOAL_CONTROLLER_RATIO),
-        "controller-fixed-slowest-training-share": (shares, lambda v: v >= GOAL_SLOWEST_SHARE),
-        "soak-rss-growth": ([growth], lambda v: v <= GOAL_SOAK_GROWTH),
-    }
-    return {
-        name: {"values": values, "verdict": verdict(every_seed(values, ok))}
-        for name, (values, ok) in rows.items()
-    }
 
 
 def _meta(quick: bool, devices: int, rounds: int) -> dict[str, Any]:

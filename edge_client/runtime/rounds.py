@@ -52,11 +52,12 @@ from edge_client.wire.records import (
     ProbeReply,
     ReplyMetrics,
     RoundPlan,
+    unpack_model,
 )
 from edge_client.wire.run_config import RunSettings
 from edge_client.wire.secagg_records import ADVERT
 
-__all__ = ["probe_steps", "train_round"]
+__all__ = ["probe_steps", "received_model", "train_round"]
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +77,9 @@ def train_round(msg: Message, context: Context, task: Task | None = None) -> Mes
             return _shape_mismatch(msg, node.device_id, store, settings.shape)
         store.restore_taken()  # a round that died before its reply gives its samples back
         model = task.build_model(settings.shape, settings.num_classes)
-        received = msg.content.array_records[ARRAYS].to_torch_state_dict()
-        model.load_state_dict({k: v.float() for k, v in received.items()})  # fp16 broadcast too
+        arrays = msg.content.array_records[ARRAYS]
+        received = unpack_model(arrays, model.state_dict(), plan.model_layout)  # float32
+        model.load_state_dict({k: torch.from_numpy(v) for k, v in received.items()})
         personal = _overlay_personal(model, settings, state)
         unshared = unshared_keys(model, personal)
         start = _numpy_state(model)
@@ -311,6 +313,16 @@ def _shape_mismatch(
         sample_shape=list(store.shape),
     )
     return Message(DeviceReply(device_id, metrics, b"").to_content(), reply_to=msg)
+
+
+def received_model(msg: Message, context: Context, task: Task | None = None) -> dict[str, Any]:
+    """The global model a train message carries, by tensor name (float32 numpy arrays),
+    unpacked by the run's model (for a ClientApp of one's own around :func:`train_round`)."""
+    settings = RunSettings.from_run_config(context.run_config)
+    task = task or load_task(settings)
+    like = task.build_model(settings.shape, settings.num_classes).state_dict()
+    plan = RoundPlan.from_record(msg.content.config_records[CONFIG])
+    return unpack_model(msg.content.array_records[ARRAYS], like, plan.model_layout)
 
 
 def _prepare(

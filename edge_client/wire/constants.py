@@ -52,8 +52,10 @@ GAP_EWMA_WEIGHT: Final = 0.5  # weight of the newest top-k gap in a device's EWM
 
 # --- Round records (edge_client.wire.records) ---------------------------------------------
 # The layout version of the plan and reply records. It goes up only when a reader of the
-# old layout would misread the new one; adding an optional key keeps it.
-RECORD_VERSION: Final = 1
+# old layout would misread the new one; adding an optional key keeps it. 2: the model travels
+# packed (RoundPlan.model_layout), which a reader of version 1 cannot load: it refuses the
+# plan as newer-format, saying to upgrade, instead of failing on the arrays.
+RECORD_VERSION: Final = 2
 # A device reports its training diverged (the reply's train-diverged) when its training loss
 # is not finite or above this many times the first loss it measured in the run; it then
 # sends no update, and the aggregator counts the round as diverged (max-diverged-rounds).

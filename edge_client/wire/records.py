@@ -3,7 +3,11 @@
 Server -> device, one message per device and round:
 
 - ``arrays`` (ArrayRecord): the global model, float32 (float16 when the broadcast is
-  compressed);
+  compressed), packed into one array (:func:`pack_model`; the plan's ``model-layout`` names
+  its tensors' names and shapes, which the device's own model must have): Flower moves every
+  array of a message as objects of their own, one request each, SuperLink to SuperNode and
+  SuperNode to its ClientApp, so six tensors cost 16 objects and one costs 6. A record of
+  tensors by name (a plan without ``model-layout``: a ServerApp of one's own) is read too;
 - ``config`` (ConfigRecord): the device's :class:`RoundPlan`.
 
 Device -> server, the reply (:class:`DeviceReply`):
@@ -27,12 +31,14 @@ defaults) and refuses newer ones.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Self, TypeVar
 
-from flwr.app import ConfigRecord, MetricRecord, RecordDict
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from edge_client.wire.constants import CODEC_MODES, RECORD_VERSION, SECAGG_WEIGHTINGS
 from edge_client.wire.mapping import from_mapping, kebab, to_mapping
@@ -44,6 +50,7 @@ __all__ = [
     "CONFIG",
     "DEVICE",
     "METRICS",
+    "PACKED",
     "UPDATE",
     "DeviceReply",
     "ProbePlan",
@@ -51,6 +58,9 @@ __all__ = [
     "RecordError",
     "ReplyMetrics",
     "RoundPlan",
+    "model_layout",
+    "pack_model",
+    "unpack_model",
 ]
 
 T = TypeVar("T")
@@ -61,6 +71,7 @@ CONFIG = "config"
 METRICS = "metrics"
 DEVICE = "device"
 UPDATE = "update"
+PACKED = "packed"  # the one array of a packed model, in ``arrays``
 
 
 class RecordError(ValueError):
@@ -93,6 +104,58 @@ class _Record:
             (``newer-format``).
         """
         return _read(cls, record)
+
+
+def model_layout(state: Mapping[str, Any]) -> str:
+    """A digest of a model's tensor names and shapes, in order (``state``: name -> anything
+    with a ``shape``): what a packed model is unpacked by."""
+    digest = hashlib.sha256()
+    for name, value in state.items():
+        digest.update(f"{name}:{tuple(value.shape)};".encode())
+    return digest.hexdigest()[:16]
+
+
+def pack_model(state: Mapping[str, np.ndarray], dtype: type = np.float32) -> ArrayRecord:
+    """The model's tensors, in order, as one flat array of ``dtype`` (see the module notes)."""
+    flat = np.concatenate([np.asarray(v, dtype).ravel() for v in state.values()])
+    return ArrayRecord({PACKED: Array(flat)})
+
+
+def unpack_model(
+    record: ArrayRecord, like: Mapping[str, Any], layout: str
+) -> dict[str, np.ndarray]:
+    """The tensors of ``record`` by name, float32: cut from its packed array by the names
+    and shapes of ``like`` (the device's own model, whose :func:`model_layout` must be
+    ``layout``), or as they are when ``layout`` is empty (tensors by name).
+
+    Raises
+    ------
+    RecordError
+        If the device's model is not the one packed (another task or model width), or the
+        packed array is not the size of that model.
+    """
+    if not layout:
+        return {k: np.asarray(a.numpy(), np.float32) for k, a in record.items()}
+    if PACKED not in record:
+        raise RecordError("malformed", f"a packed model ({layout}) but no {PACKED!r} array")
+    mine = model_layout(like)
+    if layout != mine:
+        raise RecordError(
+            "malformed",
+            f"the model sent is not this device's model (layout {layout}, here {mine}): the "
+            "run's task or model width differ between the ServerApp and this device",
+        )
+    flat = record[PACKED].numpy()
+    sizes = [int(np.prod(v.shape)) for v in like.values()]
+    if flat.ndim != 1 or flat.size != sum(sizes):
+        raise RecordError(
+            "malformed", f"the packed model holds {flat.size} values, this model {sum(sizes)}"
+        )
+    out, at = {}, 0
+    for (name, value), size in zip(like.items(), sizes, strict=True):
+        out[name] = np.array(flat[at : at + size], np.float32).reshape(tuple(value.shape))
+        at += size
+    return out
 
 
 @dataclass(frozen=True)
@@ -141,6 +204,9 @@ class RoundPlan(_Record):
         ``samples``: the scale that keeps a device's weight at most 1.
     secagg_range, secagg_bits : float, int
         The shared range each coordinate is clipped to, and the grid's bits.
+    model_layout : str
+        The layout of the packed model in ``arrays`` (:func:`model_layout`); empty: the
+        record holds the tensors by name.
     format_version : int
         The record layout.
     """
@@ -166,6 +232,7 @@ class RoundPlan(_Record):
     secagg_weight_scale: float = 0.0
     secagg_range: float = 0.0
     secagg_bits: int = 0
+    model_layout: str = ""  # tensors by name
     format_version: int = RECORD_VERSION
 
     #: Fields that carry a run-config setting: checked as the run config checks it.
@@ -519,6 +586,6 @@ def _read(cls: type[T], record: Mapping[str, Any]) -> T:
             "upgrade fedstream here",
         )
     try:
-        return from_mapping(cls, record)
+        return from_mapping(cls, {**record, _VERSION_KEY: version})  # absent: version 1
     except ValueError as err:  # MappingError included
         raise RecordError("malformed", f"{name}: {err}") from err

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from edge_client.wire import (
     DEVICE,
@@ -27,6 +27,7 @@ from edge_client.wire import (
 )
 from edge_client.wire.codec import encode
 from edge_client.wire.constants import RECORD_VERSION
+from edge_client.wire.records import PACKED, model_layout, pack_model, unpack_model
 
 ROOT = Path(__file__).resolve().parents[2]
 RECORDS = ROOT / "edge_client" / "wire" / "records.py"
@@ -190,3 +191,41 @@ def test_no_metric_key_is_spelled_outside_the_records_module() -> None:
                 ):
                     spelled.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.value!r}")
     assert spelled == []
+
+
+def test_the_model_travels_as_one_array_and_is_cut_by_the_devices_own_model() -> None:
+    # Prepare: a model of two tensors, in order
+    model = {"w": np.arange(6, dtype=np.float32).reshape(2, 3), "b": np.array([7.0, 8.0])}
+    layout = model_layout(model)
+    # Execute
+    record = pack_model(model, np.float16)
+    back = unpack_model(record, model, layout)
+    # Assert: one array of 8 values (Flower moves each array as objects of its own), the
+    # tensors back by name, float32
+    assert list(record) == [PACKED] and record[PACKED].numpy().shape == (8,)
+    assert record[PACKED].numpy().dtype == np.float16
+    assert list(back) == ["w", "b"] and all(v.dtype == np.float32 for v in back.values())
+    np.testing.assert_array_equal(back["w"], model["w"])
+    np.testing.assert_array_equal(back["b"], model["b"])
+    # tensors by name (no layout: a ServerApp of one's own) are read as they are
+    by_name = unpack_model(ArrayRecord({k: Array(v) for k, v in model.items()}), model, "")
+    np.testing.assert_array_equal(by_name["b"], model["b"])
+
+
+@pytest.mark.parametrize(
+    ("like", "layout", "message"),
+    [
+        ({"w": np.zeros((3, 2)), "b": np.zeros(2)}, None, "not this device's model"),
+        ({"b": np.zeros(2), "w": np.zeros((2, 3))}, None, "not this device's model"),
+        ({"w": np.zeros((2, 3)), "b": np.zeros(3)}, "same", "holds 8 values, this model 9"),
+    ],
+)
+def test_a_packed_model_for_another_model_is_refused_saying_why(
+    like: dict[str, np.ndarray], layout: str | None, message: str
+) -> None:
+    # Prepare: packed from a (2, 3) and a (2,) tensor
+    record = pack_model({"w": np.zeros((2, 3)), "b": np.zeros(2)})
+    sent = model_layout({"w": np.zeros((2, 3)), "b": np.zeros(2)})
+    # Execute / Assert
+    with pytest.raises(RecordError, match=message):
+        unpack_model(record, like, model_layout(like) if layout == "same" else sent)

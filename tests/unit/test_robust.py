@@ -14,9 +14,10 @@ from flwr.clientapp import ClientApp
 from aggregator.robust import robust_aggregate
 from aggregator.server_app import run_rounds
 from deploy.inprocess import InProcessGrid, VirtualDevice
+from edge_client.runtime.rounds import received_model
 from edge_client.runtime.rounds import train_round as fedstream_train
 from edge_client.wire.codec import encode
-from edge_client.wire.records import ARRAYS, CONFIG, DeviceReply, RoundPlan
+from edge_client.wire.records import CONFIG, DeviceReply, RoundPlan
 from edge_client.wire.run_config import RunSettings
 
 ATTACK = 50.0  # the hostile device sends this times minus its honest update (finite: passes
@@ -88,7 +89,7 @@ class Attacker:
         reply = DeviceReply.from_content(fedstream_train(msg, context).content)
         if reply.device_id != "dev-3":
             return Message(reply.to_content(), reply_to=msg)
-        shapes = {k: a.numpy().shape for k, a in msg.content.array_records[ARRAYS].items()}
+        shapes = {k: a.shape for k, a in received_model(msg, context).items()}
         plan = RoundPlan.from_record(msg.content.config_records[CONFIG])
         rng = np.random.default_rng(plan.server_round)
         bad = {k: (-ATTACK * rng.standard_normal(s)).astype(np.float32) for k, s in shapes.items()}
