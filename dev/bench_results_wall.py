@@ -108,11 +108,77 @@ def deployment(doc: Doc) -> str:
         f"""**A round on the wall clock, against plain Flower**: wall, Flower's deployment
         engine on this machine, {doc["devices"]} devices, {doc["rounds"]} rounds,
         {comparison}; the devices train for {share} of an idle round (process start and
-        Flower's polls are the rest). {_controllers(doc)} `fedstream bench deployment`."""
+        Flower's polls are the rest). {_tasks(doc)}{_controllers(doc)} `fedstream bench
+        deployment`."""
     )
 
 
+def _goal(doc: Doc, name: str, fmt: str = "{:.2f}") -> str:
+    """A judged goal of ``doc["goals"]``: its value in each repetition or seed, and its
+    verdict."""
+    goal = doc["goals"][name]
+    values = ", ".join("-" if v is None else fmt.format(v) for v in goal["values"])
+    return f"{values} ({goal['verdict']})"
+
+
+def _tasks(doc: Doc) -> str:
+    """The agents taking their SuperNodes' tasks, against the goals the JSON judged (none
+    before it judged them)."""
+    if "goals" not in doc:
+        return ""
+    from deploy.bench.deployment_goals import (
+        GOAL_ABOVE_COMPUTE_S,
+        GOAL_DEVICE_CPU_S,
+        GOAL_VS_PLAIN,
+    )
+
+    share = fmt_pct(
+        [
+            e["breakdown"]["training_share"]
+            for e in doc["entries"]
+            if e["variant"] == "fedstream-idle-agent"
+        ]
+    )
+    return f"""With an agent per device taking its SuperNode's tasks (no process per message,
+        `fedstream-idle-agent`), per repetition: the median round is
+        {_goal(doc, "idle-round-vs-plain")}x the plain app's as written (goal <=
+        {GOAL_VS_PLAIN:g}x in every repetition), {_goal(doc, "idle-round-above-compute-s")} s
+        above the slowest device's compute (goal <= {GOAL_ABOVE_COMPUTE_S:g} s), a device
+        spends {_goal(doc, "device-cpu-s-per-idle-round")} CPU-s per round, its SuperNode's
+        and agent's polling between rounds included (goal <= {GOAL_DEVICE_CPU_S:g}), and
+        trains for {share} of it. """
+
+
 def _controllers(doc: Doc) -> str:
+    """The controllers' sentence: at the defaults (the JSON since the controller runs took
+    them), else the trio of the runs before."""
+    if "controller-dynamic-no-probe" not in doc["controllers"]:
+        return _controllers_at_defaults(doc)
+    return _controller_trio(doc)
+
+
+def _controllers_at_defaults(doc: Doc) -> str:
+    """The fixed and dynamic arms at the run config's defaults: each seed's time to 0.9
+    over the fixed split's, and the slowest device's training share (``goals``)."""
+    from deploy.bench.deployment_goals import GOAL_CONTROLLER_RATIO, GOAL_SLOWEST_SHARE
+
+    c = doc["controllers"]
+    fixed, dynamic = c["controller-fixed"], c["controller-dynamic"]
+    return f"""The controllers with agents, slowdowns 1, 1, 2, 4, every run-config key at
+        its default but the controller, the work ({doc["controller_local_steps"]} local steps
+        of a {doc["controller_model_width"]}-wide CNN), the rounds and the seed (global batch
+        512, aggregation adaptive, the timing probe on and charged), seeds
+        {fmt_seeds(fixed["seeds"])}: under the fixed split the slowest device trains for
+        {_goal(doc, "controller-fixed-slowest-training-share")} of its round (goal >=
+        {GOAL_SLOWEST_SHARE:g}); the batch controller's median round is
+        {dynamic["round_wall_median_s"]} s against the fixed split's
+        {fixed["round_wall_median_s"]} s, and it reaches test accuracy 0.9 in
+        {dynamic["time_to_s"]["0.9"]} s against {fixed["time_to_s"]["0.9"]} s:
+        {_goal(doc, "controller-time-to-0.9")}x the fixed split's time, seed by seed (goal
+        <= {GOAL_CONTROLLER_RATIO:g}x in every seed)."""
+
+
+def _controller_trio(doc: Doc) -> str:
     """The controller trio's sentence: each seed's time to 0.9 against the fixed split's,
     with round 1 split equally (the goal's arm) and with the timing probe, and the slowest
     device's training share."""
@@ -169,6 +235,12 @@ def agent(doc: Doc) -> str:
     soak = doc["soak"]
     rss = soak["rss_bytes"]
     growth = (rss[-1][1] - rss[1][1]) / rss[1][1]
+    soak_goal = (
+        f" (goal <= +5 %: {doc['goals']['soak-rss-growth']['verdict']}; taken by the agent "
+        "from a real SuperNode, a round each)"
+        if "goals" in doc
+        else ""
+    )
     return bullet(
         f"""**The device agent** (torch and the model loaded once per device; each message's
         ClientApp hands over): wall, the same runs, {len(rows)} repetitions, mean (min-max):
@@ -182,7 +254,7 @@ def agent(doc: Doc) -> str:
         (PSS; goal <= 500 MiB: {fmt_verdict(pss <= 500)}; {100 * (1 - pss / 1024):.0f} % of a
         1 GB Pi free); over {soak["messages"]} messages
         the agent's resident memory went from {rss[1][1] / (1 << 20):.0f} MiB (message
-        {rss[1][0]}) to {rss[-1][1] / (1 << 20):.0f} MiB ({100 * growth:+.1f} %).
+        {rss[1][0]}) to {rss[-1][1] / (1 << 20):.0f} MiB ({100 * growth:+.1f} %){soak_goal}.
         `fedstream bench deployment`."""
     )
 

@@ -10,7 +10,9 @@ prequential error of the samples each round trains on for changes,
 :mod:`edge_client.runtime.drift_watch`; ``none``: not here, e.g. because ``fedstream infer``
 watches every sample), ``drift-delta`` (ADWIN's confidence) and ``agent`` (the Unix socket
 of the device's ``fedstream agent``: the ClientApp hands each message to it instead of
-loading torch itself; empty: it trains in its own process).
+loading torch itself; empty: it trains in its own process) and ``secagg-min-peers`` (secure
+aggregation: the fewest neighbours, and surviving neighbours at unmasking, the device takes
+part with; default 2).
 """
 
 from __future__ import annotations
@@ -40,6 +42,10 @@ class NodeConfig:
     drift: str = "none"
     drift_delta: float = DEFAULT_DELTA
     agent: str = ""
+    #: Secure aggregation: the fewest neighbours (and surviving neighbours at unmasking)
+    #: this device takes part with; fewer, it refuses the stage (the plan is the
+    #: aggregator's, and a smaller neighbourhood tells it more of one device's update).
+    secagg_min_peers: int = 2
 
     def __post_init__(self) -> None:
         validate_device_id(self.device_id)
@@ -47,6 +53,8 @@ class NodeConfig:
             raise ValueError(f"slowdown must be >= 1, got {self.slowdown}")
         if self.threads < 0:
             raise ValueError(f"threads must be >= 0, got {self.threads}")
+        if self.secagg_min_peers < 1:
+            raise ValueError(f"secagg-min-peers must be >= 1, got {self.secagg_min_peers}")
         if self.drift not in DETECTORS:
             raise ValueError(f"drift must be one of {DETECTORS}, got {self.drift!r}")
         if not 0 < self.drift_delta < 1:

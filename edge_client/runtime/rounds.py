@@ -126,7 +126,9 @@ def train_round(msg: Message, context: Context, task: Task | None = None) -> Mes
             frame, gap, within = b"", None, True
             if not broke and result.num_examples > 0:
                 weight = weight_of(plan, result.num_examples, result.local_steps)
-                advert = prepare_input(state, context.run_id, plan, delta, weight, rng)
+                advert = prepare_input(
+                    state, context.run_id, plan, delta, weight, rng, node.secagg_min_peers
+                )
         else:
             frame, gap, within = (
                 (b"", None, True)  # no update: the aggregator refuses it, counted as diverged

@@ -88,9 +88,13 @@ def prepare_input(
     delta: Mapping[str, np.ndarray],
     weight: float,
     rng: np.random.Generator,
+    min_peers: int = 1,
 ) -> Advert:
     """Keep the round's quantised update and fresh secrets in the device state; return the
-    advert the training reply carries.
+    advert the training reply carries. ``min_peers``: the fewest neighbours, and surviving
+    neighbours at unmasking, the device takes part with (its node config's
+    ``secagg-min-peers``: an aggregator may shrink a neighbourhood to learn more of one
+    device's update).
 
     Under differential privacy the update is clipped to the plan's ``dp-clip`` first and,
     local DP, noised (from the operating system's entropy) before it is weighed.
@@ -118,6 +122,7 @@ def prepare_input(
         "share-private": _b64(share_private),
         "mask-seed": _b64(mask_seed),
         "seed": _b64(seed),
+        "min-peers": int(min_peers),
     }
     state.save_secure_round(doc, levels.astype("<u8").tobytes())
     if clipped:
@@ -171,15 +176,28 @@ def _share_keys(msg: Message, doc: dict[str, Any], state: DeviceState, head: Sta
     count = len(ask.neighbours)
     if ask.index in ask.neighbours or len(set(ask.neighbours)) != count:
         raise RecordError("malformed", "the neighbours repeat, or name this device")
-    if not 1 <= ask.threshold <= count:
-        raise RecordError("malformed", f"threshold {ask.threshold} of {count} neighbours")
-    seeds = masking.shares_of(_raw(doc["seed"]), ask.threshold, count)
-    keys = masking.shares_of(_raw(doc["mask-seed"]), ask.threshold, count)
+    # The plan comes from the aggregator the masks protect against: the device holds it to
+    # the protocol's floors itself (Bell et al. 2020; Flower's secaggplus_mod does too).
     private = _raw(doc["share-private"])
+    own = {
+        masking.public_of(private),
+        masking.public_of(masking.key_from_seed(_raw(doc["mask-seed"]))),
+    }
+    keys = [*ask.share_keys, *ask.mask_keys]
+    if len(set(keys)) != len(keys) or own & set(keys):
+        return _refuse(head, "duplicate-keys", "neighbours' public keys repeat, or are its own")
+    if not count // 2 < ask.threshold <= count:
+        # below a majority, an aggregator that lies about who dropped can gather both of a
+        # neighbour's secrets from disjoint sets of devices
+        return _refuse(head, "low-threshold", f"threshold {ask.threshold} of {count} neighbours")
+    if count < int(doc.get("min-peers", 1)):
+        return _refuse(head, "too-few-neighbours", f"{count} neighbours, fewer than its minimum")
+    seeds = masking.shares_of(_raw(doc["seed"]), ask.threshold, count)
+    key_shares = masking.shares_of(_raw(doc["mask-seed"]), ask.threshold, count)
     # each neighbour's share key, kept for opening what it sends in the next stage
     agreed = [masking.agree(private, public, "shares") for public in ask.share_keys]
     sealed = [
-        masking.seal_share(agreed[i], ask.index, dst, seeds[i], keys[i])
+        masking.seal_share(agreed[i], ask.index, dst, seeds[i], key_shares[i])
         for i, dst in enumerate(ask.neighbours)
     ]
     doc.update(
@@ -229,21 +247,46 @@ def _unmask(msg: Message, doc: dict[str, Any], state: DeviceState, head: StageRe
     ask = UnmaskAsk.from_content(msg.content)
     held: dict[str, list[str]] = doc.get("held", {})
     both = set(ask.survivors) & set(ask.dropped)
-    doc["stage"] = _DONE  # once a round, answered or refused: asked again, it says no
-    state.save_secure_round(doc)
+    # Once a round, answered or refused (asked again, it says no); the round's secrets are
+    # erased from the device state either way, the shares it answers with kept in memory.
+    answer = {str(n): held[str(n)] for n in (*ask.survivors, *ask.dropped) if str(n) in held}
+    state.save_secure_round(_spent(doc))
     if both:  # the aggregator would learn a device's seed and mask key: its update
         log.warning("secure aggregation: asked for both secrets of %s; refused", sorted(both))
         return StageReply(head.stage, head.server_round, refused="both-secrets").to_content()
-    unknown = [n for n in (*ask.survivors, *ask.dropped) if str(n) not in held]
-    if unknown:
-        raise RecordError("malformed", f"no shares held of {unknown}")
+    listed = [*ask.survivors, *ask.dropped]
+    if len(set(listed)) != len(listed) or {str(n) for n in listed} != set(held):
+        # The survivors and the dropped split exactly the neighbours whose shares it holds:
+        # a list that leaves some out can tell each helper a different story.
+        return _refuse(head, "not-the-neighbourhood", f"{sorted(listed)} against {sorted(held)}")
+    floor = max(int(doc["threshold"]), int(doc.get("min-peers", 1)))
+    if len(ask.survivors) < floor:
+        # Told that most neighbours dropped, a device would hand over their mask keys: with a
+        # few such lies an aggregator rebuilds one device's every mask (Flower refuses too).
+        return _refuse(head, "too-few-survivors", f"{len(ask.survivors)} survivors, floor {floor}")
     return UnmaskReply(
         head,
         list(ask.survivors),
-        [_raw(held[str(n)][0]) for n in ask.survivors],
+        [_raw(answer[str(n)][0]) for n in ask.survivors],
         list(ask.dropped),
-        [_raw(held[str(n)][1]) for n in ask.dropped],
+        [_raw(answer[str(n)][1]) for n in ask.dropped],
     ).to_content()
+
+
+def _spent(doc: dict[str, Any]) -> dict[str, Any]:
+    """The round's record once unmasking was asked: its stage done, its secrets (the
+    self-mask seed, the keys, the shares held) gone."""
+    keep = ("run", "round", "index", "threshold", "width", "min-peers")
+    return {**{k: doc[k] for k in keep if k in doc}, "stage": _DONE}
+
+
+def _refuse(head: StageReply, reason: str, detail: str) -> Any:
+    """A stage the device refuses to serve as asked: ``reason`` goes to the aggregator (its
+    count), ``detail`` to the device's log."""
+    log.warning(
+        "secure aggregation, round %d, %s refused: %s", head.server_round, head.stage, detail
+    )
+    return StageReply(head.stage, head.server_round, refused=reason).to_content()
 
 
 _STAGES = {SHARE_KEYS: _share_keys, MASKED_INPUT: _masked_input, UNMASK: _unmask}

@@ -1,6 +1,7 @@
 """A user's own Flower app (``examples/activity-app``: its own task and model, built on
-fedstream's app factories) run through ``flwr run`` on a real SuperLink and SuperNodes, its
-updates securely aggregated."""
+fedstream's app factories) run through ``flwr run`` on a real SuperLink and SuperNodes, each
+device's agent taking its SuperNode's tasks (as fedstream's own app; no process per
+message), its updates securely aggregated."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from aggregator.round_log import HOME_ENV, METRICS_FILE, read_metrics, rounds_only
+from deploy.agents import agent_sockets, start_devices
 from deploy.flower import FlowerDeployment
 from deploy.local import ProcessGroup, fedstream_command, free_port, wait_until
 from deploy.probes import scrape_metrics
@@ -60,11 +62,16 @@ def test_a_user_app_trains_its_own_model_securely_aggregated_through_flwr_run(
     buffers["phone-0"] = tmp_path / "phone-0.sqlite"
     x, y = SensorTask((6, 32), 4).sample(2000, np.random.default_rng(0))
     fill_buffer(buffers["phone-0"], x, y)
-    with ProcessGroup() as group:
+    with agent_sockets() as sockets, ProcessGroup() as group:
         flower = FlowerDeployment(group, tmp_path / "flwr")
         flower.start_superlink()
-        for device, path in buffers.items():
-            flower.start_supernode(device, NodeConfig(device, str(path)).to_node_config())
+        taking = start_devices(
+            flower,
+            buffers,
+            lambda device, _: NodeConfig(device, str(buffers[device])).to_node_config(),
+            sockets,
+            tmp_path / "logs",
+        )
         flower.wait_nodes(3)
         # Execute: the app's own out-dir ("": the default place), its Prometheus endpoint on,
         # its updates securely aggregated (SecAgg+: each stage a ClientApp process per device)
@@ -105,6 +112,11 @@ def test_a_user_app_trains_its_own_model_securely_aggregated_through_flwr_run(
         assert (record.secagg_survivors, record.secagg_dropped) == (2, 0)
         assert record.secagg_bytes_up > 0 and record.timing.secagg_s > 0
     assert records[-1].rejected == {"phone-0": 3}
+    # Every message was trained in its device's agent, which took it from its SuperNode and
+    # loaded the user's app from the run's bundle: no ClientApp process.
+    assert taking
+    replies = [m for r in records for m in r.devices.values()]
+    assert replies and all(m.agent_cpu_s > 0 and m.cpu_s == 0 for m in replies)
     assert records[-1].rejected_reasons == {"shape-mismatch": 3}
     assert records[-1].test_accuracy > 0.6  # 4 activities: chance is 0.25
     assert records[-1].accuracy > 0.5  # prequential, on the watches' own windows
