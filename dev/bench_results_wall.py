@@ -114,8 +114,8 @@ def deployment(doc: Doc) -> str:
 
 
 def _goal(doc: Doc, name: str, fmt: str = "{:.2f}") -> str:
-    """A judged goal of ``doc["goals"]``: its value in each repetition or seed, and its
-    verdict."""
+    """A judged goal of ``doc["goals"]``: its value in each repetition or seed (``fmt``),
+    and its verdict."""
     goal = doc["goals"][name]
     values = ", ".join("-" if v is None else fmt.format(v) for v in goal["values"])
     return f"{values} ({goal['verdict']})"
@@ -141,12 +141,13 @@ def _tasks(doc: Doc) -> str:
     )
     return f"""With an agent per device taking its SuperNode's tasks (no process per message,
         `fedstream-idle-agent`), per repetition: the median round is
-        {_goal(doc, "idle-round-vs-plain")}x the plain app's as written (goal <=
-        {GOAL_VS_PLAIN:g}x in every repetition), {_goal(doc, "idle-round-above-compute-s")} s
-        above the slowest device's compute (goal <= {GOAL_ABOVE_COMPUTE_S:g} s), a device
-        spends {_goal(doc, "device-cpu-s-per-idle-round")} CPU-s per round, its SuperNode's
-        and agent's polling between rounds included (goal <= {GOAL_DEVICE_CPU_S:g}), and
-        trains for {share} of it. """
+        {_goal(doc, "idle-round-vs-plain", "{:.2f}x")} the plain app's as written (goal <=
+        {GOAL_VS_PLAIN:g}x in every repetition),
+        {_goal(doc, "idle-round-above-compute-s", "{:.2f} s")} above the slowest device's
+        compute (goal <= {GOAL_ABOVE_COMPUTE_S:g} s), a device spends
+        {_goal(doc, "device-cpu-s-per-idle-round", "{:.2f} CPU-s")} per round, its
+        SuperNode's and agent's polling between rounds included (goal <=
+        {GOAL_DEVICE_CPU_S:g}), and trains for {share} of it. """
 
 
 def _controllers(doc: Doc) -> str:
@@ -167,15 +168,15 @@ def _controllers_at_defaults(doc: Doc) -> str:
     return f"""The controllers with agents, slowdowns 1, 1, 2, 4, every run-config key at
         its default but the controller, the work ({doc["controller_local_steps"]} local steps
         of a {doc["controller_model_width"]}-wide CNN), the rounds and the seed (global batch
-        512, aggregation adaptive, the timing probe on and charged), seeds
+        512, aggregation adaptive, the timing probe on and charged),
         {fmt_seeds(fixed["seeds"])}: under the fixed split the slowest device trains for
-        {_goal(doc, "controller-fixed-slowest-training-share")} of its round (goal >=
-        {GOAL_SLOWEST_SHARE:g}); the batch controller's median round is
+        {_goal(doc, "controller-fixed-slowest-training-share", "{:.0%}")} of its round (goal
+        >= {GOAL_SLOWEST_SHARE:.0%}); the batch controller's median round is
         {dynamic["round_wall_median_s"]} s against the fixed split's
         {fixed["round_wall_median_s"]} s, and it reaches test accuracy 0.9 in
         {dynamic["time_to_s"]["0.9"]} s against {fixed["time_to_s"]["0.9"]} s:
-        {_goal(doc, "controller-time-to-0.9")}x the fixed split's time, seed by seed (goal
-        <= {GOAL_CONTROLLER_RATIO:g}x in every seed)."""
+        {_goal(doc, "controller-time-to-0.9", "{:.2f}x")} the fixed split's time, seed by seed
+        (goal <= {GOAL_CONTROLLER_RATIO:g}x in every seed)."""
 
 
 def _controller_trio(doc: Doc) -> str:
@@ -241,13 +242,20 @@ def agent(doc: Doc) -> str:
         if "goals" in doc
         else ""
     )
+    if "goals" in doc:  # the agents take their SuperNodes' tasks: no ClientApp process
+        how = "taking its SuperNode's tasks: no process per message"
+        clientapp = f"""no ClientApp process at all (Flower's own do-nothing ClientApp costs
+            {fmt_spread([r["do_nothing_clientapp_cpu_s"] for r in rows])} CPU-s per message),"""
+    else:
+        how = "each message's ClientApp hands over"
+        clientapp = f"""a ClientApp costs {fmt_spread(over, "{:+.2f}")} CPU-s per message over
+            Flower's own do-nothing ClientApp (goal <= +{AGENT_CPU_OVER:g}:
+            {fmt_verdict(max(over) <= AGENT_CPU_OVER)}), {torch_clientapps} ClientApp
+            processes loaded torch ({agents} agents did, one per device);"""
     return bullet(
-        f"""**The device agent** (torch and the model loaded once per device; each message's
-        ClientApp hands over): wall, the same runs, {len(rows)} repetitions, mean (min-max):
-        a ClientApp costs {fmt_spread(over, "{:+.2f}")} CPU-s per message over Flower's own
-        do-nothing ClientApp (goal <= +{AGENT_CPU_OVER:g}:
-        {fmt_verdict(max(over) <= AGENT_CPU_OVER)}), {torch_clientapps} ClientApp processes
-        loaded torch ({agents} agents did, one per device); a device's CPU-s per round in the
+        f"""**The device agent** (torch and the model loaded once per device; {how}): wall,
+        the same runs, {len(rows)} repetitions, mean (min-max): {clientapp} a device's CPU-s
+        per round in the
         steady state {fmt_x(cpu)} of the same run's without agents (goal <= 0.5x:
         {fmt_verdict(max(cpu) <= 0.5)}); the live round {fmt_x(wall)} (goal <= 0.8x:
         {fmt_verdict(max(wall) <= 0.8)}); a device's processes at most {pss:.0f} MiB at once
