@@ -53,6 +53,7 @@ from edge_client.wire.codec import NON_FINITE, CodecError, decode, raw_size_limi
 from edge_client.wire.records import (
     ARRAYS,
     CONFIG,
+    PLAN_REFUSED,
     DeviceReply,
     ProbePlan,
     ProbeReply,
@@ -617,7 +618,12 @@ class StreamStrategy:
         the node has been retired since (its device came back on another node).
         """
         if msg.has_error():
-            self.fail(report, self.sender(node, sent_to))
+            sender = self.sender(node, sent_to)
+            if (msg.error.reason or "").startswith(PLAN_REFUSED):  # below its owner's floor
+                log.warning("%s refused its plan: %s", sender, msg.error.reason)
+                self.refuse(report, sender, "plan-refused")
+            else:
+                self.fail(report, sender)
             return None
         try:
             reply = DeviceReply.from_content(msg.content)

@@ -12,7 +12,8 @@ watches every sample), ``drift-delta`` (ADWIN's confidence) and ``agent`` (the U
 of the device's ``fedstream agent``: the ClientApp hands each message to it instead of
 loading torch itself; empty: it trains in its own process) and ``secagg-min-peers`` (secure
 aggregation: the fewest neighbours, and surviving neighbours at unmasking, the device takes
-part with; default 2).
+part with; default 2), and the owner's privacy floor, ``dp-min-noise``, ``dp-max-clip``
+and ``secure-required`` (:meth:`NodeConfig.plan_refusal`).
 """
 
 from __future__ import annotations
@@ -46,6 +47,12 @@ class NodeConfig:
     #: this device takes part with; fewer, it refuses the stage (the plan is the
     #: aggregator's, and a smaller neighbourhood tells it more of one device's update).
     secagg_min_peers: int = 2
+    #: The owner's floor under privacy (the plan is the aggregator's): the least local DP
+    #: noise (a multiple of the clip) its updates leave with, the largest clip, and whether
+    #: they go only securely aggregated; a plan below any is refused (0 / False: no floor).
+    dp_min_noise: float = 0.0
+    dp_max_clip: float = 0.0
+    secure_required: bool = False
 
     def __post_init__(self) -> None:
         validate_device_id(self.device_id)
@@ -55,6 +62,27 @@ class NodeConfig:
             raise ValueError(f"threads must be >= 0, got {self.threads}")
         if self.secagg_min_peers < 1:
             raise ValueError(f"secagg-min-peers must be >= 1, got {self.secagg_min_peers}")
+        for name in ("dp_min_noise", "dp_max_clip"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ValueError(f"{kebab(name)} must be a number >= 0, got {value}")
+
+    def plan_refusal(self, dp_noise: float, dp_clip: float, secure: bool) -> str:
+        """Why this device's owner refuses a plan of this local noise, clip and secure
+        aggregation ('' when it takes it)."""
+        if self.secure_required and not secure:
+            return "secure aggregation is required here (node config secure-required)"
+        if dp_noise < self.dp_min_noise:
+            return (
+                f"local DP noise {dp_noise:g} x the clip is below this device's floor "
+                f"{self.dp_min_noise:g} (node config dp-min-noise)"
+            )
+        if self.dp_max_clip > 0 and not 0 < dp_clip <= self.dp_max_clip:
+            return (
+                f"clip {dp_clip:g} (0: none) is above this device's ceiling "
+                f"{self.dp_max_clip:g} (node config dp-max-clip)"
+            )
+        return ""
         if self.drift not in DETECTORS:
             raise ValueError(f"drift must be one of {DETECTORS}, got {self.drift!r}")
         if not 0 < self.drift_delta < 1:

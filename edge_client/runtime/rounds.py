@@ -19,7 +19,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import Context, Message
+from flwr.app import Context, Error, Message
+from flwr.common.constant import ErrorCode
 
 from edge_client.runtime.buffer import SampleBuffer
 from edge_client.runtime.device_open import node_of, open_device
@@ -47,6 +48,7 @@ from edge_client.wire.codec import compress, encode
 from edge_client.wire.records import (
     ARRAYS,
     CONFIG,
+    PLAN_REFUSED,
     DeviceReply,
     ProbePlan,
     ProbeReply,
@@ -72,6 +74,11 @@ def train_round(msg: Message, context: Context, task: Task | None = None) -> Mes
     entered, start_s = time.perf_counter(), process_age_s()
     plan = RoundPlan.from_record(msg.content.config_records[CONFIG])
     settings, task, node = _prepare(context, task, plan.server_round)
+    refusal = node.plan_refusal(plan.dp_noise, plan.dp_clip, bool(plan.secagg_weighting))
+    if refusal:  # before a sample is taken: the plan is the aggregator's, the floor the owner's
+        log.warning("device %s refused round %d: %s", node.device_id, plan.server_round, refusal)
+        error = Error(ErrorCode.CLIENT_APP_RAISED_EXCEPTION, f"{PLAN_REFUSED}: {refusal}")
+        return Message(error, reply_to=msg)
     with open_device(context, settings, node, plan.server_round) as (store, state):
         if store.shape != settings.shape:
             return _shape_mismatch(msg, node.device_id, store, settings.shape)

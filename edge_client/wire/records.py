@@ -51,6 +51,7 @@ __all__ = [
     "DEVICE",
     "METRICS",
     "PACKED",
+    "PLAN_REFUSED",
     "UPDATE",
     "DeviceReply",
     "ProbePlan",
@@ -72,6 +73,9 @@ METRICS = "metrics"
 DEVICE = "device"
 UPDATE = "update"
 PACKED = "packed"  # the one array of a packed model, in ``arrays``
+#: How the error reply of a device that refuses its plan (below its owner's privacy floor,
+#: the node config's ``dp-min-noise``, ``dp-max-clip``, ``secure-required``) begins.
+PLAN_REFUSED = "plan refused"
 
 
 class RecordError(ValueError):

@@ -6,34 +6,24 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from flwr.app import ConfigRecord, Context, Error, Message
-from flwr.common.constant import ErrorCode
+from flwr.app import Message
 
-from aggregator.exchange import exchange
 from aggregator.round_log import RoundRecord, read_metrics, rounds_only
-from aggregator.secure_round import SECAGG_MESSAGE, SecureRound, ShareRebuilder, neighbour_graph
+from aggregator.secure_round import ShareRebuilder, neighbour_graph
 from aggregator.server_app import run_rounds
-from aggregator.session import RunSession
 from deploy.inprocess import InProcessGrid, VirtualDevice
 from edge_client.emulation.sources import SensorChange
-from edge_client.runtime.client_app import app as client_app
-from edge_client.runtime.device_state import DeviceStateStore
-from edge_client.runtime.node_config import NodeConfig
 from edge_client.wire import masking
 from edge_client.wire.records import CONFIG
 from edge_client.wire.run_config import RunSettings
-from edge_client.wire.secagg_records import MASKED_INPUT, SHARE_KEYS, UNMASK, StageReply, stage_of
-
-Fast = Callable[..., RunSettings]
-#: A secure run's keys: fixed batches, no probe.
-SECURE = {"secure_aggregation": True, "controller": "fixed", "controller_probe": 0}
-
+from edge_client.wire.secagg_records import MASKED_INPUT, SHARE_KEYS, UNMASK
+from tests.secagg_round import SECURE, Devices, Fast, assert_step, expected_step, one_round
+from tests.secagg_round import config_of as _config
 
 # -- the arithmetic -----------------------------------------------------------------------
 
@@ -124,84 +114,6 @@ def test_the_neighbour_graph_is_regular_symmetric_and_logarithmic() -> None:
 # -- a round against the devices' own inputs ----------------------------------------------
 
 
-@dataclass
-class Devices:
-    """A ClientApp that records what each device kept and every reply, and can make a
-    device drop out or misbehave at a stage."""
-
-    drop: dict[str, str] = field(default_factory=dict)  # device -> stage it vanishes at
-    tamper: dict[str, Callable[[str, Message, Message], Message]] = field(default_factory=dict)
-    tamper_ask: dict[str, Callable[[str, Message], Message]] = field(default_factory=dict)
-    inputs: dict[str, np.ndarray] = field(default_factory=dict)
-    weights: dict[str, float] = field(default_factory=dict)
-    replies: list[Message] = field(default_factory=list)
-    node: dict[str, dict[str, Any]] = field(default_factory=dict)  # node-config keys set
-
-    def __call__(self, msg: Message, context: Context) -> Message:
-        device = NodeConfig.from_node_config(context.node_config).device_id
-        context.node_config.update(self.node.get(device, {}))
-        stage = "train"
-        if msg.metadata.message_type == SECAGG_MESSAGE:
-            stage = stage_of(msg.content)[0]
-        if self.drop.get(device) == stage:
-            return Message(Error(ErrorCode.NODE_UNAVAILABLE, "gone"), reply_to=msg)
-        if device in self.tamper_ask:
-            msg = self.tamper_ask[device](stage, msg)
-        reply = client_app(msg, context)
-        if stage == "train":  # what it keeps to mask: the test's ground truth
-            with DeviceStateStore(NodeConfig.from_node_config(context.node_config).buffer) as s:
-                kept = s.secure_input()
-            if kept:
-                self.inputs[device] = np.frombuffer(kept, "<u8").copy()
-        if device in self.tamper:
-            reply = self.tamper[device](stage, msg, reply)
-        self.replies.append(reply)
-        return reply
-
-
-def one_round(
-    tmp_path: Path, fast: Fast, app: Devices, devices: int = 6, **keys: Any
-) -> tuple[RunSession, dict[str, np.ndarray] | None, Any]:
-    """Run round 1 the way the ServerApp does; return the session, the step taken (None
-    when skipped) and the report."""
-    settings = fast(**{**SECURE, "num_rounds": 1, **keys})
-    grid = InProcessGrid(
-        [VirtualDevice(f"dev-{i}", rate=20_000) for i in range(devices)],
-        tmp_path / "buffers",
-        settings,
-        client_app=app,  # type: ignore[arg-type]
-    )
-    try:
-        session = RunSession.open(settings)
-        messages = list(session.strategy.configure_train(1, session.arrays, ConfigRecord(), grid))
-        done = exchange(grid, messages, 60)
-        arrays, report = SecureRound(grid, session.strategy).run(done.replies, done.sent)
-    finally:
-        grid.close()
-    if arrays is None:
-        return session, None, report
-    step = {k: arrays[k].numpy() - session.arrays[k].numpy() for k in session.arrays}
-    return session, step, report
-
-
-def expected_step(
-    app: Devices, survivors: list[str], session: RunSession, steps: int
-) -> dict[str, np.ndarray]:
-    """FedNova's step from the survivors' own quantised inputs, without any masking."""
-    settings = session.settings
-    total = sum(app.inputs[d] for d in survivors)
-    summed = masking.dequantise_sum(
-        np.asarray(total, np.uint64), len(survivors), settings.secagg_range, settings.secagg_bits
-    )
-    shapes = session.strategy.current_round.shapes
-    return {k: v * steps / len(survivors) for k, v in masking.unflatten(summed, shapes).items()}
-
-
-def assert_step(step: dict[str, np.ndarray], expected: dict[str, np.ndarray]) -> None:
-    for key, value in expected.items():
-        np.testing.assert_allclose(step[key], value, rtol=1e-5, atol=1e-6)
-
-
 def test_the_unmasked_sum_is_the_sum_of_the_devices_quantised_updates(
     tmp_path: Path, fast: Fast
 ) -> None:
@@ -273,11 +185,6 @@ def test_below_the_minimum_of_survivors_the_round_is_skipped_and_the_model_kept(
         0,
         2,
     )
-
-
-def _config(msg: Message) -> Any:
-    """A message's config record, as the tests read and tamper with it."""
-    return msg.content.config_records[CONFIG]
 
 
 def _masked(reply: Message) -> bytes:
@@ -507,112 +414,3 @@ def test_what_cannot_combine_with_secure_aggregation_is_refused_in_one_line(
     with pytest.raises(ValueError, match=said) as caught:
         RunSettings(**{"secure_aggregation": True, **keys})
     assert "\n" not in str(caught.value)
-
-
-# -- an aggregator that lies: the devices hold it to the protocol's floors ---------------
-
-
-def _one_survivor(stage: str, msg: Message) -> Message:
-    """Issue 54's lying aggregator: each helper is told that one neighbour survived and
-    every other dropped, so that it hands over one seed share and the others' mask-key
-    shares; a few such lies, each to other devices, rebuild one device's every mask."""
-    if stage == UNMASK:
-        record = _config(msg)
-        everyone = [*record["survivors"], *record["dropped"]]
-        record["survivors"], record["dropped"] = everyone[:1], everyone[1:]
-    return msg
-
-
-def _leave_one_out(stage: str, msg: Message) -> Message:
-    """An unmask ask that names some of the neighbours only (a story per helper)."""
-    if stage == UNMASK:
-        record = _config(msg)
-        record["survivors"] = list(record["survivors"])[:-1]
-    return msg
-
-
-def _low_threshold(stage: str, msg: Message) -> Message:
-    if stage == SHARE_KEYS:
-        _config(msg)["threshold"] = 1  # every share would be the secret itself
-    return msg
-
-
-def _repeat_a_key(stage: str, msg: Message) -> Message:
-    if stage == SHARE_KEYS:
-        record = _config(msg)
-        keys = list(record["mask-keys"])
-        keys[1] = keys[0]  # two neighbours under one key: one of them the aggregator's
-        record["mask-keys"] = keys
-    return msg
-
-
-def _stage_replies(app: Devices, stage: str) -> list[Any]:
-    """The headers of the replies to ``stage`` (training replies are no stage's)."""
-    staged = [r for r in app.replies if r.has_content() and CONFIG in r.content.config_records]
-    heads = [StageReply.read(r.content) for r in staged if "secagg-stage" in _config(r)]
-    return [h for h in heads if h.stage == stage]
-
-
-def test_a_lying_aggregator_told_one_survivor_gets_no_share_at_all(
-    tmp_path: Path, fast: Fast
-) -> None:
-    # Prepare: every device told at unmasking that one neighbour survived, the rest dropped
-    lie: Callable[[str, Message], Message] = _one_survivor
-    app = Devices(tamper_ask={f"dev-{i}": lie for i in range(6)})
-    # Execute
-    _session, step, report = one_round(tmp_path, fast, app)
-    # Assert: every device refused, so no share left any device; the round is skipped
-    unmask = _stage_replies(app, UNMASK)
-    assert len(unmask) == 6 and all(h.refused == "too-few-survivors" for h in unmask)
-    keys = [set(r.content.config_records.get(CONFIG, {})) for r in app.replies if r.has_content()]
-    assert not [k for k in keys if {"seed-shares", "key-shares"} & k]
-    assert report.refused == {f"dev-{i}": "secagg-too-few-survivors" for i in range(6)}
-    assert step is None
-
-
-@pytest.mark.parametrize(
-    ("ask", "stage", "reason"),
-    [
-        (_leave_one_out, UNMASK, "not-the-neighbourhood"),
-        (_low_threshold, SHARE_KEYS, "low-threshold"),
-        (_repeat_a_key, SHARE_KEYS, "duplicate-keys"),
-    ],
-)
-def test_a_plan_below_the_protocols_floors_is_refused_by_the_device(
-    tmp_path: Path, fast: Fast, ask: Callable[[str, Message], Message], stage: str, reason: str
-) -> None:
-    # Prepare: dev-3 gets the bad ask
-    app = Devices(tamper_ask={"dev-3": ask})
-    # Execute
-    _session, _step, report = one_round(tmp_path, fast, app)
-    # Assert: refused with its reason, counted by the aggregator
-    refused = {h.refused for h in _stage_replies(app, stage)} - {""}
-    assert refused == {reason}
-    assert report.refused.get("dev-3") == f"secagg-{reason}"
-
-
-def test_a_device_takes_part_only_with_as_many_neighbours_as_its_own_minimum(
-    tmp_path: Path, fast: Fast
-) -> None:
-    # Prepare: 4 devices (3 neighbours each), one of them asking for at least 4
-    app = Devices(node={"dev-2": {"secagg-min-peers": 4}})
-    # Execute
-    _session, _step, report = one_round(tmp_path, fast, app, devices=4)
-    # Assert: dev-2 refused its neighbourhood; the others went on without it
-    assert report.refused.get("dev-2") == "secagg-too-few-neighbours"
-    assert "dev-2" not in report.aggregated and len(report.aggregated) == 3
-
-
-def test_the_rounds_secrets_are_erased_from_the_device_state_once_unmasking_was_asked(
-    tmp_path: Path, fast: Fast
-) -> None:
-    # Prepare / Execute: a whole round
-    app = Devices()
-    _session, step, _report = one_round(tmp_path, fast, app)
-    # Assert: no device keeps its seed, keys or the shares it held
-    assert step is not None
-    for path in sorted((tmp_path / "buffers").glob("*.sqlite")):
-        with DeviceStateStore(path) as state:
-            doc = state.secure_round()
-        assert doc.get("stage") == "done", path
-        assert not {"seed", "mask-seed", "share-private", "held", "neighbours"} & set(doc)
