@@ -391,6 +391,29 @@ def test_central_dp_noises_the_unmasked_sum(tmp_path: Path, fast: Fast) -> None:
     assert all(r.dp_clip == 0.5 for r in records)
 
 
+def test_the_noise_on_the_unmasked_sum_is_the_accounted_one(tmp_path: Path, fast: Fast) -> None:
+    # Prepare: one secure round under central DP; the devices' own quantised inputs known
+    clip, noise, devices = 0.5, 0.8, 6
+    app = Devices()
+    # Execute
+    session, step, _report = one_round(
+        tmp_path, fast, app, devices, dp="central", dp_clip=clip, dp_noise=noise
+    )
+    # Assert: the step less the devices' exact mean is Gaussian noise of the accounted
+    # multiplier: standard deviation noise x clip over the expected count (here all 6)
+    assert step is not None and len(app.inputs) == devices
+    bits = session.settings.secure.secagg_bits
+    total = np.asarray(sum(app.inputs.values()), np.uint64)
+    exact = masking.dequantise_sum(total, devices, clip, bits)  # the range is the clip
+    shapes = session.strategy.current_round.shapes
+    residual = np.concatenate(
+        [(step[k] - v / devices).ravel() for k, v in masking.unflatten(exact, shapes).items()]
+    )
+    assert residual.size > 5_000
+    assert abs(residual.mean()) < 0.05 * noise * clip / devices
+    assert residual.std() == pytest.approx(noise * clip / devices, rel=0.05)
+
+
 @pytest.mark.parametrize(
     ("keys", "said"),
     [
