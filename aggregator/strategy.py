@@ -322,7 +322,7 @@ class StreamStrategy:
         nodes = poisson_sample(
             {n: self.fleet.device_of(n) for n in live},
             self.settings.rounds.fraction_train,
-            self.settings.seed,
+            None if self.privacy.on else self.settings.seed,  # under DP the draw is secret
             server_round,
         )
         self._round = replace(self._plan_round(server_round, arrays, nodes), live=len(live))

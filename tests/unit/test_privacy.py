@@ -15,6 +15,7 @@ import pytest
 from dp_accounting import dp_event
 from dp_accounting.rdp import rdp_privacy_accountant
 
+from aggregator import sampling
 from aggregator.aggregation import PrivateMean
 from aggregator.privacy import Privacy, PrivacyBudgetError
 from aggregator.prometheus_sink import RoundExporter
@@ -44,12 +45,29 @@ PRIVATE = {
 }
 
 
+#: The seeded generator the tests put in place of the secret draw's (see the fixture).
+SECRET_DRAW_SEED = 11
+
+
 def library_epsilon(fraction: float, noise: float, rounds: int, delta: float) -> float:
     """What Google's RDP accountant says, computed here apart from fedstream's."""
     accountant = rdp_privacy_accountant.RdpAccountant()
     event = dp_event.PoissonSampledDpEvent(fraction, dp_event.GaussianDpEvent(noise))
     accountant.compose(event, rounds)
     return float(accountant.get_epsilon(delta))
+
+
+@pytest.fixture(autouse=True)
+def repeatable_secret_draws(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under DP the draw of a round's devices is secret (the OS's entropy): these tests pin
+    it to a seeded generator, so that their rounds repeat (none drawn empty), except where a
+    test is about the secret draw itself."""
+    if "secret_draw" in request.keywords:
+        return
+    rng = np.random.default_rng(SECRET_DRAW_SEED)
+    monkeypatch.setattr(sampling, "secret_rng", lambda: rng)
 
 
 def private_run(
@@ -118,6 +136,17 @@ def test_poisson_sampling_draws_each_device_with_the_fraction_and_repeats_for_a_
     assert 0.2 < per_device.mean() < 0.3 and per_device.min() > 0.08
     assert again == drawn[6]
     assert poisson_sample(devices, 1.0, 4, 1) == list(devices)
+
+
+@pytest.mark.secret_draw
+def test_under_dp_two_runs_of_one_seed_draw_different_devices(tmp_path: Path, fast: Fast) -> None:
+    # Execute: the same seeded private run twice, 8 devices, half drawn a round
+    first, _ = private_run(tmp_path / "a", fast, devices=8, num_rounds=3)
+    second, _ = private_run(tmp_path / "b", fast, devices=8, num_rounds=3)
+    # Assert: the draws are not the seed's (the seed is in the run config, which is no
+    # secret): they differ between the runs (the chance that 3 rounds of 8 coin flips
+    # repeat is 2^-24)
+    assert [sorted(r.planned) for r in first] != [sorted(r.planned) for r in second]
 
 
 def test_the_controller_plans_for_the_sampled_devices_only(tmp_path: Path, fast: Fast) -> None:
