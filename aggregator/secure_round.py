@@ -44,7 +44,7 @@ import random
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from multiprocessing import get_context
 from typing import TypeVar
 
@@ -54,6 +54,7 @@ from flwr.serverapp import Grid
 
 from aggregator.aggregation import PrivateMean
 from aggregator.exchange import exchange
+from aggregator.secure_figures import SecureRoundFigures
 from aggregator.strategy import RoundReport, StreamStrategy
 from edge_client.wire import masking
 from edge_client.wire.records import RecordError, ReplyMetrics
@@ -96,44 +97,6 @@ ADVERT_BYTES = 3 * masking.KEY_BYTES + 16
 #: Secrets a round rebuilds from which worker processes do it (pycryptodome's Shamir is
 #: pure Python: about 6 ms a seed on one core, 19 s a round at 1,000 devices).
 POOL_LEAST = 32
-
-
-@dataclass
-class SecureRoundFigures:
-    """What a secure round did and cost.
-
-    Attributes
-    ----------
-    survivors : int
-        Devices whose update is in the sum.
-    dropped : int
-        Devices that trained and advertised keys but were lost (no answer, an error) or
-        refused at a later stage: before their masked input (their update is not in the
-        sum) or after it (it is: their seed rebuilt from their neighbours' shares).
-    bytes_up, bytes_down : int
-        Payload bytes of the adverts and stages 2-4, devices to aggregator and back.
-    device_cpu_s : float
-        CPU seconds a device spent on stages 2-4 (mean over those that answered).
-    unmask_s : float
-        The aggregator's CPU seconds rebuilding secrets and taking masks off.
-    stages_s : float
-        Wall seconds from the first stage's messages to the sum (stages 2-4).
-    skipped : str
-        Why the round was skipped ('' when it was not).
-    """
-
-    survivors: int = 0
-    dropped: int = 0
-    bytes_up: int = 0
-    bytes_down: int = 0
-    device_cpu_s: float = 0.0
-    unmask_s: float = 0.0
-    stages_s: float = 0.0
-    skipped: str = ""
-    cpu: dict[int, float] = field(default_factory=dict, repr=False)
-    lost: set[int] = field(
-        default_factory=set, repr=False
-    )  # devices dropped or refused  # device -> its stages' CPU
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ import logging
 import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
@@ -49,6 +49,7 @@ from aggregator.injection import InjectionPlanner
 from aggregator.privacy import Privacy
 from aggregator.round_log import UpdateInfo
 from aggregator.sampling import poisson_sample
+from aggregator.secure_figures import SecureRoundFigures
 from edge_client.wire.codec import NON_FINITE, CodecError, decode, raw_size_limit
 from edge_client.wire.records import (
     ARRAYS,
@@ -64,9 +65,6 @@ from edge_client.wire.records import (
     pack_model,
 )
 from edge_client.wire.run_config import ControllerSettings, RunSettings
-
-if TYPE_CHECKING:
-    from aggregator.secure_round import SecureRoundFigures
 
 __all__ = ["DIVERGED", "RoundReport", "StreamStrategy", "Update"]
 
