@@ -249,6 +249,7 @@ class PrivateMean(_RunningSum):
         self.clip, self.noise, self.expected = clip, noise, max(expected, 1e-12)
         self._rng = rng
         self.within = 0  # updates the device reported within the clip
+        self.reported = 0  # reports of it (one per update)
         self.clipped_here = 0  # updates over the clip as decoded (the aggregator clipped them)
 
     def update(
@@ -267,6 +268,13 @@ class PrivateMean(_RunningSum):
     def count_within(self, within: bool) -> None:
         """Count a device's report that its update was within the clip before clipping."""
         self.within += int(within)
+        self.reported += 1
+
+    def centred_count(self) -> float:
+        """The sum over the reports of (within - 1/2): adding or removing one device moves it
+        by 1/2 at most, the sensitivity the adaptive clip's noise is accounted for (Andrew et
+        al. 2021; the plain count's is 1)."""
+        return self.within - self.reported / 2
 
     def _term(self, delta: np.ndarray, weight: int, steps: int, boost: float) -> np.ndarray:
         return delta

@@ -159,8 +159,11 @@ class Privacy:
         if accumulator is None or q <= 0:
             return
         expected = accumulator.expected
-        noised = accumulator.within + self._rng.normal(0.0, self._count_noise(expected))
-        self.clip *= math.exp(-self.settings.dp_clip_lr * (noised / expected - q))
+        # The centred count (sensitivity 1/2) is what the noise split of _update_noise
+        # assumes; the fraction within the clip is read back from it around 1/2.
+        noised = accumulator.centred_count() + self._rng.normal(0.0, self._count_noise(expected))
+        within = noised / expected + 0.5
+        self.clip *= math.exp(-self.settings.dp_clip_lr * (within - q))
 
     def spent(self, rounds: int | None = None) -> float:
         """The epsilon spent after ``rounds`` rounds (the rounds composed so far by default)."""

@@ -253,8 +253,8 @@ def test_adaptive_clipping_moves_the_clip_towards_the_quantile() -> None:
     for within in (1000, 1000, 0, 0):
         accumulator = privacy.accumulator({"w": (2,)}, live=1000)
         assert accumulator is not None
-        for _ in range(within):
-            accumulator.count_within(True)
+        for i in range(1000):
+            accumulator.count_within(i < within)
         # Execute
         privacy.after_round(accumulator)
         clips.append(privacy.clip)
@@ -262,6 +262,37 @@ def test_adaptive_clipping_moves_the_clip_towards_the_quantile() -> None:
     # none does (the count's noise, 1 in 1,000, moves it by about 1e-4)
     assert clips == pytest.approx([math.exp(-0.1), math.exp(-0.2), math.exp(-0.1), 1.0], rel=1e-3)
     assert privacy.rounds == 4
+
+
+@pytest.mark.parametrize("expected", [20, 100])
+def test_adaptive_clippings_two_releases_together_are_the_accounted_multiplier(
+    expected: int,
+) -> None:
+    # Prepare: central DP at noise 1 with adaptive clipping, the count's noise the default
+    z = 1.0
+    privacy = Privacy(PrivacySettings(dp="central", dp_noise=z, dp_clip_quantile=0.5), 1.0)
+    accumulator = privacy.accumulator({"w": (2,)}, live=expected)
+    assert accumulator is not None
+    for i in range(expected):
+        accumulator.count_within(i % 3 == 0)
+    # Execute: the released count's sensitivity, measured by adding one device that fits
+    # and one that does not (add/remove adjacency)
+    base = accumulator.centred_count()
+    moves = []
+    for fits in (True, False):
+        neighbour = privacy.accumulator({"w": (2,)}, live=expected)
+        assert neighbour is not None
+        for i in range(expected):
+            neighbour.count_within(i % 3 == 0)
+        neighbour.count_within(fits)
+        moves.append(abs(neighbour.centred_count() - base))
+    # Assert: it moves by 1/2 at most; with the update's noise (sensitivity the clip) the
+    # two Gaussian releases compose to multiplier z exactly, what the accountant counts
+    sensitivity = max(moves)
+    assert sensitivity == 0.5
+    sigma_count = expected / 20
+    combined = (accumulator.noise**-2 + (sigma_count / sensitivity) ** -2) ** -0.5
+    assert combined == pytest.approx(z, rel=1e-12)
 
 
 def test_adaptive_clipping_refuses_a_count_noise_that_leaves_the_update_none() -> None:
