@@ -28,8 +28,9 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -37,7 +38,7 @@ import numpy as np
 from aggregator.aggregation import PrivateMean
 from edge_client.wire.settings_groups import PrivacySettings
 
-__all__ = ["Privacy", "PrivacyBudgetError", "epsilon_spent"]
+__all__ = ["Event", "Privacy", "PrivacyBudgetError", "epsilon_of", "epsilon_spent"]
 
 log = logging.getLogger(__name__)
 
@@ -49,18 +50,29 @@ class PrivacyBudgetError(ValueError):
     """The run's privacy budget cannot pay for its next round."""
 
 
+#: One accounted round: the DP mode, the sampling rate and the noise multiplier it ran with.
+Event = tuple[str, float, float]
+
+
 def epsilon_spent(settings: PrivacySettings, fraction: float, rounds: int) -> float:
-    """The epsilon spent at ``dp-delta`` after ``rounds`` rounds, by Google's RDP accountant
-    (``dp_accounting.rdp.RdpAccountant``): per round a
-    ``PoissonSampledDpEvent(fraction, GaussianDpEvent(dp-noise))`` (central) or a
-    ``GaussianDpEvent(dp-noise / 2)`` (local).
+    """The epsilon spent at ``dp-delta`` after ``rounds`` rounds all run with ``settings``
+    and ``fraction`` (:func:`epsilon_of` their events)."""
+    event: Event = (settings.dp, fraction, settings.dp_noise)
+    return epsilon_of([event] * max(0, rounds), settings.dp_delta)
+
+
+def epsilon_of(events: Sequence[Event], delta: float) -> float:
+    """The epsilon spent at ``delta`` by these rounds, each as it ran, by Google's RDP
+    accountant (``dp_accounting.rdp.RdpAccountant``): a round is a
+    ``PoissonSampledDpEvent(q, GaussianDpEvent(z))`` (central) or a ``GaussianDpEvent(z /
+    2)`` (local).
 
     Raises
     ------
     ImportError
         If ``dp-accounting`` is not installed (``pip install 'fedstream[privacy]'``).
     """
-    if rounds <= 0:
+    if not events:
         return 0.0
     try:
         from dp_accounting import dp_event
@@ -69,19 +81,20 @@ def epsilon_spent(settings: PrivacySettings, fraction: float, rounds: int) -> fl
         raise ImportError(
             "dp needs Google's dp-accounting on the aggregator: pip install 'fedstream[privacy]'"
         ) from err
-    if settings.dp == "local":
-        event: Any = dp_event.GaussianDpEvent(settings.dp_noise / 2)
-    else:
-        event = dp_event.PoissonSampledDpEvent(
-            fraction, dp_event.GaussianDpEvent(settings.dp_noise)
-        )
+
+    def dp_event_of(mode: str, q: float, z: float) -> Any:
+        if mode == "local":
+            return dp_event.GaussianDpEvent(z / 2)
+        return dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(z))
+
     absl = logging.getLogger("absl")  # it warns of the low orders it leaves out, every call
     level = absl.level
     absl.setLevel(logging.ERROR)
     try:
         accountant = rdp_privacy_accountant.RdpAccountant()
-        accountant.compose(event, rounds)
-        return float(accountant.get_epsilon(settings.dp_delta))
+        for (mode, q, z), count in Counter(events).items():  # equal rounds in one go
+            accountant.compose(dp_event_of(mode, q, z), count)
+        return float(accountant.get_epsilon(delta))
     finally:
         absl.setLevel(level)
 
@@ -101,18 +114,24 @@ class Privacy:
         The clip of the next round (adaptive clipping moves it).
     rounds : int
         Rounds already composed (restored from a checkpoint).
+    history : list of Event
+        Each composed round's event as it ran (a resume with other ``dp-*`` keys or another
+        ``fraction-train`` composes its own from then on).
     """
 
     settings: PrivacySettings
     fraction: float
     clip: float = 0.0
     rounds: int = 0
+    history: list[Event] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if self.clip <= 0:
             self.clip = self.settings.dp_clip
         self._rng = np.random.default_rng()  # the operating system's entropy, never a seed
         self._spent: dict[int, float] = {}  # rounds -> epsilon (the accountant takes ~50 ms)
+        if len(self.history) < self.rounds:  # a checkpoint from before rounds were kept
+            self.history += [self._event()] * (self.rounds - len(self.history))
 
     @property
     def on(self) -> bool:
@@ -155,6 +174,8 @@ class Privacy:
         """Count the round for the accountant; under adaptive clipping move the clip towards
         the quantile from the noised count of updates within it."""
         self.rounds += 1
+        self.history.append(self._event())
+        self._spent.clear()
         q = self.settings.dp_clip_quantile
         if accumulator is None or q <= 0:
             return
@@ -166,10 +187,18 @@ class Privacy:
         self.clip *= math.exp(-self.settings.dp_clip_lr * (within - q))
 
     def spent(self, rounds: int | None = None) -> float:
-        """The epsilon spent after ``rounds`` rounds (the rounds composed so far by default)."""
-        return epsilon_spent(
-            self.settings, self.fraction, self.rounds if rounds is None else rounds
-        )
+        """The epsilon spent after ``rounds`` rounds (the rounds composed so far by default),
+        each composed round as it ran, any beyond them with this run's settings."""
+        rounds = self.rounds if rounds is None else rounds
+        if rounds not in self._spent:
+            events = self.history[:rounds]
+            events += [self._event()] * (rounds - len(events))
+            self._spent[rounds] = epsilon_of(events, self.settings.dp_delta)
+        return self._spent[rounds]
+
+    def _event(self) -> Event:
+        """This run's round, as the accountant composes it."""
+        return (self.settings.dp, self.fraction, self.settings.dp_noise)
 
     def affordable(self) -> bool:
         """Whether the budget (``dp-epsilon``; none when 0) pays for one more round."""
@@ -192,12 +221,46 @@ class Privacy:
             )
 
     def state_dict(self) -> dict[str, Any]:
-        """What a resume needs: the rounds composed and the clip."""
-        return {"rounds": self.rounds, "clip": self.clip}
+        """What a resume needs: the rounds composed, each as it ran, the clip and the mode."""
+        return {
+            "rounds": self.rounds,
+            "clip": self.clip,
+            "history": [list(event) for event in self.history],
+            "dp": self.settings.dp,
+        }
 
     @classmethod
     def from_state(
-        cls, settings: PrivacySettings, fraction: float, state: Mapping[str, Any]
+        cls,
+        settings: PrivacySettings,
+        fraction: float,
+        state: Mapping[str, Any],
+        done_rounds: int = 0,
     ) -> Privacy:
-        """The privacy of a resumed run, from :meth:`state_dict`'s (empty: a fresh one)."""
-        return cls(settings, fraction, float(state.get("clip", 0.0)), int(state.get("rounds", 0)))
+        """The privacy of a resumed run, from :meth:`state_dict`'s (empty: a fresh one) and
+        the rounds its checkpoint holds; a checkpoint from before each round's event was
+        kept counts its rounds as this run's.
+
+        Raises
+        ------
+        PrivacyBudgetError
+            If the run resumes under DP from rounds that ran without it: no epsilon holds
+            for the models those released.
+        """
+        before = state.get("dp")
+        if before is None:  # a checkpoint from before the mode was kept
+            before = settings.dp if int(state.get("rounds", 0)) else "off"
+        if settings.on and before == "off" and done_rounds > 0:
+            raise PrivacyBudgetError(
+                "dp is on but the checkpoint's rounds ran without it: the models they "
+                "released are covered by no epsilon; start a fresh run (another "
+                "checkpoint-dir) for a private one"
+            )
+        history = [(str(m), float(q), float(z)) for m, q, z in state.get("history", [])]
+        return cls(
+            settings,
+            fraction,
+            float(state.get("clip", 0.0)),
+            int(state.get("rounds", 0)),
+            history,
+        )

@@ -183,7 +183,10 @@ class RunSession:
                 fleet,
                 unshared_keys(model, personal),
                 Privacy.from_state(
-                    settings.privacy, settings.rounds.fraction_train, saved.get(PRIVACY, {})
+                    settings.privacy,
+                    settings.rounds.fraction_train,
+                    saved.get(PRIVACY, {}),
+                    start - 1,
                 ),
             ),
             start,

@@ -372,6 +372,46 @@ def test_the_accountant_continues_across_a_resume(tmp_path: Path, fast: Fast) ->
     assert resumed[-1].dp_epsilon_spent == pytest.approx(library_epsilon(0.5, 0.8, 4, 1e-5))
 
 
+def library_composition(*parts: tuple[float, float, int]) -> float:
+    """Google's accountant over rounds of (q, z, count), at delta 1e-5, computed apart."""
+    accountant = rdp_privacy_accountant.RdpAccountant()
+    for q, z, count in parts:
+        accountant.compose(dp_event.PoissonSampledDpEvent(q, dp_event.GaussianDpEvent(z)), count)
+    return float(accountant.get_epsilon(1e-5))
+
+
+@pytest.mark.parametrize(
+    "changed",
+    [{"dp_noise": 1.6}, {"fraction_train": 0.25}, {"dp_noise": 0.6, "fraction_train": 1.0}],
+)
+def test_a_resume_with_other_settings_composes_each_round_as_it_ran(
+    tmp_path: Path, fast: Fast, changed: dict[str, Any]
+) -> None:
+    # Prepare: 2 rounds at noise 0.8 and half the fleet, checkpointed
+    keys: dict[str, Any] = {"num_rounds": 2, "checkpoint_dir": str(tmp_path / "ckpt")}
+    private_run(tmp_path / "first", fast, **keys)
+    # Execute: resumed to 4 rounds with another noise or sampling rate
+    again = {**keys, **changed, "num_rounds": 4, "resume": True}
+    resumed, _ = private_run(tmp_path / "second", fast, devices=8, **again)
+    # Assert: the first 2 rounds as they ran, the next 2 as they run now
+    q, z = changed.get("fraction_train", 0.5), changed.get("dp_noise", 0.8)
+    expected = library_composition((0.5, 0.8, 2), (q, z, 2))
+    assert [r.round for r in resumed] == [3, 4]
+    assert resumed[-1].dp_epsilon_spent == pytest.approx(expected, rel=1e-9)
+    assert expected != pytest.approx(library_epsilon(q, z, 4, 1e-5), rel=1e-3)  # it matters
+
+
+def test_dp_turned_on_over_rounds_that_ran_without_it_is_refused(
+    tmp_path: Path, fast: Fast
+) -> None:
+    # Prepare: 2 rounds without DP, checkpointed
+    keys: dict[str, Any] = {"num_rounds": 2, "checkpoint_dir": str(tmp_path / "ckpt")}
+    private_run(tmp_path / "first", fast, **{**keys, "dp": "off", "compress": "none"})
+    # Execute / Assert: resumed under DP: no epsilon holds for those rounds' models
+    with pytest.raises(PrivacyBudgetError, match="ran without it"):
+        private_run(tmp_path / "second", fast, **{**keys, "num_rounds": 4, "resume": True})
+
+
 def test_a_budget_too_small_for_one_round_is_refused_at_start(tmp_path: Path, fast: Fast) -> None:
     with pytest.raises(PrivacyBudgetError, match="round 1 would make it"):
         private_run(tmp_path, fast, num_rounds=3, dp_epsilon=0.01)
@@ -379,9 +419,13 @@ def test_a_budget_too_small_for_one_round_is_refused_at_start(tmp_path: Path, fa
 
 def test_privacy_state_round_trips() -> None:
     settings = PrivacySettings(dp="central")
-    privacy = replace(Privacy(settings, 0.1), clip=0.7, rounds=5)
-    back = Privacy.from_state(settings, 0.1, privacy.state_dict())
-    assert (back.clip, back.rounds) == (0.7, 5)
+    events = [("central", 0.1, 1.0)] * 3 + [("central", 0.2, 1.5)] * 2
+    privacy = replace(Privacy(settings, 0.1), clip=0.7, rounds=5, history=events)
+    back = Privacy.from_state(settings, 0.1, privacy.state_dict(), 5)
+    assert (back.clip, back.rounds, back.history) == (0.7, 5, events)
+    # a checkpoint from before the events were kept: its rounds count as this run's
+    old = Privacy.from_state(settings, 0.1, {"rounds": 2, "clip": 0.7}, 2)
+    assert old.history == [("central", 0.1, 1.0)] * 2
 
 
 def test_the_epsilon_spent_is_in_the_live_table_the_summary_and_prometheus(
