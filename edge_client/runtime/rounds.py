@@ -150,7 +150,8 @@ def train_round(msg: Message, context: Context, task: Task | None = None) -> Mes
     done = time.perf_counter()
     timing = _Timing(start_s, setup_s, done - trained, done - entered)
     coded = _Coded(frame, gap, within, shared)
-    metrics = _reply_metrics(result, buffer, settings, node, coded, timing, broke)
+    noised = plan.dp_noise > 0  # local DP: the device noises its update itself
+    metrics = _reply_metrics(result, buffer, settings, node, coded, timing, broke, noised)
     content = DeviceReply(node.device_id, metrics, frame).to_content()
     if advert is not None:
         content[ADVERT] = advert.to_record()
@@ -230,16 +231,21 @@ def _reply_metrics(
     coded: _Coded,
     timing: _Timing,
     broke: bool,
+    noised: bool = False,
 ) -> ReplyMetrics:
     """The reply's metrics: what training did, the buffer, the update's size, injection,
     the prequential scores, the handler's timing and the process's costs.
 
-    Under local differential privacy the scores stay on the device (unless
-    ``dp-device-scores``): an aggregator it does not trust gets nothing computed on its
-    samples but the noised update.
+    Under local differential privacy (``noised``: the plan had the device noise its
+    update) nothing else computed on its samples leaves the device: not the training loss,
+    nor whether the update was within the clip, nor the scores (those unless
+    ``dp-device-scores`` and the device's owner set no floor of its own, ``dp-min-noise``):
+    an aggregator it does not trust gets the noised update only.
     """
     private = settings.privacy
-    scores = None if private.dp == "local" and not private.dp_device_scores else result.evaluated
+    local = noised or private.dp == "local"
+    keep_scores = private.dp_device_scores and node.dp_min_noise == 0
+    scores = None if local and not keep_scores else result.evaluated
     return ReplyMetrics(
         num_examples=result.num_examples,
         batch_size=result.batch_size,
@@ -249,7 +255,7 @@ def _reply_metrics(
         step_batches=[b for b, _ in result.step_timings] or None,
         step_times=[t for _, t in result.step_timings] or None,
         wait_s=result.wait_s,
-        train_loss=result.train_loss,
+        train_loss=math.nan if noised else result.train_loss,
         lr=result.lr,
         **_buffer_metrics(buffer),
         bytes_up=len(coded.frame),
@@ -258,7 +264,7 @@ def _reply_metrics(
         inject_opt_in=int(node.inject),
         inject_bytes=coded.shared[0],
         inject_samples=coded.shared[1],
-        dp_within_clip=int(coded.within_clip),
+        dp_within_clip=0 if noised else int(coded.within_clip),
         eval_metric=scores.metric if scores else math.nan,
         eval_loss=scores.loss if scores else math.nan,
         eval_count=scores.count if scores else 0,

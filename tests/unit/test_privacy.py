@@ -323,6 +323,20 @@ def test_a_runs_epsilon_is_the_librarys_for_its_fraction_noise_rounds_and_delta(
     assert all(r.dp_clip == settings.dp_clip for r in records)
 
 
+def test_under_local_dp_only_the_noised_update_is_computed_from_the_samples(
+    tmp_path: Path, fast: Fast
+) -> None:
+    # Execute: local DP (each device noises its own update) and central DP, side by side
+    local, _ = private_run(tmp_path / "local", fast, num_rounds=2, dp="local", dp_noise=1.0)
+    central, _ = private_run(tmp_path / "central", fast, num_rounds=2)
+    # Assert: under local DP no reply carries the training loss, the within-the-clip bit
+    # or a score (computed on the samples, not noised); under central DP the loss is there
+    replies = [m for r in local for m in r.devices.values()]
+    assert replies and all(math.isnan(m.train_loss) for m in replies)
+    assert all(m.dp_within_clip == 0 and math.isnan(m.eval_metric) for m in replies)
+    assert all(math.isfinite(m.train_loss) for r in central for m in r.devices.values())
+
+
 def test_device_scores_are_off_under_dp_unless_asked_for(tmp_path: Path, fast: Fast) -> None:
     # Execute
     hidden, _ = private_run(tmp_path / "a", fast, num_rounds=2)
