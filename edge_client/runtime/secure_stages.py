@@ -102,7 +102,16 @@ def prepare_input(
     shapes = {k: v.shape for k, v in delta.items()}
     values = dict(delta)
     if plan.dp_clip > 0:
-        values, _fits = clip_to(values, plan.dp_clip)
+        # Clipped short of the clip by what rounding onto the grid can add: the quantised
+        # update, all the sum is made of, must stay within the clip the noise covers.
+        size = sum(int(np.prod(s)) for s in shapes.values())
+        room = plan.dp_clip - masking.rounding_norm(plan.secagg_range, plan.secagg_bits, size)
+        if room <= 0:
+            raise masking.MaskingError(
+                f"secagg-bits {plan.secagg_bits} leave no room under dp-clip {plan.dp_clip:g} "
+                f"for a model of {size} values: raise secagg-bits"
+            )
+        values, _fits = clip_to(values, room)
         if plan.dp_noise > 0:
             noise = np.random.default_rng()
             values = {

@@ -162,6 +162,13 @@ def quantise(
     return np.minimum(low + up, levels).astype(np.uint64), clipped
 
 
+def rounding_norm(value_range: float, bits: int, size: int) -> float:
+    """The largest L2 norm :func:`quantise`'s rounding can add to a vector of ``size``
+    values (less than one step of the grid each): what a clipped update must leave room
+    for, since the masked sum cannot be clipped again."""
+    return float(2 * value_range / (2**bits - 1) * math.sqrt(size))
+
+
 def dequantise_sum(total: np.ndarray, count: int, value_range: float, bits: int) -> np.ndarray:
     """The float sum of ``count`` quantised vectors from the sum of their levels."""
     levels = 2**bits - 1

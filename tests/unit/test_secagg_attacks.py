@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from flwr.app import Context, Message
 
@@ -16,7 +17,9 @@ from edge_client.runtime.buffer import BufferStore
 from edge_client.runtime.client_app import app as client_app
 from edge_client.runtime.device_state import DeviceStateStore
 from edge_client.runtime.node_config import NodeConfig
-from edge_client.wire.records import CONFIG
+from edge_client.runtime.secure_stages import prepare_input
+from edge_client.wire import masking
+from edge_client.wire.records import CONFIG, RoundPlan
 from edge_client.wire.secagg_records import SHARE_KEYS, UNMASK, StageReply
 from tests.secagg_round import Devices, Fast, one_round
 from tests.secagg_round import config_of as _config
@@ -180,3 +183,27 @@ def test_a_plan_below_the_owners_privacy_floor_is_refused_before_a_sample_is_tak
 def test_a_bad_floor_in_the_node_config_is_refused_saying_which(key: str, value: Any) -> None:
     with pytest.raises(ValueError, match=key.replace("_", "-")):
         NodeConfig("pi-1", "pi-1.sqlite", **{key: value})
+
+
+@pytest.mark.parametrize("bits", [8, 16])
+def test_a_quantised_update_under_dp_stays_within_the_clip(tmp_path: Path, bits: int) -> None:
+    # Prepare: an update whose every coordinate is far past a clip of 1, at the edge of the
+    # grid (stochastic rounding can only add to its norm), DP's equal weights
+    clip = 1.0
+    delta = {"w": np.full((40, 50), 3.0), "b": np.full(50, -3.0)}
+    plan = RoundPlan(
+        32, 5, 0.05, server_round=1, dp_clip=clip, secagg_weighting="equal",
+        secagg_range=clip, secagg_bits=bits,
+    )  # fmt: skip
+    path = tmp_path / "d.sqlite"
+    BufferStore(path, shape=(2,)).close()
+    # Execute: what the device keeps to mask, over many draws of the rounding
+    norms = []
+    for seed in range(20):
+        with DeviceStateStore(path) as state:
+            prepare_input(state, 1, plan, delta, 1.0, np.random.default_rng(seed))
+            levels = np.frombuffer(state.secure_input(), "<u8").astype(np.uint64)
+        norms.append(float(np.linalg.norm(masking.dequantise_sum(levels, 1, clip, bits))))
+    # Assert: never past the clip (the sum of such updates cannot be clipped again)
+    room = masking.rounding_norm(clip, bits, 2050)  # what the rounding may add, at most
+    assert max(norms) <= clip and min(norms) > clip - 2 * room
