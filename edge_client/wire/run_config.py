@@ -334,6 +334,13 @@ class RunSettings(ControllerSettings):
                 f"{what} refuses dp-clip-quantile (adaptive clipping): it reads each "
                 "device's within-the-clip bit in the clear"
             )
+        if self.privacy.dp == "local":
+            raise ValueError(
+                f"{what} refuses dp = 'local': a device's noise (dp-noise x dp-clip a "
+                "coordinate) would be cut at the grid's range, dp-clip, which biases the sum; "
+                "local DP already keeps each update from the aggregator (use dp = 'central' "
+                "with secure aggregation, or local DP alone)"
+            )
 
     if not TYPE_CHECKING:  # type checkers read the flat keys declared above instead
 

@@ -426,6 +426,7 @@ def test_the_noise_on_the_unmasked_sum_is_the_accounted_one(tmp_path: Path, fast
         ({"drift_reaction": "boost"}, "drift-reaction = 'none'"),
         ({"inject_alpha": 0.2}, "refuses data injection"),
         ({"dp": "central", "dp_clip_quantile": 0.5}, "adaptive clipping"),
+        ({"dp": "local"}, "biases the sum"),
         ({"secagg_threshold": 0.4}, "secagg-threshold must be"),
         ({"secagg_min_survivors": 1}, "secagg-min-survivors must be"),
         ({"secagg_bits": 60}, "secagg-bits must be"),
