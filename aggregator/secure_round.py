@@ -246,7 +246,9 @@ class SecureRound:
         """Number the devices, draw the neighbour graph, and size the field."""
         secure = self.settings.secure
         nodes = sorted(entrants)
-        rng = random.Random(f"{self.settings.seed}-{server_round}-secagg")
+        # From the operating system's entropy, not the run seed (which is in the run
+        # config): devices that collude cannot work out whose neighbours they are.
+        rng = random.SystemRandom()
         k = masking.neighbourhood_size(len(nodes), secure.secagg_neighbours)
         graph = neighbour_graph(len(nodes), k, rng)
         return _Plan(
