@@ -290,6 +290,14 @@ class PrivateMean(_RunningSum):
         unmasked sum of secure aggregation): noised, over the expected count."""
         return (total + self._rng.normal(0.0, self.noise * self.clip, total.shape)) / self.expected
 
+    def result(self) -> tuple[Delta, list[str]] | None:
+        """The noised mean, released every round: with no update in it, the noise alone
+        (the accountant counts a Poisson-sampled release each round; whether a round had
+        updates must not decide whether one is released)."""
+        if not self._devices:
+            return {k: self.release(np.zeros_like(a)) for k, a in self._sum.items()}, []
+        return super().result()
+
 
 class RobustRule:
     """A Byzantine-robust rule over every update of the round.

@@ -271,6 +271,10 @@ class RunSession:
         ``diverged`` when training diverged on the others."""
         if report.secagg is not None and report.secagg.skipped:
             return report.secagg.skipped
+        if self.settings.privacy.dp == "central":
+            # Released every round, noised (PrivateMean): a rule that keeps the model when
+            # few samples came would decide on the devices' data what the noise covers.
+            return ""
         if not report.replies and not report.diverged:
             return "no-replies"
         if report.num_examples < self.settings.rounds.min_fresh_samples:

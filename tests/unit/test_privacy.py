@@ -14,14 +14,17 @@ import numpy as np
 import pytest
 from dp_accounting import dp_event
 from dp_accounting.rdp import rdp_privacy_accountant
+from flwr.app import ConfigRecord
 
 from aggregator import sampling
 from aggregator.aggregation import PrivateMean
+from aggregator.exchange import exchange
 from aggregator.privacy import Privacy, PrivacyBudgetError
 from aggregator.prometheus_sink import RoundExporter
 from aggregator.round_log import RoundRecord, read_metrics, rounds_only
 from aggregator.sampling import poisson_sample
 from aggregator.server_app import run_rounds
+from aggregator.session import RunSession
 from deploy.bench import privacy as bench_privacy
 from deploy.demo_view import progress_table
 from deploy.inprocess import InProcessGrid, VirtualDevice
@@ -493,3 +496,30 @@ def test_the_privacy_benchmark_judges_the_least_noise_within_the_epsilon_goal() 
     # Assert: the goal is read off central-0.8 and missed in the second seed
     assert "At epsilon <= 8 (central-0.8): +0.022 (+0.003-+0.040) below no-dp" in table
     assert "MISSED" in table
+
+
+def test_under_central_dp_a_round_without_updates_still_releases_the_noise(
+    tmp_path: Path, fast: Fast
+) -> None:
+    # Prepare: central DP, every device drawn (q = 1) and every one failing in round 1
+    settings = fast(**{**PRIVATE, "fraction_train": 1.0, "compress": "none", "num_rounds": 1})
+    devices = [VirtualDevice(f"dev-{i}", rate=20_000, fail_rounds={1}) for i in range(4)]
+    grid = InProcessGrid(devices, tmp_path / "buffers", settings)
+    try:
+        session = RunSession.open(settings)
+        strategy = session.strategy
+        messages = list(strategy.configure_train(1, session.arrays, ConfigRecord(), grid))
+        done = exchange(grid, messages, 60)
+        # Execute
+        arrays, report = strategy.aggregate_train(1, done.replies, done.sent)
+    finally:
+        grid.close()
+    # Assert: no update came, yet the round released the noised mean (noise x clip over the
+    # 4 expected devices), is not skipped, and the accountant counted it
+    assert not report.aggregated and len(report.failed) == 4
+    assert arrays is not None and session.skip_reason(report) == ""
+    moved = np.concatenate(
+        [(arrays[k].numpy() - session.arrays[k].numpy()).ravel() for k in session.arrays]
+    )
+    assert moved.std() == pytest.approx(0.8 * 0.5 / 4, rel=0.05)
+    assert strategy.privacy.rounds == 1
