@@ -68,7 +68,10 @@ def test_a_user_app_trains_its_own_model_securely_aggregated_through_flwr_run(
         taking = start_devices(
             flower,
             buffers,
-            lambda device, _: NodeConfig(device, str(buffers[device])).to_node_config(),
+            # two watches: one neighbour each, which their owners allow (the README's way)
+            lambda device, _: NodeConfig(
+                device, str(buffers[device]), secagg_min_peers=1
+            ).to_node_config(),
             sockets,
             tmp_path / "logs",
         )
