@@ -57,7 +57,7 @@ Event = tuple[str, float, float]
 def epsilon_spent(settings: PrivacySettings, fraction: float, rounds: int) -> float:
     """The epsilon spent at ``dp-delta`` after ``rounds`` rounds all run with ``settings``
     and ``fraction`` (:func:`epsilon_of` their events)."""
-    event: Event = (settings.dp, fraction, settings.dp_noise)
+    event: Event = (settings.dp, settings.accounted_fraction(fraction), settings.dp_noise)
     return epsilon_of([event] * max(0, rounds), settings.dp_delta)
 
 
@@ -198,7 +198,8 @@ class Privacy:
 
     def _event(self) -> Event:
         """This run's round, as the accountant composes it."""
-        return (self.settings.dp, self.fraction, self.settings.dp_noise)
+        settings = self.settings
+        return (settings.dp, settings.accounted_fraction(self.fraction), settings.dp_noise)
 
     def affordable(self) -> bool:
         """Whether the budget (``dp-epsilon``; none when 0) pays for one more round."""

@@ -37,7 +37,7 @@ def round_figures(record: RoundRecord) -> tuple[dict[str, float], dict[str, dict
         "test-loss": record.test_loss,
         "wall-s": record.wall_s,
         kebab("bytes_up"): float(record.bytes_up),
-        "devices": float(len(record.devices)),
+        "devices": float(record.replied_count),
         "sum-b": float(record.sum_b),
         "skipped": 1.0 if record.skipped else 0.0,
     }

@@ -20,7 +20,7 @@ import json
 import math
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -268,6 +268,15 @@ class RoundRecord:
         answered).
     secagg_unmask_s : float
         The aggregator's CPU seconds rebuilding secrets and taking the masks off.
+    planned_count, replied_count, aggregated_count : int
+        The round's counts: devices planned, devices that replied, updates in the model
+        (the sizes of ``planned``, ``devices`` and ``aggregated``; the only trace of them in
+        a record whose devices are hidden).
+    devices_hidden : bool
+        Differential privacy without ``dp-device-records``: the record carries no device's
+        identity or figure (``planned``, ``devices``, ``failed``, ``rejected``,
+        ``aggregated``, ``latency``, ``drift``, ``updates`` empty), only the counts above
+        (:meth:`without_devices`).
     format_version : int
         The line's layout (:data:`FORMAT_VERSION`).
     """
@@ -321,7 +330,39 @@ class RoundRecord:
     secagg_bytes_down: int = 0
     secagg_device_cpu_s: float = 0.0
     secagg_unmask_s: float = 0.0
+    planned_count: int = 0
+    replied_count: int = 0
+    aggregated_count: int = 0
+    devices_hidden: bool = False
     format_version: int = FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        if not self.devices_hidden:  # the counts are the sizes (older lines had none)
+            object.__setattr__(self, "planned_count", len(self.planned))
+            object.__setattr__(self, "replied_count", len(self.devices))
+            object.__setattr__(self, "aggregated_count", len(self.aggregated))
+
+    def without_devices(self) -> RoundRecord:
+        """The record as a differentially private run publishes it: every device's
+        identity and figure left out, the round's counts kept (``devices-hidden``).
+
+        Which devices took part, their batches, step times, fills, latencies and failures
+        are not covered by the noise; published, they would also let a reader see who was
+        drawn, which the accountant's amplification by sampling assumes nobody can.
+        """
+        return replace(
+            self,
+            planned={},
+            devices={},
+            failed={},
+            rejected={},
+            aggregated=[],
+            inject_picked=[],
+            latency={},
+            drift={},
+            updates=[],
+            devices_hidden=True,
+        )
 
     @property
     def sum_trained(self) -> int:
@@ -336,6 +377,8 @@ class RoundRecord:
         ``train-diverged``), or refused for an update holding NaN or Inf."""
         if not self.diverged:
             return ""
+        if self.devices_hidden:
+            return f"the model diverged on {self.diverged} devices"
         flagged = sum(1 for m in self.devices.values() if m.train_diverged)
         replied = len(self.devices) + self.diverged - flagged
         return f"the model diverged on {self.diverged} of {replied} devices"
@@ -369,7 +412,7 @@ class RoundRecord:
             staleness = "/".join(str(u.staleness) for u in self.updates)
             who = f"{len(self.updates)} updates (staleness {staleness or '-'})"
         else:
-            who = f"{len(self.devices)}" + (f" of {asked}" if asked else "") + " devices"
+            who = f"{self.replied_count}" + (f" of {asked}" if asked else "") + " devices"
         traffic = f"{self.bytes_up / 1e6:.2f} MB up, model {self.broadcast_bytes / 1e6:.2f} MB"
         tail = f"; skipped: {self.skipped}" if self.skipped else ""
         drift = f"; drift on {', '.join(sorted(self.drift))}" if self.drift else ""

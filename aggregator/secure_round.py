@@ -484,8 +484,6 @@ class SecureRound:
         n = len(survivors)
         if private is not None:  # central DP: noise on the sum, over the expected count
             return {k: private.release(v) for k, v in sums.items()}
-        if self.strategy.privacy.on:  # local DP: noised already, equal weights
-            return {k: v / n for k, v in sums.items()}
         if self.settings.aggregation_rule.aggregation == "fedavg":
             weight = sum(e.advert.weight for e in survivors)
             return {k: v / weight for k, v in sums.items()}

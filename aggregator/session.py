@@ -357,6 +357,7 @@ class RunSession:
             mode=self.settings.asynchrony.mode,
             latency={fleet.device_of(done.sent[i]): round(v, 3) for i, v in done.arrived.items()},
         )
+        record = self._published(record)
         if self._out is not None:  # the rounds' sinks get rounds; the log gets every record
             append_record(self._out / METRICS_FILE, record)
         return record
@@ -398,7 +399,7 @@ class RunSession:
             devices = {
                 d: replace(m, eval_metric=math.nan, eval_loss=math.nan) for d, m in devices.items()
             }
-        return RoundRecord(
+        record = RoundRecord(
             round=report.server_round,
             accuracy=report.eval_metric,
             loss=report.eval_loss,
@@ -440,6 +441,16 @@ class RunSession:
             **_secure_fields(report),
             **extra,
         )
+        return self._published(record)
+
+    def _published(self, record: RoundRecord) -> RoundRecord:
+        """``record`` as the run publishes it: without the devices' identities and figures
+        under differential privacy, unless ``dp-device-records`` (which the accountant then
+        counts without amplification)."""
+        private = self.settings.privacy
+        if private.on and not private.dp_device_records:
+            return record.without_devices()
+        return record
 
     def commit(self, record: RoundRecord, arrays: ArrayRecord, **state: Any) -> RoundRecord:
         """Checkpoint ``arrays`` as of ``record``'s round (with ``state``: more to resume

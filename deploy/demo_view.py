@@ -57,6 +57,12 @@ def progress_table(
             title += f", {last.secagg_survivors} in the secure sum ({last.secagg_dropped} lost)"
         if asynchronous:
             title += f", {len(last.updates)} updates, {last.in_flight} in flight"
+        if last.devices_hidden:
+            title += (
+                f"; {last.replied_count} of {last.planned_count} devices replied, "
+                f"{last.aggregated_count} in the model (devices hidden under DP: "
+                "dp-device-records)"
+            )
     # a light box and short headers: ten columns fit an 80-column terminal unabridged
     table = Table(title=f"{title} ({state})", box=box.SIMPLE_HEAD, collapse_padding=True)
     columns = ["device", "plan b", "batch", "train s", "wait s", "rate/s", "fill", "score"]

@@ -34,7 +34,10 @@ def summarize(records: Sequence[RoundRecord], wall_s: float) -> dict[str, Any]:
     synchronous round time on the virtual clock, whatever the wall clock did (asynchronous
     mode: the time between aggregations), and the timing probe's record before round 1
     (``probe_virtual_s``, 0 without a probe) is in it; every per-round series is of rounds
-    only. In asynchronous mode ``rounds`` counts model versions.
+    only. In asynchronous mode ``rounds`` counts model versions. ``planned_per_round``,
+    ``replied_per_round`` and ``aggregated_per_round`` count the devices of each round;
+    under differential privacy without ``dp-device-records`` they are all the summary
+    holds of them (``devices_hidden``: ``devices``, ``rejected`` and the device scores empty).
 
     Per device (:mod:`deploy.device_scores`): ``device_scores`` holds each device's latest
     prequential score, ``device_score_mean``, ``device_score_median`` and
@@ -78,6 +81,11 @@ def summarize(records: Sequence[RoundRecord], wall_s: float) -> dict[str, Any]:
         "breakdown": run_breakdown(records),
         "rejected": last.rejected if last else {},
         "rejected_reasons": last.rejected_reasons if last else {},
+        # The round's counts (what a private run keeps of its devices, devices_hidden).
+        "planned_per_round": [r.planned_count for r in records],
+        "replied_per_round": [r.replied_count for r in records],
+        "aggregated_per_round": [r.aggregated_count for r in records],
+        "devices_hidden": any(r.devices_hidden for r in records),
         "diverged_per_round": [r.diverged for r in records],
         "diverged_rounds": last.diverged_rounds if last else 0,
         "devices": {

@@ -227,7 +227,7 @@ def run_simulation(config: SimulateConfig, console: Console) -> bool:
         (run_dir / "serverapp.log").write_text(flower.logs(run_id))
     every = read_metrics(run_dir / "metrics.jsonl")
     records = rounds_only(every)
-    replied = any(r.devices for r in records)
+    replied = any(r.replied_count for r in records)
     budget = _budget_ended(settings, records)
     ok = (
         status.get("status") == "finished:completed"

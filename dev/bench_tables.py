@@ -296,7 +296,9 @@ def _people(doc: Doc) -> str:
 def _privacy(doc: Doc) -> str:
     from deploy.bench import privacy
 
-    return privacy._table(doc["entries"], doc["devices"], doc["rounds"], doc["quick"])
+    return privacy._table(
+        doc["entries"], doc["devices"], doc["rounds"], doc["quick"], doc.get("secret_draws", False)
+    )
 
 
 def _secagg(doc: Doc) -> str:

@@ -14,6 +14,9 @@ held-out set. Arms, per seed:
   feedback: the device clips delta plus residual);
 - ``local``: each device adds noise of z = :data:`LOCAL_NOISE` itself.
 
+Under DP the draw is secret (:mod:`aggregator.sampling`): a seed fixes a DP arm's data and
+first model, not which devices each round draws, so its figures do not repeat exactly.
+
 Reported per arm: the final held-out accuracy (mean of the last :data:`SETTLED` rounds'),
 the epsilon spent at delta 1e-5 (the run's own ``dp-epsilon-spent``), bytes up and wall
 seconds per round. Wall clock on this machine for the seconds; the accuracies and epsilons
@@ -94,7 +97,7 @@ def _one(
         "final_accuracy": statistics.mean(tests[-SETTLED:]) if tests else None,
         "dp_epsilon_spent": records[-1].dp_epsilon_spent if records else None,
         "bytes_up_per_round": statistics.mean(r.bytes_up for r in records) if records else 0,
-        "devices_per_round": statistics.mean(len(r.devices) for r in records) if records else 0,
+        "devices_per_round": statistics.mean(r.replied_count for r in records) if records else 0,
         "wall_s_per_round": statistics.mean(r.wall_s for r in records) if records else 0,
         "wall_s": ran["wall_s"],
     }
@@ -135,12 +138,20 @@ def run(quick: bool = False, progress: Callable[[str], None] = print) -> Result:
             "arms": arms,
             "settled_rounds": SETTLED,
             "quick": quick,
+            "secret_draws": True,  # DP's draws from the OS's entropy (aggregator.sampling)
         },
     )
 
 
-def _table(entries: list[dict[str, Any]], devices: int, rounds: int, quick: bool) -> str:
-    """The arms over the seeds, and the goals' verdicts."""
+def _table(
+    entries: list[dict[str, Any]],
+    devices: int,
+    rounds: int,
+    quick: bool,
+    secret_draws: bool = True,
+) -> str:
+    """The arms over the seeds, and the goals' verdicts (``secret_draws``: whether the DP
+    arms drew their devices in secret, false in results from before that)."""
     names = list(entries[0]["arms"])
     rows = []
     for name in names:
@@ -201,8 +212,16 @@ def _table(entries: list[dict[str, Any]], devices: int, rounds: int, quick: bool
             f"{rounds} rounds, fraction-train {FRACTION} (Poisson), clip {CLIP}, "
             f"{len(entries)} seed(s)"
             + (" (quick)" if quick else "")
-            + "; epsilon from each run's dp-epsilon-spent (Google's RDP accountant); seconds "
-            "are wall time on this machine",
+            + "; epsilon from each run's dp-epsilon-spent (Google's RDP accountant); "
+            + (
+                "under DP the draw of each round's devices is secret (the operating system's "
+                "entropy, not the seed), so a DP arm's draws do not repeat from its seed (its "
+                "data and first model do)"
+                if secret_draws
+                else "measured before DP's draws were made secret (they came from the seed): "
+                "re-run for a result of the secret draws"
+            )
+            + "; seconds are wall time on this machine",
             virtual_clock=False,
         ),
     )

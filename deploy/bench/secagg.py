@@ -85,7 +85,7 @@ def _per_round(records: Sequence[RoundRecord], devices: int) -> dict[str, Any]:
     later = records[1:] or records
     tests = [r.test_accuracy for r in records]
     up = [r.bytes_up / devices for r in records]  # a secure round's include its stages
-    down = [(r.broadcast_bytes * len(r.planned) + r.secagg_bytes_down) / devices for r in records]
+    down = [(r.broadcast_bytes * r.planned_count + r.secagg_bytes_down) / devices for r in records]
     return {
         "rounds": len(records),
         "s_per_round": statistics.median(r.wall_s for r in later) if records else None,

@@ -185,6 +185,7 @@ class RunSettings(ControllerSettings):
         dp_clip_quantile: float
         dp_clip_lr: float
         dp_count_noise: float
+        dp_device_records: bool
         dp_device_scores: bool
         # secure: SecureAggregationSettings
         secure_aggregation: bool

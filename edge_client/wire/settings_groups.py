@@ -523,10 +523,17 @@ class PrivacySettings:
         "updates; 0: expected devices / 20 (Andrew et al.)",
         ge=0,
     )
+    dp_device_records: bool = knob(
+        False,
+        "under DP, publish each device's identity and figures (plan, reply, latency, "
+        "failures) in metrics.jsonl, the live table, Prometheus and summary.json; costs: who "
+        "took part each round is then public, so epsilon is accounted without amplification "
+        "by sampling (as if fraction-train were 1)",
+    )
     dp_device_scores: bool = knob(
         False,
-        "under DP, keep each device's prequential score in metrics.jsonl (they are computed "
-        "on its private samples and no noise covers them)",
+        "under DP with dp-device-records, keep each device's prequential score too (they are "
+        "computed on its private samples and no noise covers them)",
     )
 
     @property
@@ -534,8 +541,18 @@ class PrivacySettings:
         """Whether the run is differentially private."""
         return self.dp != "off"
 
+    def accounted_fraction(self, fraction: float) -> float:
+        """The sampling rate the accountant amplifies by: ``fraction`` (``fraction-train``)
+        while who is drawn stays secret, 1 once ``dp-device-records`` publishes it."""
+        return 1.0 if self.dp_device_records else fraction
+
     def __post_init__(self) -> None:
         check_knobs(self)
+        if self.on and self.dp_device_scores and not self.dp_device_records:
+            raise ValueError(
+                "dp-device-scores keeps each device's score among its published figures: "
+                "it needs dp-device-records = true (and the epsilon without amplification)"
+            )
         if self.dp == "local" and self.dp_clip_quantile > 0:
             raise ValueError(
                 "dp-clip-quantile (adaptive clipping) works with dp = 'central' only: it "

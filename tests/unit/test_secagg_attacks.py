@@ -159,8 +159,11 @@ def _with_node_keys(keys: dict[str, Any]) -> Callable[[Message, Context], Messag
 def test_a_plan_below_the_owners_privacy_floor_is_refused_before_a_sample_is_taken(
     tmp_path: Path, fast: Fast, owner: dict[str, Any], run: dict[str, Any], refused: bool
 ) -> None:
-    # Prepare: three devices, dev-1's owner sets a floor
-    settings = fast(num_rounds=1, controller="fixed", controller_probe=0, **run)
+    # Prepare: three devices, dev-1's owner sets a floor; the records name the devices
+    # (dp-device-records) so that the test sees which trained
+    settings = fast(
+        num_rounds=1, controller="fixed", controller_probe=0, dp_device_records=True, **run
+    )
     devices = [VirtualDevice(f"dev-{i}", rate=20_000) for i in range(3)]
     app = _with_node_keys(owner)
     grid = InProcessGrid(devices, tmp_path / "b", settings, client_app=app)  # type: ignore[arg-type]
