@@ -10,7 +10,9 @@ or editing Flower, and only in the processes it launches itself:
   runs Flower's own SuperNode with a :class:`Pacer` in place of the ``time`` module *inside*
   ``start_client_internal``: an empty pull waits :data:`FAST_PULL_S` while the node has been
   busy within :data:`HOT_S` (a run is going on), Flower's 3 s otherwise (an idle fleet loads
-  the SuperLink as plain Flower's does); a reply is looked for every :data:`REPLY_POLL_S`.
+  the SuperLink as plain Flower's does); a reply is looked for every :data:`REPLY_POLL_S`;
+  with a SuperExec secret file, each message stored with its objects wakes the device's
+  agent (:mod:`~edge_client.runtime.task_wake`), which then need not poll for tasks.
 - :class:`TaskClient` takes a task from a SuperNode started with ``--isolation process``
   through the SuperNode's runtime API (``AcquireTask``, signed with the SuperExec secret as
   Flower's SuperExec signs it), pulls its inputs and pushes its reply and output with the
@@ -18,8 +20,9 @@ or editing Flower, and only in the processes it launches itself:
   run_clientapp.py``): the device agent (:mod:`~edge_client.runtime.task_taker`) runs the
   ClientApp in its own long-lived process.
 
-What would let this module go: a SuperNode option for its idle pull interval, and a
-SuperExec executor that hands tasks to a long-lived worker (Flower 1.42's warm executor pools
+What would let this module go: a SuperNode option for its idle pull interval, a runtime
+API that notifies (or long-polls) its task takers, and a SuperExec executor that hands tasks
+to a long-lived worker (Flower 1.42's warm executor pools
 serve ``flwr-agentapp``, ``model`` and ``connector`` tasks only).
 
 The Flower sources relied on are pinned by hash (:data:`PINNED`, :func:`changed_internals`):
@@ -42,8 +45,11 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
+
+from edge_client.runtime.task_wake import send_wake, wake_path
 
 if TYPE_CHECKING:
     from flwr.app import Context, Message
@@ -94,6 +100,9 @@ PINNED: dict[str, str] = {
     # the pull loop's sleeps and its reply push (the Pacer)
     "flwr.supernode.start_client_internal:start_client_internal": (
         "9e89a6eb68fbec6821e817cd2c09f7894fc7b0f5725c2365b19a7122307f11f3"
+    ),
+    "flwr.supernode.start_client_internal:_pull_and_store_message": (
+        "eaf5d0e36dc34e4cf46a490511d077ac55cc8edbbcdbe938c1f6dbcb758628be"
     ),
     "flwr.supernode.start_client_internal:_push_messages": (
         "00bb86faffdec114db87e7f716af2acd901d12284e44f51f5c2a84704db05f64"
@@ -183,13 +192,24 @@ class Pacer:
         self._sleep(self.wait_for(seconds))
 
 
-def install_pacer(pacer: Pacer | None = None) -> Pacer:
+def install_pacer(pacer: Pacer | None = None, wake: Path | None = None) -> Pacer:
     """Put ``pacer`` in place of ``time`` in this process's ``start_client_internal`` (and
-    note each reply push as activity); return it. Only this process is affected.
+    note each reply push as activity); with ``wake``, tell the agent listening there each
+    time a message is stored with its objects (:mod:`~edge_client.runtime.task_wake`);
+    return the pacer. Only this process is affected.
     """
     module = _supernode_module()
     pacer = pacer or Pacer()
     module.time = pacer  # type: ignore[attr-defined]
+    pull_and_store = module._pull_and_store_message
+
+    def pull_store_and_wake(*args: Any, **kwargs: Any) -> int | None:
+        run_id: int | None = pull_and_store(*args, **kwargs)
+        if run_id is not None and wake is not None:  # its task is ready: the agent asks now
+            send_wake(wake)
+        return run_id
+
+    module._pull_and_store_message = pull_store_and_wake  # type: ignore[attr-defined]
     push = module._push_messages
 
     def push_and_note(*args: Any, **kwargs: Any) -> None:
@@ -216,9 +236,21 @@ def supernode_main() -> None:
     :class:`Pacer`'s waits."""
     from flwr.supernode.cli.flower_supernode import flower_supernode
 
-    install_pacer()
+    secret = _option_value(sys.argv[1:], "--superexec-auth-secret-file")
+    install_pacer(wake=None if secret is None else wake_path(secret))
     sys.argv[0] = "flower-supernode"  # Flower's messages name its program
     flower_supernode()
+
+
+def _option_value(argv: list[str], option: str) -> str | None:
+    """The value of ``option`` in ``argv`` (``--opt value`` or ``--opt=value``; the last)."""
+    value = None
+    for i, arg in enumerate(argv):
+        if arg == option and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(option + "="):
+            value = arg[len(option) + 1 :]
+    return value
 
 
 # -- taking tasks through the runtime API ----------------------------------------------------

@@ -10,9 +10,13 @@ API's calls are Flower's (:mod:`~edge_client.runtime.flower_internals`).
 - **Only this device's agent.** Acquiring a task is signed with the SuperNode's SuperExec
   secret (``--superexec-auth-secret-file``: a file only the device's service user reads); a
   process without it is refused by the SuperNode.
-- **Pace.** Within :data:`~edge_client.runtime.flower_internals.HOT_S` of its last task the
-  agent asks every :data:`HOT_POLL_S`, else every :data:`IDLE_POLL_S` (Flower's SuperExec's
-  own interval): a device idle between runs costs what Flower's SuperExec costs.
+- **Pace.** The agent asks when its SuperNode (``fedstream-supernode``) wakes it, a
+  datagram on the socket beside the secret file each time a message is stored with its
+  objects (:mod:`~edge_client.runtime.task_wake`), and otherwise every
+  :data:`IDLE_POLL_S` (Flower's SuperExec's own interval): a task is taken at once, and a
+  device between messages costs less than Flower's SuperExec. Until a first wake has come
+  (plain ``flower-supernode`` sends none), it asks every :data:`HOT_POLL_S` within
+  :data:`~edge_client.runtime.flower_internals.HOT_S` of its last task.
 - **One task at a time trains; none blocks the others.** Each task is served in a thread of
   its own, as Flower gives each its own process, and the handlers run one at a time (a
   device trains one round at a time): a task whose message never fully arrives (its run
@@ -44,6 +48,7 @@ from edge_client.runtime.flower_internals import (
     TaskClient,
     superexec_secret,
 )
+from edge_client.runtime.task_wake import WakeSocket
 from edge_client.runtime.usage import peak_rss_bytes
 from edge_client.wire.records import ReplyMetrics
 
@@ -103,6 +108,10 @@ class TaskTaker:
         answers them as failed at once, instead of leaving the SuperNode to wait out the
         token's expiry (30-60 s, during which it pulls no message: the device would miss the
         next round too).
+    wake : Path, optional
+        Where to listen for the SuperNode's wakes
+        (:func:`~edge_client.runtime.task_wake.wake_path` of the secret file); without (or
+        where the socket cannot be made) the agent polls.
     """
 
     def __init__(
@@ -111,6 +120,7 @@ class TaskTaker:
         secret: bytes,
         device_id: str | None = None,
         inflight: Path | None = None,
+        wake: Path | None = None,
     ) -> None:
         logging.getLogger("httpx").setLevel(logging.WARNING)  # else a log line per poll
         self.address = address
@@ -126,6 +136,22 @@ class TaskTaker:
         self._lock = threading.Lock()  # the fields below
         self._workers: set[threading.Thread] = set()
         self._left_answered = False
+        self._wake = self._listen(wake)
+
+    @staticmethod
+    def _listen(path: Path | None) -> WakeSocket | None:
+        if path is None:
+            return None
+        try:
+            return WakeSocket(path)
+        except OSError as err:
+            log.info("agent: no wake socket (%s): polling for tasks", err)
+            return None
+
+    @property
+    def woken(self) -> bool:
+        """Whether the SuperNode has woken the agent at least once (it sends wakes)."""
+        return self._wake is not None and self._wake.woken
 
     def start(self) -> None:
         """Start taking tasks."""
@@ -135,6 +161,8 @@ class TaskTaker:
     def stop(self, timeout: float = 600.0) -> None:
         """Take no more tasks, finish those being served, stop."""
         self._stopping.set()
+        if self._wake is not None:
+            self._wake.poke()
         if self._thread.is_alive():
             self._thread.join(timeout=timeout)
         with self._lock:
@@ -142,6 +170,8 @@ class TaskTaker:
         for worker in workers:
             worker.join(timeout=timeout)
         self._client.close()
+        if self._wake is not None:
+            self._wake.close()
 
     @property
     def thread(self) -> threading.Thread:
@@ -183,8 +213,7 @@ class TaskTaker:
                 reachable = True
             self._answer_left()
             if task is None:
-                hot = time.monotonic() - self._busy_at < HOT_S
-                self._stopping.wait(HOT_POLL_S if hot else IDLE_POLL_S)
+                self._idle()
                 continue
             self._busy_at = time.monotonic()
             worker = threading.Thread(
@@ -193,6 +222,21 @@ class TaskTaker:
             with self._lock:
                 self._workers = {w for w in self._workers if w.is_alive()} | {worker}
             worker.start()
+
+    def _idle(self) -> None:
+        """Wait until a task may be there: a wake, or the next poll."""
+        hot = time.monotonic() - self._busy_at < HOT_S
+        if self._wake is None:
+            self._stopping.wait(HOT_POLL_S if hot else IDLE_POLL_S)
+            return
+        first = not self._wake.woken  # until then the SuperNode may send none: poll
+        woken = self._wake.wait(HOT_POLL_S if hot and first else IDLE_POLL_S)
+        if woken and first and not self._stopping.is_set():
+            log.info(
+                "agent: its SuperNode wakes it when a task is ready (asking every %g s "
+                "otherwise)",
+                IDLE_POLL_S,
+            )
 
     def _notes(self) -> list[Path]:
         """The notes of tasks in flight (this agent's, or a killed one's)."""

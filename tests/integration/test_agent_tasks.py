@@ -117,3 +117,5 @@ def test_infer_takes_its_supernodes_tasks_in_its_own_torch_process(
         (record,) = rounds_only(read_metrics(metrics))
         reply = record.devices["dev-0"]
         assert reply.agent_cpu_s > 0 and reply.cpu_s == 0, reply
+        # ... which its SuperNode woke when the task was ready (no polling for it)
+        assert "its SuperNode wakes it when a task is ready" in log.read_text()

@@ -9,6 +9,7 @@ import pytest
 
 from edge_client.runtime import flower_internals as fi
 from edge_client.runtime.task_taker import read_secret
+from edge_client.runtime.task_wake import WakeSocket, send_wake, wake_path
 
 
 def test_the_flower_internals_relied_on_are_those_pinned() -> None:
@@ -61,7 +62,7 @@ def test_installing_the_pacer_changes_only_the_supernode_module(
 
     import flwr.supernode.start_client_internal as module
 
-    for name in ("time", "_push_messages", "pull_objects"):
+    for name in ("time", "_push_messages", "_pull_and_store_message", "pull_objects"):
         monkeypatch.setattr(module, name, getattr(module, name))
     # Execute
     pacer = fi.install_pacer(fi.Pacer())
@@ -86,3 +87,49 @@ def test_the_superexec_secret_must_be_private_and_not_empty(tmp_path: Path) -> N
     secret.write_text("")
     with pytest.raises(ValueError, match="empty"):
         read_secret(secret)
+
+
+def test_the_supernode_wakes_its_agent_when_a_message_is_stored_and_only_then(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prepare: Flower's pull-and-store as a fake that stores a message of run 7, then none;
+    # the agent's wake socket beside the secret file
+    import flwr.supernode.start_client_internal as module
+
+    for name in ("time", "_push_messages", "_pull_and_store_message", "pull_objects"):
+        monkeypatch.setattr(module, name, getattr(module, name))
+    pulled = iter([7, None])
+    monkeypatch.setattr(module, "_pull_and_store_message", lambda **_: next(pulled))
+    listening = WakeSocket(wake_path(tmp_path / "dev-0.secret"))
+    try:
+        fi.install_pacer(fi.Pacer(), wake=listening.path)
+        # Execute / Assert: a stored message wakes the agent at once; an empty pull does not
+        pull_and_store = getattr(module, "_pull_and_store_message")  # noqa: B009
+        assert pull_and_store(state=None) == 7
+        assert listening.wait(5.0) and listening.woken
+        assert pull_and_store(state=None) is None
+        assert not listening.wait(0.05)
+    finally:
+        listening.close()
+    assert not listening.path.exists()
+
+
+def test_the_wake_socket_is_private_replaces_a_stale_one_and_refuses_a_long_path(
+    tmp_path: Path,
+) -> None:
+    # Prepare: a socket file left by a killed agent
+    path = wake_path(tmp_path / "dev-0.secret")
+    assert path.name == "dev-0.secret.wake"
+    first = WakeSocket(path)
+    first._sock.close()  # killed: the file stays
+    # Execute
+    second = WakeSocket(path)
+    try:
+        # Assert: bound again, the owner's only; a wake with nobody listening is not an error
+        assert os.stat(path).st_mode & 0o777 == 0o600
+        assert send_wake(path) and second.wait(5.0)
+        assert not send_wake(tmp_path / "nobody.wake")
+    finally:
+        second.close()
+    with pytest.raises(OSError, match="too long for a Unix socket"):
+        WakeSocket(tmp_path / ("x" * 120))
