@@ -287,9 +287,9 @@ def footprint(doc: Doc) -> str:
         return f"{per_sample} ({fmt_x([f['write_amplification'] for f in of], '{:.1f}')})"
 
     against = (
-        f"""against {written(old_prints)} with commits every {old[0]["commit_interval_s"]:g} s"""
+        f""" against {written(old_prints)} with commits every {old[0]["commit_interval_s"]:g} s"""
         if old
-        else "(the 10 ms commits they replaced: 9-10x more, in an earlier run)"
+        else ""
     )
     return bullet(
         f"""**Device footprint** (without agents): wall, {runs}: ingest daemon + SuperNode +
@@ -297,7 +297,7 @@ def footprint(doc: Doc) -> str:
         {100 * free:.0f} % of a 1 GB Pi free (goal >= {100 * PI_FREE_GOAL:.0f} %:
         {fmt_verdict(free >= PI_FREE_GOAL)}); {written(prints)} bytes written per accepted
         {prints[0]["sample_bytes"]:,}-byte sample with transactions gathered up to
-        {live[0]["commit_interval_s"]:g} s {against}. `fedstream bench deployment`."""
+        {live[0]["commit_interval_s"]:g} s{against}. `fedstream bench deployment`."""
     )
 
 
