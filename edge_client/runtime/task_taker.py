@@ -233,8 +233,7 @@ class TaskTaker:
         woken = self._wake.wait(HOT_POLL_S if hot and first else IDLE_POLL_S)
         if woken and first and not self._stopping.is_set():
             log.info(
-                "agent: its SuperNode wakes it when a task is ready (asking every %g s "
-                "otherwise)",
+                "agent: its SuperNode wakes it when a task is ready (asking every %g s otherwise)",
                 IDLE_POLL_S,
             )
 
