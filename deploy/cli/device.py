@@ -53,7 +53,7 @@ from edge_client.runtime.constants import (
 )
 from edge_client.runtime.drift_watch import DEFAULT_DELTA
 from edge_client.task.constants import DEFAULT_NUM_CLASSES, DEFAULT_SHAPE, DIGITS_SHAPE
-from edge_client.wire.constants import DEFAULT_MAX_PAYLOAD_BYTES
+from edge_client.wire.constants import DEFAULT_MAX_PAYLOAD_BYTES, PAYLOADS
 
 if TYPE_CHECKING:
     from edge_client.emulation import PublisherConfig, SampleSource, SeriesReadings
@@ -77,9 +77,11 @@ def _window_spec(device_id: str, readings: Readings, **labels: Any) -> WindowSpe
     from edge_client.wire import samples_topic
 
     if readings["window"] is None:
-        if readings["fields"]:
-            raise ValueError("per-reading JSON needs --window (readings per sample)")
+        if readings["fields"] or readings["payload"] != "json":
+            raise ValueError("a per-reading stream needs --window (readings per sample)")
         return None
+    if readings["payload"] not in PAYLOADS:
+        raise ValueError(f"--payload {readings['payload']!r}: one of {', '.join(PAYLOADS)}")
     return WindowSpec.from_options(
         topics=readings["topic"] or [samples_topic(device_id)],
         fields=readings["fields"],
@@ -87,6 +89,8 @@ def _window_spec(device_id: str, readings: Readings, **labels: Any) -> WindowSpe
         stride=readings["stride"] or 0,
         time_field=readings["time_field"],
         time_unit=readings["time_unit"],
+        payload=readings["payload"],
+        time_zone=readings["time_zone"],
         max_gap=readings["max_gap"],
         rate=readings["rate"],
         max_skew=readings["max_skew"],

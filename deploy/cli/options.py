@@ -259,9 +259,32 @@ RateOption = Annotated[
 MaxSkewOption = Annotated[
     float, reading_option("How far one topic may run behind another (s).", "--max-skew")
 ]
-TimeFieldOption = Annotated[str, reading_option("The timestamp's field.", "--time-field")]
+TimeFieldOption = Annotated[
+    str,
+    reading_option(
+        "The timestamp's field; none: readings have none, each is stamped when it arrives.",
+        "--time-field",
+    ),
+]
 TimeUnitOption = Annotated[
     str, reading_option("s, ms, us or ns (ISO 8601 strings are read too).", "--time-unit")
+]
+PayloadOption = Annotated[
+    str,
+    reading_option(
+        "json (per-reading JSON) or plain (one bare number a message, as ESPHome and Home "
+        "Assistant's statestream publish: with a + in --topic, the level naming the channel; "
+        "needs --time-field none).",
+        "--payload",
+    ),
+]
+TimeZoneOption = Annotated[
+    str | None,
+    reading_option(
+        "The IANA time zone of ISO 8601 timestamps that name none (Tasmota's local time), "
+        "e.g. Europe/Berlin; default: UTC.",
+        "--time-zone",
+    ),
 ]
 
 
@@ -273,9 +296,10 @@ def run_help(name: str, text: str) -> str:
 #: What :data:`with_readings` hands a command: its per-reading JSON options by name.
 Readings = dict[str, Any]
 NO_READINGS: Readings = {}
-#: The per-reading JSON options (``--topic``, ``--fields``, ``--window``, ``--stride``,
-#: ``--max-gap``, ``--rate``, ``--max-skew``, ``--time-field``, ``--time-unit``) of ``ingest``
-#: and ``infer``, in place of a command's parameter ``readings``.
+#: The per-reading options (``--topic``, ``--fields``, ``--window``, ``--stride``,
+#: ``--max-gap``, ``--rate``, ``--max-skew``, ``--time-field``, ``--time-unit``,
+#: ``--payload``, ``--time-zone``) of ``ingest`` and ``infer``, in place of a command's
+#: parameter ``readings``.
 with_readings = _grouped(
     "readings",
     {
@@ -288,6 +312,8 @@ with_readings = _grouped(
         "max_skew": (MaxSkewOption, DEFAULT_MAX_SKEW_S),
         "time_field": (TimeFieldOption, "ts"),
         "time_unit": (TimeUnitOption, "s"),
+        "payload": (PayloadOption, "json"),
+        "time_zone": (TimeZoneOption, None),
     },
 )
 

@@ -23,8 +23,11 @@ Windowing a per-reading stream (:mod:`edge_client.runtime.windowing`) counts in 
 instead: ``messages`` and ``rejected`` (messages refused whole, readings refused one by one),
 ``duplicates`` (redelivered readings), ``readings`` (taken into windows), ``readings-at-gaps``
 (given up at a gap before they filled a window), ``readings-missing`` (missing inside a
-stream at the declared rate: what a broker dropped); samples are windows, and
-``windows-dropped:<reason>`` counts windows that never got a label.
+stream at the declared rate: what a broker dropped), ``readings-unavailable`` (messages whose
+value said the sensor had none: ``unavailable``, ``null``), ``retained-skipped`` (retained
+messages of topics stamped on arrival: the broker's old copy, no fresh reading); samples are
+windows, and ``windows-dropped:<reason>`` counts windows that never got a label.
+``stamped-on-arrival`` names the topics whose readings carry no time of their own.
 
 Policies: ``truncation`` keeps the newest ``capacity`` samples and evicts the oldest;
 ``persistence`` keeps everything until consumed and drops the newest arrivals once full.
@@ -578,6 +581,10 @@ class BufferStore(SqliteStore):
             out["readings"] = int(counters["readings"])
             out["readings-at-gaps"] = int(counters.get("readings-at-gaps", 0))
             out["readings-missing"] = int(counters.get("readings-missing", 0))
+            out["readings-unavailable"] = int(counters.get("readings-unavailable", 0))
+            out["retained-skipped"] = int(counters.get("retained-skipped", 0))
+            windowing = json.loads(meta.get(WINDOWING_META) or "{}")
+            out["stamped-on-arrival"] = windowing.get("stamped-on-arrival", [])
             out["windows-held"] = int(
                 self._db.execute("SELECT count(*) FROM held_windows").fetchone()[0]
             )

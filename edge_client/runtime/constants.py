@@ -91,6 +91,9 @@ SUBSCRIBE_MAX_FILTERS: Final = 8
 DEFAULT_MAX_GAP_S: Final = 1.0  # no window spans a longer silence between readings
 DEFAULT_MAX_SKEW_S: Final = 2.0  # how far one topic may run behind another
 DEFAULT_LABEL_WAIT_S: Final = 30.0  # stream seconds a window waits for its label
+NO_TIME_FIELD: Final = "none"  # --time-field none: readings stamped on arrival
+#: Arrival stamps of one topic rise by at least this (s): a burst's readings stay apart.
+ARRIVAL_STEP_S: Final = 1e-6
 RECENT_TIMESTAMPS: Final = 64  # per topic: a redelivered reading is known by its timestamp
 LABEL_EVENTS_MAX: Final = 4096  # labels kept ahead of the data (each commit saves them)
 MAX_AHEAD_S: Final = 86_400.0  # a reading stamped further ahead of the host clock is refused

@@ -250,6 +250,9 @@ class InferenceDaemon(Subscribed):
             )
 
     def _on_message(self, _c: mqtt.Client, _u: Any, msg: mqtt.MQTTMessage) -> None:
+        assembler = self._assembler  # its spec only: read-only, safe from paho's thread
+        if msg.retain and assembler is not None and assembler.arrival_stamped(msg.topic):
+            return  # the broker's old copy, delivered on subscribing: no fresh reading
         self._queue.put((msg.topic, bytes(msg.payload), time.time()))
 
     # -- worker ---------------------------------------------------------------------------

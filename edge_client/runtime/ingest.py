@@ -96,9 +96,9 @@ __all__ = ["IngestConfig", "IngestDaemon"]
 
 log = logging.getLogger(__name__)
 
-# (ack tag, qos, payload, arrival time, topic). The ack tag is the MQTT message id (16 bits)
-# plus the connection it arrived on (above bit 16): see _send_acks.
-_Item = tuple[int, int, bytes | bytearray, float, str]
+# (ack tag, qos, payload, arrival time, topic, retained). The ack tag is the MQTT message id
+# (16 bits) plus the connection it arrived on (above bit 16): see _send_acks.
+_Item = tuple[int, int, bytes | bytearray, float, str, bool]
 _MID_BITS = 16
 
 
@@ -368,7 +368,7 @@ class IngestDaemon(Subscribed):
 
     def _on_message(self, _c: mqtt.Client, _u: Any, msg: mqtt.MQTTMessage) -> None:
         tag = (self._connection << _MID_BITS) | msg.mid
-        self._queue.put((tag, msg.qos, msg.payload, time.time(), msg.topic))
+        self._queue.put((tag, msg.qos, msg.payload, time.time(), msg.topic, bool(msg.retain)))
         if self._acks:
             self._send_acks()
         self._received_bytes += len(msg.payload)  # only this thread writes these: no lock
@@ -558,7 +558,7 @@ class IngestDaemon(Subscribed):
 
     def _commit(self, items: list[_Item]) -> None:
         inject = InjectionRelay.topic  # never a sample stream, opted in or not
-        shared = [payload for _, _, payload, _, topic in items if topic == inject]
+        shared = [payload for _, _, payload, _, topic, _ in items if topic == inject]
         if shared and self.injection is not None:
             refused = self.injection.receive(shared)
             if refused:
@@ -566,15 +566,26 @@ class IngestDaemon(Subscribed):
         rate = self._rate.rate  # as of the last commit: this one's samples are added below
         if self.assembler is None:
             arrivals, reasons = decode_messages(
-                [(payload, now) for _, _, payload, now, topic in items if topic != inject],
+                [(payload, now) for _, _, payload, now, topic, _ in items if topic != inject],
                 self.config.shape,
                 self.config.num_classes,
             )
             result = self.store.append(arrivals, rejected=reasons, messages=len(items), rate=rate)
         else:
-            own = [(t, payload, now) for _, _, payload, now, t in items if t != inject]
+            assembler = self.assembler
+            own = [(t, payload, now, kept) for _, _, payload, now, t, kept in items if t != inject]
+            # A retained message is the broker's last copy, delivered on subscribing: no
+            # fresh reading where readings are stamped on arrival (with a timestamp of its
+            # own, it is one like any other, a duplicate once taken).
+            fresh = [
+                (t, payload, now)
+                for t, payload, now, kept in own
+                if not (kept and assembler.arrival_stamped(t))
+            ]
             try:
-                made = self.assembler.feed(own)
+                made = assembler.feed(fresh)
+                if len(fresh) < len(own):
+                    made.counts["retained-skipped"] += len(own) - len(fresh)
                 reasons = made.rejected
                 result = self.store.append(
                     made.arrivals(),
@@ -594,7 +605,7 @@ class IngestDaemon(Subscribed):
         self._rate.update(now)
         # Committed: now they may be acknowledged. paho's thread sends the acks with its next
         # message (no thread hand-off per ack); when the stream pauses, _drain sends them.
-        self._acks.extend((mid, qos) for mid, qos, _, _, _ in items if qos > 0)
+        self._acks.extend((mid, qos) for mid, qos, _, _, _, _ in items if qos > 0)
         if reasons:
             self._rejects.record(reasons, time.monotonic())
 

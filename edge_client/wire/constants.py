@@ -39,6 +39,11 @@ INJECT_MAX_PAYLOAD_BYTES: Final = 256 * 1024  # larger injection messages are re
 
 # --- Per-reading JSON (edge_client.wire.readings) ----------------------------------------
 TIME_UNITS: Final = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}  # seconds per unit
+#: Per-reading payloads: JSON objects, or one bare value a message (ESPHome, statestream).
+PAYLOADS: Final = ("json", "plain")
+MAX_PLAIN_BYTES: Final = 64  # one number's text; a longer bare payload is refused
+#: Values that say a sensor has none (Home Assistant's, Zigbee2MQTT's null), lower case.
+MISSING_VALUES: Final = frozenset({"", "unavailable", "unknown", "none", "null", "n/a"})
 NO_LABEL: Final = -1  # the label of a sample cut from a label-free stream
 
 # --- Update codec (edge_client.wire.codec) -----------------------------------------------

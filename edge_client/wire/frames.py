@@ -86,6 +86,7 @@ REJECT_REASONS = (
     "decode-error",
     # per-reading JSON (edge_client.wire.readings) and windowing (edge_client.runtime.windowing)
     "missing-field",
+    "not-a-number",
     "unknown-label",
     "bad-topic",
     "late",

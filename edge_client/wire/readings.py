@@ -1,20 +1,29 @@
-"""Per-reading JSON: what simple sensors publish, one reading (or a list of them) per message.
+"""Per-reading messages: what simple sensors publish, one reading (or a list of them) per
+message, as JSON or as one bare value.
 
-``{"ts": 1700000000.02, "ax": 0.1, "ay": 9.8, "az": 0.3, "activity": "walk"}``
+``{"ts": 1700000000.02, "ax": 0.1, "ay": 9.8, "az": 0.3, "activity": "walk"}``, or ``21.50``
+(``payload = "plain"``: ESPHome's and Home Assistant's statestream's one value per topic).
 
 A :class:`ReadingFormat` names where each channel, the timestamp and the label are:
 
 - **channels** by field path: ``ax`` (a key), ``imu.acc.x`` (nested keys), ``acc[0]`` (an
   array element), ``acc[0:3]`` (a slice: three channels ``acc[0]``, ``acc[1]``, ``acc[2]``);
 - **the timestamp** in a field (``ts`` by default): a number of seconds, milliseconds,
-  microseconds or nanoseconds since the epoch (``time_unit``), or an ISO 8601 string (UTC
-  when it names no zone). Exactly-once across restarts rests on it: readings of a stream are
-  told apart by their timestamps, which must increase;
+  microseconds or nanoseconds since the epoch (``time_unit``), or an ISO 8601 string (in
+  ``time_zone``, an IANA name, when it names no zone; UTC without one). Exactly-once across
+  restarts rests on it: readings of a stream are told apart by their timestamps, which must
+  increase. Without a timestamp field (``time_field`` None) a reading takes its message's
+  arrival (:class:`~edge_client.runtime.windowing.WindowAssembler` keeps them rising);
 - **the label**, optionally, in a field: a class name from a declared list (``walk`` ->
   its index in ``classes``) or an integer class index;
 - **a sequence number**, optionally, in a field: a counter the sensor increments with each
   reading (many do), which tells readings that never arrived (a gap in the counter) from a
   pause in the stream.
+
+A value that says the sensor has none (``unavailable``, ``unknown``, ``null``: what Home
+Assistant and Zigbee2MQTT publish) is not an error: the message raises
+:class:`MissingValueError` and is counted apart. Fields a reading carries beyond the channels
+(``linkquality``, ``battery``) are ignored.
 
 Decoding validates everything and raises :class:`~edge_client.wire.frames.FrameError` with a
 kebab-case reason, as the sample frames do: a message is taken whole or refused whole.
@@ -27,20 +36,50 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, tzinfo
+from functools import cache
 from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from edge_client.wire.constants import MAX_PAYLOAD_BYTES, TIME_UNITS
+from edge_client.wire.constants import (
+    MAX_PAYLOAD_BYTES,
+    MAX_PLAIN_BYTES,
+    MISSING_VALUES,
+    PAYLOADS,
+    TIME_UNITS,
+)
 from edge_client.wire.frames import FrameError, json_items
 
 __all__ = [
     "FieldPath",
+    "MissingValueError",
     "Reading",
     "ReadingFormat",
     "decode_readings",
     "encode_readings",
     "parse_fields",
 ]
+
+
+class MissingValueError(ValueError):
+    """A message whose value says the sensor has none (``unavailable``, ``null``): counted
+    (``readings-unavailable``), not refused."""
+
+
+@cache
+def time_zone(name: str) -> tzinfo:
+    """The IANA time zone ``name`` (``Europe/Berlin``).
+
+    Raises
+    ------
+    ValueError
+        If no such zone is known (the ``tzdata`` package, a dependency, holds them all).
+    """
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError) as err:
+        raise ValueError(f"time zone {name!r} is not an IANA name such as Europe/Berlin") from err
+
 
 _STEP = re.compile(r"([^.\[\]]+)|\[(\d+)\]|\[(\d+):(\d+)\]|(\.)")
 
@@ -139,11 +178,18 @@ class ReadingFormat:
     Parameters
     ----------
     fields : tuple of FieldPath
-        The channels, in order (empty on a topic that carries only labels).
-    time_field : FieldPath
-        The timestamp.
+        The channels, in order (empty on a topic that carries only labels); with ``plain``
+        payloads one, the name of the message's bare value.
+    time_field : FieldPath or None
+        The timestamp; None: each reading is stamped with its message's arrival.
     time_unit : str
         ``s``, ``ms``, ``us`` or ``ns``: the unit of a numeric timestamp.
+    payload : str
+        ``json`` (per-reading JSON) or ``plain`` (one bare number per message: no
+        timestamp, label or counter, so ``time_field`` is None).
+    time_zone : str, optional
+        IANA name of the zone an ISO 8601 timestamp without one is in (Tasmota's local
+        time); None: UTC.
     label_field : FieldPath, optional
         The label; None for label-free readings.
     seq_field : FieldPath, optional
@@ -155,20 +201,31 @@ class ReadingFormat:
     """
 
     fields: tuple[FieldPath, ...]
-    time_field: FieldPath = field(default_factory=lambda: parse_fields("ts")[0])
+    time_field: FieldPath | None = field(default_factory=lambda: parse_fields("ts")[0])
     time_unit: str = "s"
     label_field: FieldPath | None = None
     classes: tuple[str, ...] = ()
     num_classes: int = 0
     seq_field: FieldPath | None = None
+    payload: str = "json"
+    time_zone: str | None = None
 
     def __post_init__(self) -> None:
         if self.time_unit not in TIME_UNITS:
             raise ValueError(
                 f"time unit must be one of {tuple(TIME_UNITS)}, got {self.time_unit!r}"
             )
+        if self.payload not in PAYLOADS:
+            raise ValueError(f"payload must be one of {PAYLOADS}, got {self.payload!r}")
         if not self.fields and self.label_field is None:
             raise ValueError("a topic must carry channels, a label, or both")
+        if self.payload == "plain":
+            if len(self.fields) != 1 or self.label_field or self.seq_field:
+                raise ValueError("a plain payload is one bare value: one channel, no label")
+            if self.time_field is not None:
+                raise ValueError("a plain payload has no timestamp: --time-field none")
+        if self.time_zone is not None:
+            time_zone(self.time_zone)
 
 
 @dataclass(frozen=True, slots=True)
@@ -182,8 +239,11 @@ class Reading:
     seq: int | None = None
 
 
-def decode_readings(payload: bytes | bytearray, fmt: ReadingFormat) -> list[Reading]:
-    """Decode one message of per-reading JSON: an object, or a list of objects.
+def decode_readings(
+    payload: bytes | bytearray, fmt: ReadingFormat, arrival: float = math.nan
+) -> list[Reading]:
+    """Decode one message: per-reading JSON (an object, or a list of objects), or one bare
+    value (``plain``).
 
     Parameters
     ----------
@@ -191,6 +251,9 @@ def decode_readings(payload: bytes | bytearray, fmt: ReadingFormat) -> list[Read
         The message payload.
     fmt : ReadingFormat
         Where the channels, timestamp and label are.
+    arrival : float
+        When the message arrived (seconds since the epoch): the readings' time where the
+        format has no timestamp field.
 
     Returns
     -------
@@ -199,28 +262,55 @@ def decode_readings(payload: bytes | bytearray, fmt: ReadingFormat) -> list[Read
 
     Raises
     ------
+    MissingValueError
+        A channel's value says the sensor has none (:data:`MISSING_VALUES`, JSON null).
     FrameError
         ``empty``, ``too-large``, ``bad-utf8``, ``bad-json``, ``count-too-large``,
         ``missing-field`` (a channel, timestamp or label absent, or a channel not a number),
-        ``non-finite``, ``bad-timestamp``, ``unknown-label`` (a class name not in the list),
-        ``bad-label`` (an integer label out of range, or neither name nor integer) or
-        ``bad-sequence`` (a sequence number that is not an integer >= 0).
+        ``not-a-number`` (a plain payload that is no number), ``non-finite``,
+        ``bad-timestamp``, ``unknown-label`` (a class name not in the list), ``bad-label``
+        (an integer label out of range, or neither name nor integer) or ``bad-sequence`` (a
+        sequence number that is not an integer >= 0).
     """
     if not payload:
         raise FrameError("empty", "empty payload")
+    if fmt.payload == "plain":
+        return [Reading(arrival, (_bare_value(payload),), None)]
     if len(payload) > MAX_PAYLOAD_BYTES:
         raise FrameError("too-large", f"{len(payload)} bytes > {MAX_PAYLOAD_BYTES}")
     _, items = json_items(payload, "readings")
-    return [_reading(item, fmt) for item in items]
+    return [_reading(item, fmt, arrival) for item in items]
 
 
-def _reading(item: Any, fmt: ReadingFormat) -> Reading:
+def _bare_value(payload: bytes | bytearray) -> float:
+    """A plain payload's number (``21.50``, ``"21.5"``, ``-3e2``)."""
+    if len(payload) > MAX_PLAIN_BYTES:
+        raise FrameError("too-large", f"{len(payload)} bytes > {MAX_PLAIN_BYTES} for one value")
+    try:
+        text = bytes(payload).decode("utf-8").strip().strip('"').strip()
+    except UnicodeDecodeError as err:
+        raise FrameError("bad-utf8", "a plain payload must be UTF-8 text") from err
+    if text.lower() in MISSING_VALUES:
+        raise MissingValueError(f"{text!r}")
+    try:
+        value = float(text)
+    except ValueError:
+        raise FrameError("not-a-number", f"{text!r:.40} is not a number") from None
+    if not math.isfinite(value):
+        raise FrameError("non-finite", "the value is NaN or infinite")
+    return value
+
+
+def _reading(item: Any, fmt: ReadingFormat, arrival: float) -> Reading:
     if not isinstance(item, dict):
         raise FrameError("bad-json", "each reading must be a JSON object")
     values = tuple(_number(item, path) for path in fmt.fields)
     if not all(math.isfinite(v) for v in values):
         raise FrameError("non-finite", "a channel is NaN or infinite")
-    ts = _timestamp(_get(item, fmt.time_field), fmt.time_unit)
+    if fmt.time_field is None:
+        ts = arrival
+    else:
+        ts = _timestamp(_get(item, fmt.time_field), fmt.time_unit, fmt.time_zone)
     label = None if fmt.label_field is None else _label(_get(item, fmt.label_field), fmt)
     seq = None if fmt.seq_field is None else _sequence(_get(item, fmt.seq_field))
     return Reading(ts, values, label, seq)
@@ -241,20 +331,22 @@ def _get(item: dict[str, Any], path: FieldPath) -> Any:
 
 def _number(item: dict[str, Any], path: FieldPath) -> float:
     value = _get(item, path)
+    if value is None or (isinstance(value, str) and value.strip().lower() in MISSING_VALUES):
+        raise MissingValueError(f"{path.text!r} is {value!r:.20}")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         hint = " (name its elements: field[0:n])" if isinstance(value, list) else ""
         raise FrameError("missing-field", f"{path.text!r} is not a number{hint}")
     return float(value)
 
 
-def _timestamp(value: Any, unit: str) -> float:
+def _timestamp(value: Any, unit: str, zone: str | None = None) -> float:
     if isinstance(value, str):
         try:
             stamp = datetime.fromisoformat(value)
         except ValueError as err:
             raise FrameError("bad-timestamp", f"{value!r:.40} is not ISO 8601") from err
-        if stamp.tzinfo is None:
-            stamp = stamp.replace(tzinfo=UTC)
+        if stamp.tzinfo is None:  # local time (Tasmota's): in the zone given, else UTC
+            stamp = stamp.replace(tzinfo=UTC if zone is None else time_zone(zone))
         ts = stamp.timestamp()
     elif isinstance(value, bool) or not isinstance(value, (int, float)):
         raise FrameError("bad-timestamp", f"timestamp {value!r:.40} is not a number or string")

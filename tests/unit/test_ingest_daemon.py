@@ -83,9 +83,9 @@ def test_a_message_the_buffer_cannot_take_is_isolated_not_retried_forever(
 
     monkeypatch.setattr(daemon.store, "append", picky)
     items = [
-        (1, 1, frames(n=4, publisher="good", seq=1), 0.0, "fedstream/v1/d/samples"),
-        (2, 1, frames(n=4, publisher="poison", seq=1), 0.0, "fedstream/v1/d/samples"),
-        (3, 1, frames(n=4, publisher="good", seq=2), 0.0, "fedstream/v1/d/samples"),
+        (1, 1, frames(n=4, publisher="good", seq=1), 0.0, "fedstream/v1/d/samples", False),
+        (2, 1, frames(n=4, publisher="poison", seq=1), 0.0, "fedstream/v1/d/samples", False),
+        (3, 1, frames(n=4, publisher="good", seq=2), 0.0, "fedstream/v1/d/samples", False),
     ]
     # Execute
     done = daemon._commit_each(items)
@@ -104,7 +104,7 @@ def test_a_full_disk_holds_the_messages_for_a_retry(
     monkeypatch.setattr(daemon.store, "append", full)
 
     done = daemon._commit_each(
-        [(1, 1, frames(n=2, publisher="p", seq=1), 0.0, "fedstream/v1/d/samples")]
+        [(1, 1, frames(n=2, publisher="p", seq=1), 0.0, "fedstream/v1/d/samples", False)]
     )
 
     assert not done and not daemon._acks  # kept unacknowledged: retried when space returns
@@ -121,7 +121,9 @@ def test_acks_due_on_a_lost_connection_are_not_sent_on_the_next(
     ok = SimpleNamespace(is_failure=False)
 
     def arrive(seq: int) -> None:
-        msg = SimpleNamespace(mid=7, qos=1, payload=frames(n=1, publisher="p", seq=seq), topic="t")
+        msg = SimpleNamespace(
+            mid=7, qos=1, payload=frames(n=1, publisher="p", seq=seq), topic="t", retain=False
+        )
         daemon._on_message(client, None, msg)  # type: ignore[arg-type]
 
     daemon._on_connect(client, None, SimpleNamespace(session_present=False), ok, None)  # type: ignore[arg-type]

@@ -18,20 +18,20 @@ import logging
 import sqlite3
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import numpy.typing as npt
 import paho.mqtt.client as mqtt
 
-from edge_client.runtime.constants import MAX_AHEAD_S, WINDOWING_META
+from edge_client.runtime.constants import ARRIVAL_STEP_S, MAX_AHEAD_S, WINDOWING_META
 from edge_client.runtime.windowing.align import Aligner
 from edge_client.runtime.windowing.labels import LabelJoin
 from edge_client.runtime.windowing.spec import WindowSpec
 from edge_client.runtime.windowing.windows import Windower
 from edge_client.wire.constants import NO_LABEL
 from edge_client.wire.frames import Arrivals, FrameError
-from edge_client.wire.readings import decode_readings
+from edge_client.wire.readings import MissingValueError, Reading, decode_readings
 
 __all__ = ["Assembled", "WindowAssembler"]
 
@@ -163,6 +163,10 @@ class WindowAssembler:
                 "next-id": self.next_id,
                 "now": self.now,
                 "horizon": self.horizon,
+                # what `fedstream status` says of the stream's times (not for a restart)
+                "stamped-on-arrival": [
+                    s.topic for s in self.spec.streams if s.format.time_field is None
+                ],
             }
         )
 
@@ -226,6 +230,26 @@ class WindowAssembler:
             state=self.state(),
         )
 
+    def arrival_stamped(self, topic: str) -> bool:
+        """Whether ``topic``'s readings are stamped on arrival (no timestamp field): then a
+        retained message, delivered on subscribing, is no fresh reading."""
+        return any(
+            s.format.time_field is None
+            for s in self.spec.streams
+            if mqtt.topic_matches_sub(s.topic, topic)
+        )
+
+    def _stamped(self, index: int, readings: list[Reading]) -> list[Reading]:
+        """Arrival-stamped readings of topic ``index``, made strictly rising: a burst (one
+        arrival time for many) or a clock step back must not make them duplicates or late."""
+        newest = self.aligner.newest[index]
+        out = []
+        for reading in readings:
+            ts = reading.ts if newest is None else max(reading.ts, newest + ARRIVAL_STEP_S)
+            out.append(replace(reading, ts=ts))
+            newest = ts
+        return out
+
     def _take(
         self,
         topic: str,
@@ -254,7 +278,10 @@ class WindowAssembler:
                 return
             fmt = spec.streams[index].format
         try:
-            readings = decode_readings(payload, fmt)
+            readings = decode_readings(payload, fmt, arrival)
+        except MissingValueError:  # the sensor says it has no value: nothing to take, no error
+            counts["readings-unavailable"] += 1
+            return
         except FrameError as err:
             rejected[err.reason] += 1
             return
@@ -262,6 +289,8 @@ class WindowAssembler:
             log.exception("unexpected error decoding a reading")
             rejected["decode-error"] += 1
             return
+        if fmt.time_field is None and index is not None:
+            readings = self._stamped(index, readings)
         for reading in readings:
             if reading.ts > arrival + MAX_AHEAD_S:
                 rejected["bad-timestamp"] += 1

@@ -10,6 +10,7 @@ from edge_client.runtime.constants import (
     DEFAULT_LABEL_WAIT_S,
     DEFAULT_MAX_GAP_S,
     DEFAULT_MAX_SKEW_S,
+    NO_TIME_FIELD,
 )
 from edge_client.wire.readings import ReadingFormat, parse_fields
 
@@ -157,6 +158,8 @@ class WindowSpec:
         stride: int = 0,
         time_field: str = "ts",
         time_unit: str = "s",
+        payload: str = "json",
+        time_zone: str | None = None,
         label_field: str | None = None,
         label_topic: str | None = None,
         seq_field: str | None = None,
@@ -184,11 +187,18 @@ class WindowSpec:
         k = len(names) or num_classes
         if label_field is not None and k < 1:
             raise ValueError("labelled streams need --classes (names) or --num-classes")
-        when = parse_fields(time_field)
+        arrival = time_field.strip().lower() == NO_TIME_FIELD
+        when = () if arrival else parse_fields(time_field)
         label = parse_fields(label_field)[0] if label_field else None
         seq = parse_fields(seq_field) if seq_field else ()
-        if len(when) != 1 or (label_field and len(parse_fields(label_field)) != 1):
+        one_label = not label_field or len(parse_fields(label_field)) == 1
+        if (not arrival and len(when) != 1) or not one_label:
             raise ValueError("--time-field and --label-field name one field each")
+        if payload == "plain" and (label_field or seq_field or not arrival):
+            raise ValueError(
+                "--payload plain is one bare value a message: no --label-field or "
+                "--seq-field, and --time-field none (each reading stamped on arrival)"
+            )
         if len(seq) > 1:
             raise ValueError("--seq-field names one field")
         parsed = [parse_topic(t) for t in topics]
@@ -198,16 +208,20 @@ class WindowSpec:
             parsed = [(parsed[0][0], fields)]
         if any(f is None for _, f in parsed):
             raise ValueError("name each topic's channels: --fields, or --topic TOPIC=FIELDS")
+        if payload == "plain":
+            parsed = [one for t, f in parsed for one in _plain_topics(t, f or "")]
 
         def fmt(channels: str, with_label: bool) -> ReadingFormat:
             return ReadingFormat(
                 parse_fields(channels) if channels else (),
-                time_field=when[0],
+                time_field=when[0] if when else None,
                 time_unit=time_unit,
                 label_field=label if with_label else None,
                 classes=names,
                 num_classes=k,
                 seq_field=seq[0] if seq and channels else None,  # data topics' counter
+                payload=payload,
+                time_zone=time_zone,
             )
 
         inline = label is not None and label_topic is None
@@ -225,3 +239,37 @@ class WindowSpec:
             label_topic=labels,
             label_wait=label_wait,
         )
+
+
+def _plain_topics(topic: str, fields: str) -> list[tuple[str, str]]:
+    """A plain-payload topic's channels, one topic each: with a ``+`` level, the level that
+    names the channel (``esphome/kitchen/sensor/+/state`` and ``temperature,humidity``: one
+    topic per name, in that order); without, the topic is its one field's.
+
+    Raises
+    ------
+    ValueError
+        If the topic has ``#`` or more than one ``+``, names several fields without a
+        ``+``, or a field is no topic level (``/``, ``+``, ``#``).
+    """
+    names = [f.strip() for f in fields.split(",")]
+    levels = topic.split("/")
+    wild = [i for i, level in enumerate(levels) if level == "+"]
+    if "#" in levels or len(wild) > 1:
+        raise ValueError(
+            f"--payload plain: topic {topic!r} may hold one + (the level naming the channel), no #"
+        )
+    if not wild:
+        if len(names) != 1:
+            raise ValueError(
+                f"--payload plain: topic {topic!r} carries one value: name one field, or put "
+                "+ where the channel's name is in the topic"
+            )
+        return [(topic, names[0])]
+    out = []
+    for name in names:
+        if not name or any(c in name for c in "/+#"):
+            raise ValueError(f"--payload plain: {name!r} is not a topic level")
+        named = [name if i == wild[0] else level for i, level in enumerate(levels)]
+        out.append(("/".join(named), name))
+    return out

@@ -1,0 +1,210 @@
+"""Sensors as they are deployed: one bare value per topic (ESPHome, Home Assistant's
+statestream), readings without timestamps (Zigbee2MQTT), local times without a zone
+(Tasmota), and values that say the sensor has none; against hand-computed cases."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+import pytest
+
+from edge_client.runtime.windowing import WindowAssembler, WindowSpec
+from edge_client.wire.frames import REJECT_REASONS, FrameError
+from edge_client.wire.readings import (
+    MissingValueError,
+    ReadingFormat,
+    decode_readings,
+    parse_fields,
+)
+
+#: ESPHome's topics: one channel each, named by the level a + stands for.
+ESPHOME = "esphome/kitchen/sensor/+/state"
+CHANNELS = ("temperature", "humidity", "co2")
+
+
+def plain(name: str = "temperature") -> ReadingFormat:
+    return ReadingFormat(parse_fields(name), time_field=None, payload="plain")
+
+
+# -- decoding ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("payload", "value"),
+    [(b"21.50", 21.5), (b" -3e2\n", -300.0), (b'"21.5"', 21.5), (b"7", 7.0)],
+)
+def test_a_plain_payload_is_its_one_value_stamped_on_arrival(payload: bytes, value: float) -> None:
+    # Execute
+    (reading,) = decode_readings(payload, plain(), arrival=1_700_000_000.25)
+    # Assert
+    assert reading.values == (value,) and reading.ts == 1_700_000_000.25
+    assert reading.label is None and reading.seq is None
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [
+        (b"abc", "not-a-number"),
+        (b"nan", "non-finite"),
+        (b"inf", "non-finite"),
+        (b"\xff\xfe", "bad-utf8"),
+        (b"1" * 65, "too-large"),
+        (b"", "empty"),
+        (b"1,5", "not-a-number"),
+    ],
+)
+def test_a_bad_plain_payload_is_refused_with_a_reason(payload: bytes, reason: str) -> None:
+    with pytest.raises(FrameError) as caught:
+        decode_readings(payload, plain(), arrival=0.0)
+    assert caught.value.reason == reason and reason in REJECT_REASONS
+
+
+@pytest.mark.parametrize("payload", [b"unavailable", b"unknown", b"None", b" null ", b"n/a"])
+def test_a_value_saying_the_sensor_has_none_is_missing_not_refused(payload: bytes) -> None:
+    with pytest.raises(MissingValueError):
+        decode_readings(payload, plain(), arrival=0.0)
+
+
+def test_json_without_timestamps_ignores_extra_fields_and_reads_null_as_missing() -> None:
+    # Prepare: Zigbee2MQTT's message, no timestamp, fields beyond the channels
+    fmt = ReadingFormat(parse_fields("temperature,humidity"), time_field=None)
+    message = {"temperature": 21.5, "humidity": 40, "linkquality": 120, "battery": 97}
+    # Execute
+    (reading,) = decode_readings(json.dumps(message).encode(), fmt, arrival=5.0)
+    # Assert: the channels in order, at the arrival; null and "unavailable" are missing
+    assert reading.values == (21.5, 40.0) and reading.ts == 5.0
+    for missing in (None, "unavailable"):
+        with pytest.raises(MissingValueError):
+            decode_readings(json.dumps({**message, "humidity": missing}).encode(), fmt, 5.0)
+
+
+def test_a_local_time_without_a_zone_is_read_in_the_given_zone() -> None:
+    # Prepare: Tasmota's "Time", local to Berlin (UTC+1 in December, UTC+2 in July)
+    fmt = ReadingFormat(parse_fields("t"), time_field=parse_fields("Time")[0])
+    berlin = ReadingFormat(fmt.fields, time_field=fmt.time_field, time_zone="Europe/Berlin")
+
+    # Execute
+    def stamp(text: str, f: ReadingFormat) -> float:
+        (reading,) = decode_readings(json.dumps({"Time": text, "t": 1}).encode(), f)
+        return reading.ts
+
+    # Assert: as UTC without a zone (as before), shifted by the zone's offset with one
+    winter = datetime(2026, 12, 5, 4, 55, tzinfo=UTC).timestamp()
+    summer = datetime(2026, 7, 5, 4, 55, tzinfo=UTC).timestamp()
+    assert stamp("2026-12-05T04:55:00", fmt) == winter
+    assert stamp("2026-12-05T04:55:00", berlin) == winter - 3600
+    assert stamp("2026-07-05T04:55:00", berlin) == summer - 7200
+    assert stamp("2026-12-05T04:55:00+00:00", berlin) == winter  # a zone of its own wins
+    with pytest.raises(ValueError, match="IANA name"):
+        ReadingFormat(fmt.fields, time_zone="Mars/Olympus")
+
+
+# -- the spec the options make -------------------------------------------------------------
+
+
+def esphome(**kw: Any) -> WindowSpec:
+    options: dict[str, Any] = {
+        "topics": [ESPHOME],
+        "fields": ",".join(CHANNELS),
+        "window": 4,
+        "payload": "plain",
+        "time_field": "none",
+        "rate": 1.0,
+        "max_gap": 30.0,
+    }
+    return WindowSpec.from_options(**(options | kw))
+
+
+def test_a_plus_level_names_each_channel_in_the_order_of_the_fields() -> None:
+    # Execute
+    spec = esphome()
+    # Assert: one topic per channel, in --fields' order, each one bare value
+    assert [s.topic for s in spec.streams] == [
+        f"esphome/kitchen/sensor/{name}/state" for name in CHANNELS
+    ]
+    assert [s.format.fields[0].text for s in spec.streams] == list(CHANNELS)
+    assert all(s.format.payload == "plain" and s.format.time_field is None for s in spec.streams)
+    assert spec.shape == (3, 4)
+
+
+@pytest.mark.parametrize(
+    ("kw", "said"),
+    [
+        ({"topics": ["a/#"]}, "one +"),
+        ({"topics": ["a/+/+"]}, "one +"),
+        ({"topics": ["a/b"]}, "name one field"),
+        ({"time_field": "ts"}, "--time-field none"),
+        ({"label_field": "act", "num_classes": 2}, "no --label-field"),
+        ({"fields": "temp/x"}, "not a topic level"),
+        ({"rate": None}, "give --rate"),
+    ],
+)
+def test_plain_options_that_cannot_hold_are_refused(kw: dict[str, Any], said: str) -> None:
+    with pytest.raises(ValueError, match=said):
+        esphome(**kw)
+
+
+# -- windows -------------------------------------------------------------------------------
+
+
+def recording(n: int = 24) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` readings of the three channels, one a second from t0."""
+    t = 1_700_000_000.0 + np.arange(n, dtype=np.float64)
+    values = np.stack([20 + np.sin(t / 7), 40 + np.cos(t / 5), 400 + t % 13], axis=1)
+    return t, values
+
+
+def test_bare_values_per_topic_make_the_windows_per_reading_json_makes() -> None:
+    # Prepare: one recording as today's per-reading JSON (three topics, timestamps) and as
+    # ESPHome's bare values, each arriving at its reading's time (the channels 0.1 s apart)
+    t, values = recording()
+    json_spec = WindowSpec.from_options(
+        topics=[f"s/{name}={name}" for name in CHANNELS], window=4, rate=1.0, max_gap=30.0
+    )
+    as_json = [
+        (f"s/{name}", json.dumps({"ts": float(ts), name: float(v[c])}).encode(), float(ts))
+        for ts, v in zip(t, values, strict=True)
+        for c, name in enumerate(CHANNELS)
+    ]
+    as_plain = [
+        (f"esphome/kitchen/sensor/{name}/state", repr(float(v[c])).encode(), float(ts))
+        for ts, v in zip(t, values, strict=True)
+        for c, name in enumerate(CHANNELS)
+    ]
+    # Execute
+    want = WindowAssembler(json_spec).feed(as_json)
+    got = WindowAssembler(esphome()).feed(as_plain)
+    # Assert: the same windows, channel order and values (the stamps are the same times)
+    assert len(want.y) > 0 and got.x.shape == want.x.shape
+    np.testing.assert_allclose(got.x, want.x, rtol=1e-6)
+    np.testing.assert_allclose(got.ts, want.ts)
+    assert not got.rejected and got.counts["readings"] == 3 * len(t)
+
+
+def test_a_burst_stamped_on_arrival_is_neither_duplicate_nor_late() -> None:
+    # Prepare: 10 readings of one topic that all arrived at the same instant, then one
+    # from a clock stepped back
+    spec = esphome(fields="temperature", topics=["esphome/kitchen/sensor/temperature/state"])
+    topic = spec.streams[0].topic
+    burst = [(topic, f"{20 + i}".encode(), 100.0) for i in range(10)] + [(topic, b"31", 99.0)]
+    # Execute
+    made = WindowAssembler(spec).feed(burst)
+    # Assert: every reading taken, in order, none refused
+    assert made.counts["readings"] == 11 and not made.rejected
+    assert made.counts["duplicates"] == 0
+
+
+def test_unavailable_values_are_counted_apart_from_refusals() -> None:
+    # Prepare
+    spec = esphome(fields="temperature", topics=["esphome/kitchen/sensor/temperature/state"])
+    topic = spec.streams[0].topic
+    messages = [(topic, b"21.5", 1.0), (topic, b"unavailable", 2.0), (topic, b"oops", 3.0)]
+    # Execute
+    made = WindowAssembler(spec).feed(messages)
+    # Assert
+    assert made.counts["readings"] == 1 and made.counts["readings-unavailable"] == 1
+    assert made.rejected == {"not-a-number": 1}
+    assert json.loads(made.state)["stamped-on-arrival"] == [topic]
