@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import signal
 import threading
 from dataclasses import dataclass
@@ -91,6 +92,7 @@ def _window_spec(device_id: str, readings: Readings, **labels: Any) -> WindowSpe
         time_unit=readings["time_unit"],
         payload=readings["payload"],
         time_zone=readings["time_zone"],
+        hold=readings["report_on_change"],
         max_gap=readings["max_gap"],
         rate=readings["rate"],
         max_skew=readings["max_skew"],
@@ -179,14 +181,32 @@ def publish(
             "JSON, one reading per message (--batch: a list of that many).",
         ),
     ] = False,
+    style: Annotated[
+        str,
+        typer.Option(
+            "--style",
+            help="With --readings, publish as such a device does: json (fedstream's "
+            "per-reading JSON), esphome (a bare value per channel topic), zigbee2mqtt (JSON "
+            "without a timestamp) or tasmota (a local time without a zone); prints the "
+            "ingest options that read it.",
+        ),
+    ] = "json",
+    time_zone: Annotated[
+        str | None,
+        typer.Option("--time-zone", help="--style tasmota: the IANA zone of its local times."),
+    ] = None,
     topic: Annotated[
-        str | None, typer.Option(help="Publish here instead of fedstream/v1/<id>/samples.")
+        str | None,
+        typer.Option(
+            help="Publish here instead of fedstream/v1/<id>/samples (or the --style's own "
+            "topic; esphome: a + where the channel's name goes)."
+        ),
     ] = None,
     max_payload: MaxPayloadOption = DEFAULT_MAX_PAYLOAD_BYTES,
     verbose: VerboseOption = False,
 ) -> None:
     """Publish a sensor stream at a rate; prints the achieved rate at the end."""
-    from edge_client.emulation import PublisherConfig, draw_rate
+    from edge_client.emulation import PublisherConfig, SeriesReadings, draw_rate
     from edge_client.runtime import device_rng
     from edge_client.wire import validate_device_id
 
@@ -202,7 +222,27 @@ def publish(
         if labels is not None and classes is not None:
             raise ValueError("give --labels K or --classes LIST, not both")
         skew = _Skew(labels, classes, dirichlet, feature_shift, num_classes, seed)
+        if style != "json" and not readings:
+            raise ValueError("--style replays a series reading by reading: give --readings")
         src = _publish_source(source, readings, shape, rate, device_id, skew)
+        if isinstance(src, SeriesReadings) and style != "json":
+            from edge_client.emulation.reading_styles import default_topic, ingest_options
+
+            where = topic or default_topic(style, device_id)
+            assert where is not None
+            src = SeriesReadings(
+                src.values, src.names, rate, style=style, time_zone=time_zone, topic=where
+            )
+            topic = None  # the style's topics: the source's
+            options = ingest_options(style, where, src.names, time_zone)
+            rate_too = style == "esphome" and len(src.names) > 1  # one topic a channel
+            console.print(
+                f"read it with: fedstream ingest --device-id {device_id} "
+                + " ".join(shlex.quote(o) for o in options)
+                + " --window W"
+                + (" --rate R" if rate_too else ""),
+                soft_wrap=True,
+            )
         config = PublisherConfig(
             broker=url,
             device_id=device_id,

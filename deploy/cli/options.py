@@ -278,6 +278,15 @@ PayloadOption = Annotated[
         "--payload",
     ),
 ]
+ReportOnChangeOption = Annotated[
+    bool,
+    reading_option(
+        "Sensors that publish only when a value changes: hold each channel's last value on "
+        "the --rate grid, up to --max-gap, instead of interpolating (a channel that has never "
+        "reported holds the samples back).",
+        "--report-on-change",
+    ),
+]
 TimeZoneOption = Annotated[
     str | None,
     reading_option(
@@ -298,8 +307,8 @@ Readings = dict[str, Any]
 NO_READINGS: Readings = {}
 #: The per-reading options (``--topic``, ``--fields``, ``--window``, ``--stride``,
 #: ``--max-gap``, ``--rate``, ``--max-skew``, ``--time-field``, ``--time-unit``,
-#: ``--payload``, ``--time-zone``) of ``ingest`` and ``infer``, in place of a command's
-#: parameter ``readings``.
+#: ``--payload``, ``--time-zone``, ``--report-on-change``) of ``ingest`` and ``infer``, in
+#: place of a command's parameter ``readings``.
 with_readings = _grouped(
     "readings",
     {
@@ -314,6 +323,7 @@ with_readings = _grouped(
         "time_unit": (TimeUnitOption, "s"),
         "payload": (PayloadOption, "json"),
         "time_zone": (TimeZoneOption, None),
+        "report_on_change": (ReportOnChangeOption, False),
     },
 )
 

@@ -2,6 +2,8 @@
 
 - :mod:`~edge_client.emulation.publisher`: ``fedstream publish`` (samples at a rate, over MQTT);
 - :mod:`~edge_client.emulation.reading_replay`: a recorded series as per-reading JSON;
+- :mod:`~edge_client.emulation.reading_styles`: ... or as ESPHome, Zigbee2MQTT or Tasmota
+  devices publish it (``fedstream publish --style``);
 - :mod:`~edge_client.emulation.accelerometer`: a synthetic accelerometer series in raw
   counts (a forecasting task's test recording);
 - :mod:`~edge_client.emulation.people`: a synthetic multi-subject activity recording laid

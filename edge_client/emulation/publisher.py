@@ -261,22 +261,25 @@ def _publish_loop(
             pass
         n = config.batch if total is None else min(config.batch, total - sent)
         if isinstance(source, SeriesReadings):
-            payloads = source.payloads(n, config.max_payload)
+            styled = source.messages(n, config.max_payload, topic)
         else:
             x, y = source.next(n)
             ts = np.full(n, time.time())
-            payloads = encode_frames(
-                x,
-                y,
-                ts,
-                publisher=config.publisher_id,
-                seq=messages,
-                max_payload=config.max_payload,
-            )
-        for payload in payloads:
-            client.publish(topic, payload, qos=config.qos)
+            styled = [
+                (topic, payload)
+                for payload in encode_frames(
+                    x,
+                    y,
+                    ts,
+                    publisher=config.publisher_id,
+                    seq=messages,
+                    max_payload=config.max_payload,
+                )
+            ]
+        for where, payload in styled:
+            client.publish(where, payload, qos=config.qos)
         sent += n
-        messages += len(payloads)
+        messages += len(styled)
         now = time.monotonic()
         if progress is not None and now >= next_report:
             progress[0](sent, acks.count, now - start)

@@ -1,4 +1,6 @@
-"""A recorded series replayed as a sensor sends it: per-reading JSON, one reading at a time.
+"""A recorded series replayed as a sensor sends it: per-reading JSON, one reading at a time
+(or in the way ESPHome, Zigbee2MQTT or Tasmota devices publish it:
+:mod:`~edge_client.emulation.reading_styles`).
 
 ``fedstream publish --source series.csv --readings`` publishes each row of the series as
 ``{"ts": ..., "<channel>": value, ...}`` (the CSV's column names; ``x0``, ``x1``, ... for an
@@ -20,8 +22,10 @@ import numpy as np
 import numpy.typing as npt
 
 from edge_client.emulation.constants import REPLAY_GAP_S
+from edge_client.emulation.reading_styles import STYLES, encode_style
 from edge_client.task.recordings import TIME_COLUMNS, load_series
 from edge_client.wire.readings import encode_readings
+from edge_client.wire.readings import time_zone as zone_of
 
 __all__ = ["SeriesReadings", "series_channels"]
 
@@ -57,6 +61,13 @@ class SeriesReadings:
         Readings per second: the spacing of the timestamps.
     start : float, optional
         The first reading's timestamp (default: now).
+    style : str
+        How the readings are published (:data:`~edge_client.emulation.reading_styles.STYLES`).
+    time_zone : str, optional
+        ``tasmota``: the zone of its local times.
+    topic : str, optional
+        Where the style publishes (``esphome``: a template with a ``+`` for the channel's
+        level); default: the publisher's topic.
     """
 
     def __init__(
@@ -65,19 +76,40 @@ class SeriesReadings:
         names: list[str],
         rate: float,
         start: float | None = None,
+        style: str = "json",
+        time_zone: str | None = None,
+        topic: str | None = None,
     ) -> None:
         if values.ndim != 2 or values.shape[1] != len(names) or not len(values):
             raise ValueError(f"{len(names)} channel names for readings of shape {values.shape}")
+        if style not in STYLES:
+            raise ValueError(f"--style {style!r}: one of {', '.join(STYLES)}")
+        if time_zone is not None:
+            zone_of(time_zone)  # an unknown zone is refused before anything is sent
         self.values = values
         self.names = names
         self.rate = rate
         self.start = time.time() if start is None else start
+        self.style = style
+        self.time_zone = time_zone
+        self.topic = topic
         self.sent = 0  # readings given so far, over all passes
 
     @classmethod
-    def from_file(cls, path: str | Path, rate: float) -> SeriesReadings:
+    def from_file(
+        cls, path: str | Path, rate: float, style: str = "json", time_zone: str | None = None
+    ) -> SeriesReadings:
         """The series in ``path`` (see :func:`series_channels`), stamped at ``rate``."""
-        return cls(load_series(path), series_channels(path), rate)
+        return cls(load_series(path), series_channels(path), rate, style=style, time_zone=time_zone)
+
+    def messages(self, n: int, max_payload: int, topic: str) -> list[tuple[str, bytes]]:
+        """The next ``n`` readings as (topic, payload) messages in :attr:`style` (``json``:
+        :meth:`payloads`), on :attr:`topic` or else ``topic``."""
+        where = self.topic or topic
+        if self.style == "json":
+            return [(where, payload) for payload in self.payloads(n, max_payload)]
+        stamps, rows = self._next(n)
+        return encode_style(self.style, where, stamps, rows, self.names, self.time_zone)
 
     def payload(self, n: int) -> bytes:
         """The next ``n`` readings: one JSON object, or a list of ``n`` of them."""

@@ -27,7 +27,8 @@ stream at the declared rate: what a broker dropped), ``readings-unavailable`` (m
 value said the sensor had none: ``unavailable``, ``null``), ``retained-skipped`` (retained
 messages of topics stamped on arrival: the broker's old copy, no fresh reading); samples are
 windows, and ``windows-dropped:<reason>`` counts windows that never got a label.
-``stamped-on-arrival`` names the topics whose readings carry no time of their own.
+``stamped-on-arrival`` names the topics whose readings carry no time of their own,
+``never-reported`` those that have sent no reading yet (no window is made without them).
 
 Policies: ``truncation`` keeps the newest ``capacity`` samples and evicts the oldest;
 ``persistence`` keeps everything until consumed and drops the newest arrivals once full.
@@ -585,6 +586,7 @@ class BufferStore(SqliteStore):
             out["retained-skipped"] = int(counters.get("retained-skipped", 0))
             windowing = json.loads(meta.get(WINDOWING_META) or "{}")
             out["stamped-on-arrival"] = windowing.get("stamped-on-arrival", [])
+            out["never-reported"] = windowing.get("never-reported", [])
             out["windows-held"] = int(
                 self._db.execute("SELECT count(*) FROM held_windows").fetchone()[0]
             )

@@ -19,7 +19,7 @@ from paho.mqtt.enums import CallbackAPIVersion
 from deploy.brokers import MosquittoBroker
 from deploy.local import ProcessGroup, wait_until
 from deploy.probes import buffer_stats as stats
-from deploy.probes import start_ingest
+from deploy.probes import publish_report, start_ingest, start_publisher
 from edge_client.runtime.buffer import BufferStore
 
 pytestmark = [
@@ -139,3 +139,86 @@ def test_readings_stamped_on_arrival_lose_nothing_across_kill9_and_repeat_at_mos
     # holds at most RECENT_TIMESTAMPS = 64 messages)
     assert 0 <= repeated <= 64 * killed_at, json.dumps(final)
     assert final["rejected"] == 0 and final["duplicates"] == 0
+
+
+def kitchen_recording(path: Path, n: int) -> np.ndarray:
+    """``n`` readings of three rising channels (each reading's values tell its index), as
+    the CSV ``fedstream publish --readings --source`` replays."""
+    i = np.arange(n, dtype=np.float64)
+    rows = np.stack([20 + i / 100, 40 + i / 10, 400 + i], axis=1)
+    lines = ["temperature,humidity,co2"] + [",".join(f"{v:.2f}" for v in r) for r in rows]
+    path.write_text("\n".join(lines) + "\n")
+    return rows
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(
+    ("style", "extra"),
+    [("json", []), ("zigbee2mqtt", []), ("tasmota", ["--time-zone", "Europe/Berlin"])],
+)
+def test_a_recording_published_in_a_convention_is_read_back_window_for_window(
+    stock: MosquittoBroker, procs: ProcessGroup, tmp_path: Path, style: str, extra: list[str]
+) -> None:
+    # Prepare: 300 readings, read back with the ingest options `fedstream publish --style`
+    # prints (windows of 20, no resampling: one topic)
+    from edge_client.emulation.reading_styles import default_topic, ingest_options
+
+    n, w = 300, 20
+    rows = kitchen_recording(tmp_path / "kitchen.csv", n)
+    topic = default_topic(style, "kitchen") or "fedstream/v1/kitchen/samples"
+    zone = extra[1] if extra else None
+    buf = tmp_path / "kitchen.sqlite"
+    options = ingest_options(style, topic, list(CHANNELS), zone)
+    start_ingest(procs, stock.url, buf, "kitchen", *options, "--window", str(w), connected=True)
+    # Execute: the publisher, as a device of that kind would send it
+    pub = start_publisher(
+        procs, stock.url, "kitchen", "--readings", "--source", str(tmp_path / "kitchen.csv"),
+        "--rate", "200", "--count", str(n), "--style", style, *extra,
+    )  # fmt: skip
+    report = publish_report(pub)
+    assert wait_until(lambda: stats(buf).get("readings", 0) >= n, 30), stats(buf)
+    with BufferStore(buf) as store:
+        got = store.sample(store.fill, np.random.default_rng(0))
+    order = np.argsort(got.ts)
+    # Assert: every reading, and window for window the recording's rows in --fields' order
+    assert report["samples"] == n and stats(buf)["rejected"] == 0
+    assert len(order) == n // w
+    want = rows.reshape(n // w, w, 3).transpose(0, 2, 1)
+    np.testing.assert_allclose(got.x[order], want, rtol=1e-6)
+
+
+@pytest.mark.timeout(240)
+def test_a_recording_published_as_esphome_values_is_resampled_in_channel_order(
+    stock: MosquittoBroker, procs: ProcessGroup, tmp_path: Path
+) -> None:
+    # Prepare: three channels, a topic each, read back on a grid at the publishing rate
+    from edge_client.emulation.reading_styles import default_topic, ingest_options
+
+    n, w = 300, 20
+    kitchen_recording(tmp_path / "kitchen.csv", n)
+    topic = default_topic("esphome", "kitchen")
+    assert topic is not None
+    buf = tmp_path / "kitchen.sqlite"
+    options = ingest_options("esphome", topic, list(CHANNELS))
+    start_ingest(procs, stock.url, buf, "kitchen", *options, "--window", str(w),
+                 "--rate", "100", "--max-gap", "1", connected=True)  # fmt: skip
+    # Execute
+    pub = start_publisher(
+        procs, stock.url, "kitchen", "--readings", "--source", str(tmp_path / "kitchen.csv"),
+        "--rate", "100", "--count", str(n), "--style", "esphome",
+    )  # fmt: skip
+    report = publish_report(pub)
+    assert wait_until(lambda: stats(buf).get("readings", 0) >= 3 * n, 30), stats(buf)
+    time.sleep(0.5)
+    with BufferStore(buf) as store:
+        got = store.sample(store.fill, np.random.default_rng(0))
+    # Assert: every channel's every value taken; windows in --fields' order, each channel
+    # between its own first and last value and rising (the grid interpolates between the
+    # arrival-stamped readings of a rising recording)
+    final = stats(buf)
+    assert report["messages"] == 3 * n and final["rejected"] == 0, json.dumps(final)
+    assert len(got.y) >= 10, json.dumps(final)
+    low, high = (20.0, 40.0, 400.0), (20 + n / 100, 40 + n / 10, 400.0 + n)
+    for c in range(3):
+        assert np.all((got.x[:, c] >= low[c] - 1e-6) & (got.x[:, c] <= high[c] + 1e-6))
+        assert np.all(np.diff(got.x[:, c], axis=1) >= -1e-6)

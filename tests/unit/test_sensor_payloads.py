@@ -11,12 +11,14 @@ from typing import Any
 import numpy as np
 import pytest
 
+from edge_client.emulation.reading_styles import default_topic, encode_style, ingest_options
 from edge_client.runtime.windowing import WindowAssembler, WindowSpec
 from edge_client.wire.frames import REJECT_REASONS, FrameError
 from edge_client.wire.readings import (
     MissingValueError,
     ReadingFormat,
     decode_readings,
+    encode_readings,
     parse_fields,
 )
 
@@ -208,3 +210,105 @@ def test_unavailable_values_are_counted_apart_from_refusals() -> None:
     assert made.counts["readings"] == 1 and made.counts["readings-unavailable"] == 1
     assert made.rejected == {"not-a-number": 1}
     assert json.loads(made.state)["stamped-on-arrival"] == [topic]
+
+
+# -- replays in each convention (fedstream publish --style) --------------------------------
+
+
+def spec_of(options: list[str], **windowing: Any) -> WindowSpec:
+    """The WindowSpec ``fedstream ingest`` makes of these options (as its CLI maps them)."""
+    names = {"--payload": "payload", "--time-field": "time_field", "--fields": "fields"}
+    names |= {"--time-zone": "time_zone"}
+    pairs = dict(zip(options[::2], options[1::2], strict=True))
+    kw: dict[str, Any] = {names[k]: v for k, v in pairs.items() if k in names}
+    return WindowSpec.from_options(topics=[pairs["--topic"]], **kw, **windowing)
+
+
+@pytest.mark.parametrize(
+    ("style", "zone"),
+    [("esphome", None), ("zigbee2mqtt", None), ("tasmota", "Europe/Berlin"), ("tasmota", None)],
+)
+def test_a_recording_replayed_in_a_convention_makes_the_windows_of_per_reading_json(
+    style: str, zone: str | None
+) -> None:
+    # Prepare: the recording as fedstream's JSON, and as the convention's messages read back
+    # with the ingest options the publisher prints; each message arrives at its reading's
+    # time (a spread of arrivals moves the grid's first tick: the broker test has that)
+    t, values = recording()
+    rows, names = values.tolist(), list(CHANNELS)
+    reference = WindowAssembler(WindowSpec.from_options(
+        topics=["s/all"], fields=",".join(names), window=4, rate=1.0, max_gap=30.0
+    )).feed([("s/all", encode_readings([float(ts)], [row], names), float(ts))
+             for ts, row in zip(t, rows, strict=True)])  # fmt: skip
+    topic = default_topic(style, "kitchen")
+    assert topic is not None
+    messages = []
+    for ts, row in zip(t, rows, strict=True):
+        sent = encode_style(style, topic, [float(ts)], [row], names, zone)
+        messages += [(where, body, float(ts)) for where, body in sent]
+    spec = spec_of(ingest_options(style, topic, names, zone), window=4, rate=1.0, max_gap=30.0)
+    # Execute
+    made = WindowAssembler(spec).feed(messages)
+    # Assert: the same windows, in the same channel order, with the same values
+    assert not made.rejected and made.x.shape == reference.x.shape and len(made.y) > 0
+    np.testing.assert_allclose(made.x, reference.x, rtol=1e-6)
+    np.testing.assert_allclose(made.ts, reference.ts)
+
+
+def test_an_unknown_style_or_an_esphome_topic_without_a_plus_is_refused() -> None:
+    with pytest.raises(ValueError, match="one of json, esphome"):
+        encode_style("homie", "t", [0.0], [[1.0]], ["x"])
+    with pytest.raises(ValueError, match="needs a \\+"):
+        encode_style("esphome", "esphome/kitchen/state", [0.0], [[1.0]], ["x"])
+
+
+# -- report-on-change: values held between reports -----------------------------------------
+
+
+def test_a_report_on_change_channel_is_held_between_its_reports_up_to_max_gap() -> None:
+    # Prepare: two channels on a 1/s grid, temperature reports at t = 0 and 5 only (it did
+    # not change), humidity every second; max-gap 10 s
+    spec = WindowSpec.from_options(
+        topics=["h/temperature=v", "h/humidity=v"], window=3, rate=1.0, max_gap=10.0,
+        time_field="none", hold=True,
+    )  # fmt: skip
+    reports = [("h/temperature", {"v": 20.0}, 0.0), ("h/temperature", {"v": 21.0}, 5.0)]
+    reports += [("h/humidity", {"v": 40.0 + t}, float(t)) for t in range(10)]
+    messages = sorted(
+        ((topic, json.dumps(body).encode(), at) for topic, body, at in reports),
+        key=lambda m: m[2],
+    )
+    # Execute
+    made = WindowAssembler(spec).feed(messages)
+    # Assert: ticks 0-8 (a tick waits for a reading past it: 9's), temperature held (20
+    # until 5, then 21), humidity as sent; windows of 3 ticks: [0-2], [3-5], [6-8]; nothing
+    # counted missing though temperature was silent
+    assert made.x.shape == (3, 2, 3)
+    np.testing.assert_allclose(made.x[:, 0].ravel(), [20, 20, 20, 20, 20, 21, 21, 21, 21])
+    np.testing.assert_allclose(made.x[:, 1].ravel(), [40 + t for t in range(9)])
+    assert made.counts["readings-missing"] == 0
+
+
+def test_a_held_value_expires_at_max_gap_and_a_channel_never_heard_holds_windows_back() -> None:
+    # Prepare: max-gap 3 s; temperature reports at 0 only, humidity every second to 8
+    spec = WindowSpec.from_options(
+        topics=["h/temperature=v", "h/humidity=v"], window=2, rate=1.0, max_gap=3.0,
+        time_field="none", hold=True,
+    )  # fmt: skip
+    humidity = [("h/humidity", json.dumps({"v": float(t)}).encode(), float(t)) for t in range(10)]
+    # Execute: before temperature's first report, and after it
+    waiting = WindowAssembler(spec)
+    before = waiting.feed(humidity)
+    held = WindowAssembler(spec)
+    after = held.feed([("h/temperature", b'{"v": 20.0}', 0.0), *humidity])
+    # Assert: nothing while a channel has never reported (and the state says which); then
+    # ticks 0-3 only (temperature's value expires 3 s after its report), two windows
+    assert len(before.y) == 0
+    assert json.loads(before.state)["never-reported"] == ["h/temperature"]
+    assert after.x.shape == (2, 2, 2) and json.loads(after.state)["never-reported"] == []
+    np.testing.assert_allclose(after.x[:, 1].ravel(), [0.0, 1.0, 2.0, 3.0])
+
+
+def test_report_on_change_needs_a_rate() -> None:
+    with pytest.raises(ValueError, match="give --rate"):
+        WindowSpec.from_options(topics=["h/t=v"], window=2, hold=True)

@@ -18,6 +18,13 @@ back: skew is absorbed. The rules for readings that are missing or late:
 A reading not newer than its topic's newest is a redelivery when its timestamp is one of the
 topic's recent ones (``duplicate``), and refused as ``late`` otherwise.
 
+With ``hold`` (sensors that report only when a value changes: Zigbee2MQTT, Home Assistant)
+a channel's value at a tick is its topic's last reading at or before it (held), for up to
+``max_gap`` after that reading (past it, a break: the sensor may be gone); a tick is made once
+any topic's newest reading is past it and every topic has reported once (a topic that
+never has holds the rows back: :attr:`Aligner.waiting`). Silence is then no loss: nothing is
+counted missing.
+
 The aligner also counts readings that never arrived (:attr:`Aligner.missing`). Where readings
 carry the sensor's counter (a sequence number), a jump of the counter between two readings
 taken in turn is that many missing, however long the gap (a counter that goes back is the
@@ -60,17 +67,28 @@ class Aligner:
         Ticks per second; None passes a single topic's readings through.
     max_gap, max_skew : float
         Seconds, as in the module notes.
+    hold : bool
+        Hold each topic's last value between its readings (report-on-change sensors);
+        needs a rate.
     """
 
     def __init__(
-        self, channels: tuple[int, ...], rate: float | None, max_gap: float, max_skew: float
+        self,
+        channels: tuple[int, ...],
+        rate: float | None,
+        max_gap: float,
+        max_skew: float,
+        hold: bool = False,
     ) -> None:
         if rate is None and len(channels) != 1:
             raise ValueError("several topics need a rate to be aligned")
+        if hold and rate is None:
+            raise ValueError("holding values between reports needs a rate (the grid)")
         self.channels = channels
         self.rate = rate
         self.max_gap = max_gap
         self.max_skew = max_skew
+        self.hold = hold
         n = len(channels)
         self.newest: list[float | None] = [None] * n
         self.recent: list[deque[float]] = [deque(maxlen=RECENT_TIMESTAMPS) for _ in range(n)]
@@ -105,6 +123,8 @@ class Aligner:
             if last is not None and seq > last:  # lower: the sensor restarted its counter
                 self.missing += min(seq - last - 1, DEDUP_WINDOW)  # bounded: hostile numbers
             self.last_seq[topic] = seq
+        elif self.hold:
+            pass  # a report-on-change sensor's silence is no loss
         elif newest is not None and rate is not None and ts - newest <= self.max_gap:
             self.missing += self._missing(topic, ts - newest, 1.0 / rate)
         self.newest[topic] = ts
@@ -131,9 +151,48 @@ class Aligner:
     def rows(self) -> list[Row | None]:
         """The rows (and breaks) that are final now, oldest first; each is given once."""
         if self.rate is not None:
-            self._resample(self.rate)
+            if self.hold:
+                self._hold(self.rate)
+            else:
+                self._resample(self.rate)
         out, self._out = self._out, []
         return out
+
+    @property
+    def waiting(self) -> list[int]:
+        """Topics that have never reported (with ``hold`` they hold the rows back)."""
+        return [i for i, ts in enumerate(self.newest) if ts is None]
+
+    def _hold(self, rate: float) -> None:
+        """Ticks up to the newest reading of any topic, each topic's value held from its last
+        reading at or before the tick, for up to ``max_gap``."""
+        if self.waiting:
+            return
+        lead = max(ts for ts in self.newest if ts is not None)
+        if self.next_k is None:
+            self.next_k = math.ceil(max(p[0][0] for p in self.pending) * rate)
+        # Strictly before the newest reading: another topic's report stamped at that same
+        # instant may still come, and belongs in the tick.
+        while self.next_k / rate < lead:
+            t = self.next_k / rate
+            row: list[float] = []
+            resume = t  # past a topic's expired hold: its next reading, where values resume
+            for readings in self.pending:
+                j = bisect.bisect_right(readings, t, key=lambda r: r[0])  # first after t
+                if j == 0 or t - readings[j - 1][0] > self.max_gap:
+                    resume = max(resume, readings[j][0] if j < len(readings) else math.inf)
+                else:
+                    row.extend(readings[j - 1][1])
+            if resume == t:
+                self._out.append((t, tuple(row)))
+                self.next_k += 1
+            else:  # one break, and on to where every topic has a value again
+                self._break()
+                if math.isinf(resume):
+                    self.next_k = math.floor(lead * rate) + 1
+                else:
+                    self.next_k = max(self.next_k + 1, math.ceil(resume * rate))
+            self._prune(self.next_k / rate)
 
     def _resample(self, rate: float) -> None:
         if self.next_k is None:  # the grid starts once every topic has begun (or skew says so)

@@ -106,7 +106,11 @@ class WindowAssembler:
     def __init__(self, spec: WindowSpec) -> None:
         self.spec = spec
         self.aligner = Aligner(
-            tuple(s.channels for s in spec.streams), spec.rate, spec.max_gap, spec.max_skew
+            tuple(s.channels for s in spec.streams),
+            spec.rate,
+            spec.max_gap,
+            spec.max_skew,
+            hold=spec.hold,
         )
         self.windower = Windower(spec.window, spec.stride)
         self.labels = LabelJoin(spec.label_wait) if spec.labelled else None
@@ -167,6 +171,7 @@ class WindowAssembler:
                 "stamped-on-arrival": [
                     s.topic for s in self.spec.streams if s.format.time_field is None
                 ],
+                "never-reported": [self.spec.streams[i].topic for i in self.aligner.waiting],
             }
         )
 

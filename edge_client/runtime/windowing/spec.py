@@ -66,6 +66,9 @@ class WindowSpec:
         Labels published on a topic of their own (joined to windows by timestamp).
     label_wait : float
         Seconds of stream time a window waits for its label before it is dropped.
+    hold : bool
+        Report-on-change sensors: hold each channel's last value between its readings, up to
+        ``max_gap`` (needs ``rate``), instead of interpolating between them.
     """
 
     streams: tuple[StreamSpec, ...]
@@ -76,6 +79,7 @@ class WindowSpec:
     max_skew: float = DEFAULT_MAX_SKEW_S
     label_topic: StreamSpec | None = None
     label_wait: float = DEFAULT_LABEL_WAIT_S
+    hold: bool = False
 
     def __post_init__(self) -> None:
         if self.stride == 0:
@@ -95,6 +99,8 @@ class WindowSpec:
             raise ValueError(f"rate must be > 0 readings per second, got {self.rate}")
         if len(self.streams) > 1 and self.rate is None:
             raise ValueError("several topics are aligned onto one time base: give --rate")
+        if self.hold and self.rate is None:
+            raise ValueError("--report-on-change holds values on a grid: give --rate")
         if self.rate is not None and self.max_gap < 1 / self.rate:
             raise ValueError(f"max-gap {self.max_gap} s is shorter than one tick at {self.rate}/s")
         topics = [s.topic for s in self.streams]
@@ -145,6 +151,7 @@ class WindowSpec:
                 "window": self.window,
                 "labels": None if self.label_topic is None else self.label_topic.topic,
                 "labelled": self.labelled,
+                **({"hold": True} if self.hold else {}),  # older states were made without
             }
         )
 
@@ -169,6 +176,7 @@ class WindowSpec:
         rate: float | None = None,
         max_skew: float = DEFAULT_MAX_SKEW_S,
         label_wait: float = DEFAULT_LABEL_WAIT_S,
+        hold: bool = False,
     ) -> WindowSpec:
         """Build it from ``fedstream ingest`` options (see its ``--help``).
 
@@ -238,6 +246,7 @@ class WindowSpec:
             max_skew=max_skew,
             label_topic=labels,
             label_wait=label_wait,
+            hold=hold,
         )
 
 
