@@ -54,7 +54,7 @@ from edge_client.runtime.constants import (
 )
 from edge_client.runtime.drift_watch import DEFAULT_DELTA
 from edge_client.task.constants import DEFAULT_NUM_CLASSES, DEFAULT_SHAPE, DIGITS_SHAPE
-from edge_client.wire.constants import DEFAULT_MAX_PAYLOAD_BYTES, PAYLOADS
+from edge_client.wire.constants import DEFAULT_MAX_PAYLOAD_BYTES
 
 if TYPE_CHECKING:
     from edge_client.emulation import PublisherConfig, SampleSource, SeriesReadings
@@ -81,8 +81,6 @@ def _window_spec(device_id: str, readings: Readings, **labels: Any) -> WindowSpe
         if readings["fields"] or readings["payload"] != "json":
             raise ValueError("a per-reading stream needs --window (readings per sample)")
         return None
-    if readings["payload"] not in PAYLOADS:
-        raise ValueError(f"--payload {readings['payload']!r}: one of {', '.join(PAYLOADS)}")
     return WindowSpec.from_options(
         topics=readings["topic"] or [samples_topic(device_id)],
         fields=readings["fields"],
@@ -224,25 +222,11 @@ def publish(
         skew = _Skew(labels, classes, dirichlet, feature_shift, num_classes, seed)
         if style != "json" and not readings:
             raise ValueError("--style replays a series reading by reading: give --readings")
-        src = _publish_source(source, readings, shape, rate, device_id, skew)
+        replay = _Replay(style, time_zone, topic)
+        src = _publish_source(source, readings, shape, rate, device_id, skew, replay)
         if isinstance(src, SeriesReadings) and style != "json":
-            from edge_client.emulation.reading_styles import default_topic, ingest_options
-
-            where = topic or default_topic(style, device_id)
-            assert where is not None
-            src = SeriesReadings(
-                src.values, src.names, rate, style=style, time_zone=time_zone, topic=where
-            )
+            _print_ingest_options(device_id, src)
             topic = None  # the style's topics: the source's
-            options = ingest_options(style, where, src.names, time_zone)
-            rate_too = style == "esphome" and len(src.names) > 1  # one topic a channel
-            console.print(
-                f"read it with: fedstream ingest --device-id {device_id} "
-                + " ".join(shlex.quote(o) for o in options)
-                + " --window W"
-                + (" --rate R" if rate_too else ""),
-                soft_wrap=True,
-            )
         config = PublisherConfig(
             broker=url,
             device_id=device_id,
@@ -278,8 +262,39 @@ class _Skew:
     seed: int
 
 
+@dataclass(frozen=True)
+class _Replay:
+    """How ``publish --readings`` sends a series: ``--style``, ``--time-zone``, ``--topic``."""
+
+    style: str
+    time_zone: str | None
+    topic: str | None
+
+
+def _print_ingest_options(device_id: str, src: SeriesReadings) -> None:
+    """Say which ``fedstream ingest`` options read a styled replay back."""
+    from edge_client.emulation.reading_styles import ingest_options
+
+    assert src.topic is not None
+    options = ingest_options(src.style, src.topic, src.names, src.time_zone)
+    rate_too = src.style == "esphome" and len(src.names) > 1  # one topic a channel
+    console.print(
+        f"read it with: fedstream ingest --device-id {device_id} "
+        + " ".join(shlex.quote(o) for o in options)
+        + " --window W"
+        + (" --rate R" if rate_too else ""),
+        soft_wrap=True,
+    )
+
+
 def _publish_source(
-    source: str, readings: bool, shape: str, rate: float, device_id: str, skew: _Skew
+    source: str,
+    readings: bool,
+    shape: str,
+    rate: float,
+    device_id: str,
+    skew: _Skew,
+    replay: _Replay,
 ) -> SampleSource | SeriesReadings:
     """What ``publish`` sends: the synthetic task, the digits, a recording of samples (checked
     against the shape and classes the device's ingest declares) or a series, reading by
@@ -310,7 +325,10 @@ def _publish_source(
     if readings:
         if source in ("synthetic", "digits") or label_list or skew.dirichlet is not None:
             raise ValueError("--readings replays a series file: give --source FILE, no skew")
-        return SeriesReadings.from_file(source, rate)
+        from edge_client.emulation.reading_styles import default_topic
+
+        topic = replay.topic or default_topic(replay.style, device_id)  # None: fedstream's
+        return SeriesReadings.from_file(source, rate, replay.style, replay.time_zone, topic)
     if source == "synthetic":
         task = SensorTask(parse_shape(shape), num_classes)
         return SyntheticSource(task, rng, probs, skew.feature_shift)

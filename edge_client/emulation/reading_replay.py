@@ -97,10 +97,17 @@ class SeriesReadings:
 
     @classmethod
     def from_file(
-        cls, path: str | Path, rate: float, style: str = "json", time_zone: str | None = None
+        cls,
+        path: str | Path,
+        rate: float,
+        style: str = "json",
+        time_zone: str | None = None,
+        topic: str | None = None,
     ) -> SeriesReadings:
-        """The series in ``path`` (see :func:`series_channels`), stamped at ``rate``."""
-        return cls(load_series(path), series_channels(path), rate, style=style, time_zone=time_zone)
+        """The series in ``path`` (see :func:`series_channels`), stamped at ``rate``, sent
+        in ``style`` (on ``topic``)."""
+        values, names = load_series(path), series_channels(path)
+        return cls(values, names, rate, style=style, time_zone=time_zone, topic=topic)
 
     def messages(self, n: int, max_payload: int, topic: str) -> list[tuple[str, bytes]]:
         """The next ``n`` readings as (topic, payload) messages in :attr:`style` (``json``:

@@ -46,7 +46,7 @@ from edge_client.runtime.agent_channel import (
     socket_dir_ok,
     write_frame,
 )
-from edge_client.runtime.constants import AGENT_THREADS
+from edge_client.runtime.constants import AGENT_THREADS, MAX_SOCKET_PATH
 from edge_client.runtime.signals import run_until_signalled
 from edge_client.runtime.usage import peak_rss_bytes
 from edge_client.task.constants import IMPORT_PATH
@@ -61,9 +61,6 @@ if TYPE_CHECKING:
 __all__ = ["DeviceAgent"]
 
 log = logging.getLogger(__name__)
-
-#: The longest path a Unix socket may have (sun_path is 108 bytes with its NUL on Linux).
-_MAX_SOCKET_PATH = 107
 
 #: Packages a run's code never replaces (fedstream's own, and what it is built on).
 _KEPT = frozenset({"edge_client", "aggregator", "deploy", "flwr", "torch", "numpy"})
@@ -123,10 +120,10 @@ class DeviceAgent:
             self._warm_up()
             self._start_tasks()
             return
-        if len(os.fsencode(self.socket_path)) > _MAX_SOCKET_PATH:
+        if len(os.fsencode(self.socket_path)) > MAX_SOCKET_PATH:
             raise OSError(
                 f"socket path {self.socket_path} is longer than a Unix socket's "
-                f"{_MAX_SOCKET_PATH} bytes: choose a shorter one (e.g. /run/fedstream/<device>)"
+                f"{MAX_SOCKET_PATH} bytes: choose a shorter one (e.g. /run/fedstream/<device>)"
             )
         socket_dir_ok(self.socket_path)
         self._warm_up()

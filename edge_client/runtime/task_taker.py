@@ -148,11 +148,6 @@ class TaskTaker:
             log.info("agent: no wake socket (%s): polling for tasks", err)
             return None
 
-    @property
-    def woken(self) -> bool:
-        """Whether the SuperNode has woken the agent at least once (it sends wakes)."""
-        return self._wake is not None and self._wake.woken
-
     def start(self) -> None:
         """Start taking tasks."""
         self._thread.start()

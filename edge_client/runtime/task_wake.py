@@ -23,14 +23,14 @@ import select
 import socket
 from pathlib import Path
 
+from edge_client.runtime.constants import MAX_SOCKET_PATH
+
 __all__ = ["WAKE_SUFFIX", "WakeSocket", "send_wake", "wake_path"]
 
 log = logging.getLogger(__name__)
 
 #: The wake socket's name: the SuperExec secret file's, with this added.
 WAKE_SUFFIX = ".wake"
-#: The longest Unix socket path every platform takes (Linux 107 bytes, macOS 103).
-MAX_SOCKET_PATH = 103
 
 
 def wake_path(secret_file: str | os.PathLike[str]) -> Path:
