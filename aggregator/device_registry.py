@@ -4,7 +4,8 @@ Everything is keyed by ``device-id`` (from the device's replies): Flower's node 
 when a SuperNode restarts without node authentication. A node seen before its first reply
 goes by a placeholder name, ``node-<id>``. When a device turns up on a new node, its old
 node is *retired*: the SuperLink lists a dead node for about a minute, and planning work for
-it would cost every round a timeout.
+it would cost every round a timeout. A retired node keeps its device's name, so a message
+that was already out to it fails as that device's, not as an anonymous node's.
 
 The registry also keeps each device's last reply (the controller's and the adaptive
 codec's inputs) and counts failures (error replies, no reply) and refusals (replies or
@@ -67,9 +68,10 @@ class FleetRegistry:
         """
         if self.node_devices.get(node) == device:
             return None  # the usual case: known (and no scan over the fleet per reply)
-        for old, dev in list(self.node_devices.items()):
+        for old, dev in self.node_devices.items():
             if dev == device and old != node:
-                del self.node_devices[old]
+                # Kept under its device: a message out to it when it is retired (the
+                # SuperLink still lists a dead node for a while) fails as that device's.
                 self.retired.add(old)
         self.node_devices[node] = device
         return f"node-{node}"

@@ -65,9 +65,6 @@ def follow_run(
         next_check = 0.0
         while time.monotonic() < deadline:
             records = rounds_only(read_metrics(run_dir / "metrics.jsonl"))
-            if time.monotonic() >= next_check or len(records) >= rounds:
-                status = flower.status(run_id)
-                next_check = time.monotonic() + DEMO_STATUS_CHECK_S
             if streams.mosquitto is not None:
                 if broker_fault is not None and len(records) >= broker_fault:
                     streams.mosquitto.kill()
@@ -105,6 +102,11 @@ def follow_run(
                     flower.start_supernode(dev, node_configs[dev].to_node_config())
                     console.print(f"[yellow]restarted {dev}'s SuperNode after round {after}[/]")
                     del revived[dev]
+            # After the faults: asking Flower for the status takes a CLI call (seconds on a
+            # busy machine), and a fault "after round N" is meant to land in round N + 1.
+            if time.monotonic() >= next_check or len(records) >= rounds:
+                status = flower.status(run_id)
+                next_check = time.monotonic() + DEMO_STATUS_CHECK_S
             if len(records) != shown:
                 shown = len(records)
                 table = progress_table(records, rounds, str(status.get("status", "")))

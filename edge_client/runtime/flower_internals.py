@@ -196,24 +196,28 @@ def install_pacer(pacer: Pacer | None = None, wake: Path | None = None) -> Pacer
     """Put ``pacer`` in place of ``time`` in this process's ``start_client_internal`` (and
     note each reply push as activity); with ``wake``, tell the agent listening there each
     time a message is stored with its objects (:mod:`~edge_client.runtime.task_wake`);
-    return the pacer. Only this process is affected.
+    before each pull, push any reply still waiting (:class:`_Strays`); return the pacer.
+    Only this process is affected.
     """
     module = _supernode_module()
     pacer = pacer or Pacer()
     module.time = pacer  # type: ignore[attr-defined]
     pull_and_store = module._pull_and_store_message
+    push = module._push_messages
+    strays = _Strays(push)
 
     def pull_store_and_wake(*args: Any, **kwargs: Any) -> int | None:
+        strays.push_waiting()
         run_id: int | None = pull_and_store(*args, **kwargs)
         if run_id is not None and wake is not None:  # its task is ready: the agent asks now
             send_wake(wake)
         return run_id
 
     module._pull_and_store_message = pull_store_and_wake  # type: ignore[attr-defined]
-    push = module._push_messages
 
     def push_and_note(*args: Any, **kwargs: Any) -> None:
         pacer.busy()
+        strays.note(*args, **kwargs)
         push(*args, **kwargs)
         pacer.busy()
 
@@ -223,6 +227,53 @@ def install_pacer(pacer: Pacer | None = None, wake: Path | None = None) -> Pacer
         module.pull_objects, initial_backoff=first, backoff_cap=cap
     )
     return pacer
+
+
+class _Strays:
+    """Pushes replies that Flower's pull loop would leave waiting.
+
+    The loop pairs each stored message with one ``_push_messages``, which pushes whatever
+    replies are there once there is one. A reply to a message that no pull paired (a message
+    stored without its objects because its run stopped mid-pull: Flower creates its task
+    and stores it, then ``RunNotRunningException`` skips the push; the agent answers it with
+    an error) shifts the pairing by one: the next message's push sends that stale reply and
+    returns, and the real reply waits until a later message arrives, a round's timeout
+    after. This pushes, before each pull, every reply already waiting, with the ``send``
+    and ``push_object`` the loop last gave ``_push_messages``.
+    """
+
+    def __init__(self, push: Callable[..., None]) -> None:
+        self._push = push
+        self._signature = inspect.signature(push)
+        self._arguments: dict[str, Any] | None = None
+
+    def note(self, *args: Any, **kwargs: Any) -> None:
+        """Keep the loop's ``_push_messages`` arguments (one connection per process)."""
+        self._arguments = dict(self._signature.bind(*args, **kwargs).arguments)
+
+    def push_waiting(self) -> None:
+        """Push every reply waiting in the node's state now; never wait for one."""
+        if self._arguments is None:
+            return  # nothing pushed yet: the loop's own first push sends what waits
+        state = self._arguments["state"]
+        # Taking them marks them retrieved: Flower's push is handed exactly these.
+        if replies := state.get_messages_legacy(is_reply=True):
+            _log.info("pushing %d reply(ies) left waiting by the pull loop", len(replies))
+            self._push(**{**self._arguments, "state": _Handing(state, replies)})
+
+
+class _Handing:
+    """A node state whose replies are the ones given (already taken from ``state``)."""
+
+    def __init__(self, state: Any, replies: Any) -> None:
+        self._state = state
+        self._replies = replies
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._state, name)
+
+    def get_messages_legacy(self, **_: Any) -> Any:
+        return self._replies
 
 
 def _supernode_module() -> ModuleType:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -112,6 +114,78 @@ def test_the_supernode_wakes_its_agent_when_a_message_is_stored_and_only_then(
     finally:
         listening.close()
     assert not listening.path.exists()
+
+
+def _stored(state: Any, store: Any, run_id: int, reply_to: str = "") -> str:
+    """Store a message of ``run_id`` (a reply when ``reply_to``) as the SuperNode does."""
+    import flwr.supernode.start_client_internal as module
+    from flwr.app import ConfigRecord, RecordDict
+    from flwr.app.message.message import make_message
+    from flwr.app.metadata import Metadata
+
+    node, server = (0, 5) if reply_to else (5, 0)
+    metadata = Metadata(
+        run_id=run_id,
+        message_id="",
+        src_node_id=server,
+        dst_node_id=node,
+        reply_to_message_id=reply_to,
+        group_id="3",
+        created_at=time.time(),
+        ttl=3600.0,
+        message_type="train",
+    )
+    message = make_message(metadata, RecordDict({"c": ConfigRecord({"run": run_id})}))
+    module._insert_message(message, state, store)
+    return str(message.metadata.message_id)
+
+
+def test_a_reply_left_waiting_by_the_pull_loop_is_pushed_before_the_next_pull(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Prepare: Flower's own node state holding a stale message (a killed run's, stored
+    # without a pull that pairs it) and the agent's error reply to it; the next pull stores
+    # the new run's message. The loop is driven by hand: pull, push, (reply), pull.
+    import flwr.supernode.start_client_internal as module
+    from flwr.supercore.object_store import ObjectStoreFactory
+    from flwr.supernode.nodestate.in_memory_nodestate import InMemoryNodeState
+
+    for name in ("time", "_push_messages", "_pull_and_store_message", "pull_objects"):
+        monkeypatch.setattr(module, name, getattr(module, name))
+    store = ObjectStoreFactory().store()
+    state = InMemoryNodeState(store)
+    stale = _stored(state, store, run_id=1)
+    stale_reply = _stored(state, store, run_id=1, reply_to=stale)
+    pulled: list[str] = []
+    pulls = iter([2, None])
+
+    def pull(**_: Any) -> int | None:
+        run_id = next(pulls)
+        if run_id is not None:
+            pulled.append(_stored(state, store, run_id))
+        return run_id
+
+    monkeypatch.setattr(module, "_pull_and_store_message", pull)
+    sent: list[str] = []
+
+    def send(message: Any, tree: Any, runtime: float) -> tuple[set[str], str]:
+        sent.append(message.metadata.message_id)
+        return set(), "session"
+
+    fi.install_pacer(fi.Pacer(sleep=lambda _: None))
+    loop_pull = getattr(module, "_pull_and_store_message")  # noqa: B009
+    loop_push = getattr(module, "_push_messages")  # noqa: B009
+    connection = {"state": state, "object_store": store}
+    # Execute: the new run's message is pulled; its push finds the stale reply first.
+    assert loop_pull(**connection) == 2
+    loop_push(**connection, send=send, push_object=lambda *_: None)
+    assert sent == [stale_reply]
+    reply = _stored(state, store, run_id=2, reply_to=pulled[0])  # the agent answers
+    assert loop_pull(**connection) is None  # nothing new on the SuperLink
+    # Assert: the new run's reply went before that pull, not with the next message's push
+    # (a round's timeout later); nothing is left in the state.
+    assert sent == [stale_reply, reply]
+    assert list(state.get_messages_legacy()) == []
 
 
 def test_the_wake_socket_is_private_replaces_a_stale_one_and_refuses_a_long_path(

@@ -119,12 +119,17 @@ def test_a_device_back_on_a_new_node_retires_its_old_node(fast: Fast) -> None:
     strategy.aggregate_train(1, [mock_reply(asks[n], f"dev-{n - 100}", MODEL) for n in asks])
     grid.node_ids.append(103)
     asks = plan_round(strategy, grid, 2)
+    sent = dict(zip(grid.push_messages(list(asks.values())), asks, strict=True))
     replies = [mock_reply(asks[n], d, MODEL) for n, d in ((101, "dev-1"), (102, "dev-2"))]
-    # Execute: dev-0 answers from its new node
-    strategy.aggregate_train(2, [*replies, mock_reply(asks[103], "dev-0", MODEL)])
+    # Execute: dev-0 answers from its new node; its dead node's message gets no reply
+    assert 100 in asks
+    answers = [*replies, mock_reply(asks[103], "dev-0", MODEL)]
+    _, report = strategy.aggregate_train(2, answers, sent)
     third = plan_round(strategy, grid, 3)
-    # Assert: the dead node gets no message (no round timeout spent on it), its device keeps
-    # its controller state under its id.
+    # Assert: the dead node's lost message fails as dev-0's (not an anonymous node's); it
+    # gets no message after (no round timeout spent on it); its device keeps its controller
+    # state under its id.
+    assert report.failed == ["dev-0"] and strategy.fleet.failed == {"dev-0": 1}
     assert sorted(third) == [101, 102, 103]
     assert strategy.fleet.retired == {100} and strategy.fleet.node_devices[103] == "dev-0"
     assert set(strategy.controller.devices) == {"dev-0", "dev-1", "dev-2"}
