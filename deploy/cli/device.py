@@ -91,6 +91,7 @@ def _window_spec(device_id: str, readings: Readings, **labels: Any) -> WindowSpe
         payload=readings["payload"],
         time_zone=readings["time_zone"],
         hold=readings["report_on_change"],
+        rebirth=readings["sparkplug_rebirth"],
         max_gap=readings["max_gap"],
         rate=readings["rate"],
         max_skew=readings["max_skew"],
@@ -277,7 +278,8 @@ def _print_ingest_options(device_id: str, src: SeriesReadings) -> None:
 
     assert src.topic is not None
     options = ingest_options(src.style, src.topic, src.names, src.time_zone)
-    rate_too = src.style == "esphome" and len(src.names) > 1  # one topic a channel
+    # one stream a channel: aligned by --rate
+    rate_too = src.style in ("esphome", "sparkplug") and len(src.names) > 1
     console.print(
         f"read it with: fedstream ingest --device-id {device_id} "
         + " ".join(shlex.quote(o) for o in options)

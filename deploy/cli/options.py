@@ -272,9 +272,10 @@ TimeUnitOption = Annotated[
 PayloadOption = Annotated[
     str,
     reading_option(
-        "json (per-reading JSON) or plain (one bare number a message, as ESPHome and Home "
+        "json (per-reading JSON), plain (one bare number a message, as ESPHome and Home "
         "Assistant's statestream publish: with a + in --topic, the level naming the channel; "
-        "needs --time-field none).",
+        "needs --time-field none) or sparkplug (Sparkplug B: --topic spBv1.0/GROUP/DDATA/"
+        "NODE/DEVICE, --fields the metrics' names; births, deaths and sequence gaps followed).",
         "--payload",
     ),
 ]
@@ -285,6 +286,16 @@ ReportOnChangeOption = Annotated[
         "the --rate grid, up to --max-gap, instead of interpolating (a channel that has never "
         "reported holds the samples back).",
         "--report-on-change",
+    ),
+]
+SparkplugRebirthOption = Annotated[
+    bool,
+    reading_option(
+        "Sparkplug B: when data comes with aliases no birth has named (the daemon started "
+        "after the edge node's birth), ask the edge node for its births (an NCMD "
+        "Node Control/Rebirth; at most every 30 s). Off by default: it writes to someone "
+        "else's equipment; until then such data is held (and counted).",
+        "--sparkplug-rebirth",
     ),
 ]
 TimeZoneOption = Annotated[
@@ -307,8 +318,8 @@ Readings = dict[str, Any]
 NO_READINGS: Readings = {}
 #: The per-reading options (``--topic``, ``--fields``, ``--window``, ``--stride``,
 #: ``--max-gap``, ``--rate``, ``--max-skew``, ``--time-field``, ``--time-unit``,
-#: ``--payload``, ``--time-zone``, ``--report-on-change``) of ``ingest`` and ``infer``, in
-#: place of a command's parameter ``readings``.
+#: ``--payload``, ``--time-zone``, ``--report-on-change``, ``--sparkplug-rebirth``) of
+#: ``ingest`` and ``infer``, in place of a command's parameter ``readings``.
 with_readings = _grouped(
     "readings",
     {
@@ -324,6 +335,7 @@ with_readings = _grouped(
         "payload": (PayloadOption, "json"),
         "time_zone": (TimeZoneOption, None),
         "report_on_change": (ReportOnChangeOption, False),
+        "sparkplug_rebirth": (SparkplugRebirthOption, False),
     },
 )
 

@@ -22,10 +22,11 @@ import numpy as np
 import numpy.typing as npt
 
 from edge_client.emulation.constants import REPLAY_GAP_S
-from edge_client.emulation.reading_styles import STYLES, encode_style
+from edge_client.emulation.reading_styles import STYLES, SparkplugEdge, encode_style
 from edge_client.task.recordings import TIME_COLUMNS, load_series
 from edge_client.wire.readings import encode_readings
 from edge_client.wire.readings import time_zone as zone_of
+from edge_client.wire.sparkplug import SparkplugTopic
 
 __all__ = ["SeriesReadings", "series_channels"]
 
@@ -94,6 +95,7 @@ class SeriesReadings:
         self.time_zone = time_zone
         self.topic = topic
         self.sent = 0  # readings given so far, over all passes
+        self._edge: SparkplugEdge | None = None  # --style sparkplug's edge node
 
     @classmethod
     def from_file(
@@ -116,6 +118,10 @@ class SeriesReadings:
         if self.style == "json":
             return [(where, payload) for payload in self.payloads(n, max_payload)]
         stamps, rows = self._next(n)
+        if self.style == "sparkplug":  # stateful: births once, the sequence runs on
+            if self._edge is None or self._edge.topic != SparkplugTopic.data(where):
+                self._edge = SparkplugEdge(where, self.names)
+            return self._edge.messages(stamps, rows)
         return encode_style(self.style, where, stamps, rows, self.names, self.time_zone)
 
     def payload(self, n: int) -> bytes:

@@ -29,6 +29,10 @@ messages of topics stamped on arrival: the broker's old copy, no fresh reading);
 windows, and ``windows-dropped:<reason>`` counts windows that never got a label.
 ``stamped-on-arrival`` names the topics whose readings carry no time of their own,
 ``never-reported`` those that have sent no reading yet (no window is made without them).
+A Sparkplug B stream adds ``sparkplug-lost`` (its edge node's messages missing by sequence
+number) and ``sparkplug``: the edge node and device online or not (births and deaths), the
+metrics its birth named, data held for aliases not yet named, and the counts of
+:data:`SPARKPLUG_COUNTS`.
 
 Policies: ``truncation`` keeps the newest ``capacity`` samples and evicts the oldest;
 ``persistence`` keeps everything until consumed and drops the newest arrivals once full.
@@ -86,6 +90,10 @@ COUNTERS = (
     "consumed",
     "messages-missing",
 )
+#: A Sparkplug B stream's counters, ``sparkplug-<name>``: messages lost (sequence gaps),
+#: out of order (behind the sequence: redelivered or late), held for unknown aliases, held
+#: and dropped (past the bound), births and deaths seen.
+SPARKPLUG_COUNTS = ("lost", "out-of-order", "held", "held-dropped", "births", "deaths")
 
 
 class SampleBuffer(Protocol):
@@ -587,6 +595,12 @@ class BufferStore(SqliteStore):
             windowing = json.loads(meta.get(WINDOWING_META) or "{}")
             out["stamped-on-arrival"] = windowing.get("stamped-on-arrival", [])
             out["never-reported"] = windowing.get("never-reported", [])
+            if "sparkplug-status" in windowing:  # a Sparkplug B edge node's data topic
+                out["sparkplug-lost"] = int(counters.get("sparkplug-lost", 0))
+                out["sparkplug"] = {
+                    **windowing["sparkplug-status"],
+                    **{n: int(counters.get(f"sparkplug-{n}", 0)) for n in SPARKPLUG_COUNTS},
+                }
             out["windows-held"] = int(
                 self._db.execute("SELECT count(*) FROM held_windows").fetchone()[0]
             )

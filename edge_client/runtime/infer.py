@@ -141,8 +141,8 @@ class InferConfig:
     @property
     def subscriptions(self) -> tuple[str, ...]:
         """The topics subscribed to."""
-        if self.windowing is not None:
-            return tuple(s.topic for s in self.windowing.streams)
+        if self.windowing is not None:  # label-free: its streams' (or an edge node's)
+            return self.windowing.subscriptions
         return self.topics or (samples_topic(self.device_id),)
 
 

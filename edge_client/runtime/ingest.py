@@ -90,6 +90,7 @@ from edge_client.runtime.status_metrics import serve_statuses
 from edge_client.runtime.windowing import WindowAssembler, WindowSpec
 from edge_client.task.constants import DEFAULT_NUM_CLASSES, DEFAULT_SHAPE
 from edge_client.wire.frames import decode_messages
+from edge_client.wire.sparkplug import rebirth_request
 from edge_client.wire.topics import client_id, samples_topic, status_topic
 
 __all__ = ["IngestConfig", "IngestDaemon"]
@@ -163,8 +164,7 @@ class IngestConfig:
             )
         self.shape = spec.shape
         self.num_classes = max(spec.num_classes, 1)
-        labels = () if spec.label_topic is None else (spec.label_topic.topic,)
-        self.subscriptions = (*(s.topic for s in spec.streams), *labels)
+        self.subscriptions = spec.subscriptions
 
 
 class IngestDaemon(Subscribed):
@@ -598,6 +598,9 @@ class IngestDaemon(Subscribed):
             except BaseException:  # not committed: back to what is, so a retry starts there
                 self.assembler = self._load_assembler()
                 raise
+            if made.rebirth is not None:  # --sparkplug-rebirth: aliases no birth has named
+                log.info("asking the Sparkplug B edge node for its births (%s)", made.rebirth)
+                self._client.publish(made.rebirth, rebirth_request(), qos=0)
         # Counted when committed, then the window closed: a window then holds the samples
         # that arrived within it (a commit gathers for up to commit-interval seconds).
         now = time.monotonic()

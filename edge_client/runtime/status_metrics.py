@@ -52,6 +52,10 @@ _COUNTERS = {
         "fedstream_device_readings_missing",
         "Readings missing inside per-reading streams at the declared rate.",
     ),
+    "sparkplug-lost": (
+        "fedstream_device_sparkplug_lost",
+        "Messages of a Sparkplug B edge node lost (gaps in its sequence numbers).",
+    ),
 }
 _ONLINE = "fedstream_device_online"
 _ERROR = "fedstream_device_error"

@@ -39,12 +39,25 @@ INJECT_MAX_PAYLOAD_BYTES: Final = 256 * 1024  # larger injection messages are re
 
 # --- Per-reading JSON (edge_client.wire.readings) ----------------------------------------
 TIME_UNITS: Final = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}  # seconds per unit
-#: Per-reading payloads: JSON objects, or one bare value a message (ESPHome, statestream).
-PAYLOADS: Final = ("json", "plain")
+#: Per-reading payloads: JSON objects, one bare value a message (ESPHome, statestream), or
+#: Sparkplug B (edge_client.wire.sparkplug).
+PAYLOADS: Final = ("json", "plain", "sparkplug")
 MAX_PLAIN_BYTES: Final = 64  # one number's text; a longer bare payload is refused
 #: Values that say a sensor has none (Home Assistant's, Zigbee2MQTT's null), lower case.
 MISSING_VALUES: Final = frozenset({"", "unavailable", "unknown", "none", "null", "n/a"})
 NO_LABEL: Final = -1  # the label of a sample cut from a label-free stream
+
+# --- Sparkplug B (edge_client.wire.sparkplug) ----------------------------------------------
+SPARKPLUG_NAMESPACE: Final = "spBv1.0"
+#: The longest group, edge node or device id taken (a longer topic level is refused).
+MAX_SPARKPLUG_ID: Final = 256
+#: More metrics in one payload are refused (a birth of a large PLC holds a few thousand).
+MAX_SPARKPLUG_METRICS: Final = 10_000
+#: Data messages held for aliases no birth has named yet; past it the oldest is dropped.
+SPARKPLUG_HELD_MAX: Final = 256
+#: The node control metric whose NCMD asks an edge node to publish its births again.
+SPARKPLUG_REBIRTH_METRIC: Final = "Node Control/Rebirth"
+SPARKPLUG_REBIRTH_S: Final = 30.0  # at most one rebirth request per this many seconds
 
 # --- Update codec (edge_client.wire.codec) -----------------------------------------------
 CODEC_MAGIC: Final = b"FSUP"

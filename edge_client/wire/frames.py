@@ -91,6 +91,9 @@ REJECT_REASONS = (
     "bad-topic",
     "late",
     "clock-skew",
+    # Sparkplug B (edge_client.wire.sparkplug)
+    "bad-protobuf",
+    "too-many-metrics",
 )
 
 

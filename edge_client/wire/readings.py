@@ -185,8 +185,10 @@ class ReadingFormat:
     time_unit : str
         ``s``, ``ms``, ``us`` or ``ns``: the unit of a numeric timestamp.
     payload : str
-        ``json`` (per-reading JSON) or ``plain`` (one bare number per message: no
-        timestamp, label or counter, so ``time_field`` is None).
+        ``json`` (per-reading JSON), ``plain`` (one bare number per message: no
+        timestamp, label or counter, so ``time_field`` is None) or ``sparkplug`` (one
+        metric of a Sparkplug B data topic, by name: :mod:`edge_client.wire.sparkplug`
+        reads those, stateful across the edge node's messages).
     time_zone : str, optional
         IANA name of the zone an ISO 8601 timestamp without one is in (Tasmota's local
         time); None: UTC.
@@ -219,11 +221,11 @@ class ReadingFormat:
             raise ValueError(f"payload must be one of {PAYLOADS}, got {self.payload!r}")
         if not self.fields and self.label_field is None:
             raise ValueError("a topic must carry channels, a label, or both")
-        if self.payload == "plain":
+        if self.payload in ("plain", "sparkplug"):  # one channel a stream, label-free
             if len(self.fields) != 1 or self.label_field or self.seq_field:
-                raise ValueError("a plain payload is one bare value: one channel, no label")
+                raise ValueError(f"a {self.payload} stream is one channel, with no label")
             if self.time_field is not None:
-                raise ValueError("a plain payload has no timestamp: --time-field none")
+                raise ValueError(f"a {self.payload} payload has no timestamp field")
         if self.time_zone is not None:
             time_zone(self.time_zone)
 
@@ -276,6 +278,8 @@ def decode_readings(
         raise FrameError("empty", "empty payload")
     if fmt.payload == "plain":
         return [Reading(arrival, (_bare_value(payload),), None)]
+    if fmt.payload == "sparkplug":  # stateful: SparkplugReader reads the edge node's messages
+        raise ValueError("Sparkplug B payloads are read by edge_client.wire.sparkplug")
     if len(payload) > MAX_PAYLOAD_BYTES:
         raise FrameError("too-large", f"{len(payload)} bytes > {MAX_PAYLOAD_BYTES}")
     _, items = json_items(payload, "readings")

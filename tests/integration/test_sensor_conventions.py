@@ -222,3 +222,108 @@ def test_a_recording_published_as_esphome_values_is_resampled_in_channel_order(
     for c in range(3):
         assert np.all((got.x[:, c] >= low[c] - 1e-6) & (got.x[:, c] <= high[c] + 1e-6))
         assert np.all(np.diff(got.x[:, c], axis=1) >= -1e-6)
+
+
+@pytest.mark.timeout(240)
+def test_a_recording_published_as_sparkplug_b_comes_back_as_its_rows(
+    stock: MosquittoBroker, procs: ProcessGroup, tmp_path: Path
+) -> None:
+    # Prepare: an edge node's births, then a DDATA a reading (each metric with the reading's
+    # time), read back with the options `fedstream publish --style sparkplug` prints, on a
+    # grid at the publishing rate (three metrics: three streams to align)
+    from edge_client.emulation.reading_styles import default_topic, ingest_options
+
+    n, w = 300, 20
+    rows = kitchen_recording(tmp_path / "kitchen.csv", n)
+    topic = default_topic("sparkplug", "kitchen")
+    assert topic is not None
+    buf = tmp_path / "kitchen.sqlite"
+    options = ingest_options("sparkplug", topic, list(CHANNELS))
+    start_ingest(procs, stock.url, buf, "kitchen", *options, "--window", str(w),
+                 "--rate", "100", connected=True)  # fmt: skip
+    # Execute
+    pub = start_publisher(
+        procs, stock.url, "kitchen", "--readings", "--source", str(tmp_path / "kitchen.csv"),
+        "--rate", "100", "--count", str(n), "--style", "sparkplug",
+    )  # fmt: skip
+    report = publish_report(pub)
+    assert wait_until(lambda: stats(buf).get("readings", 0) >= 3 * n, 30), stats(buf)
+    with BufferStore(buf) as store:
+        got = store.sample(store.fill, np.random.default_rng(0))
+    order = np.argsort(got.ts)
+    # Assert: NBIRTH, DBIRTH (the first reading) and a DDATA for each other; nothing lost or
+    # refused; window for window the recording's rows in --fields' order, within what the
+    # resampling moves a value (the grid's ticks fall between the readings' own times: at
+    # most one reading's step of the channel)
+    final = stats(buf)
+    assert report["messages"] == n + 1 and final["rejected"] == 0, json.dumps(final)
+    assert final["sparkplug-lost"] == 0 and final["sparkplug"]["online"] is True
+    assert final["sparkplug"]["births"] == 1 and final["sparkplug"]["held"] == 0
+    # (the last window's last tick is made once a later reading shows the tick complete)
+    assert len(order) == n // w - 1
+    want = rows.reshape(n // w, w, 3).transpose(0, 2, 1)[: len(order)]
+    step = np.abs(np.diff(rows, axis=0)).max(axis=0)  # per channel
+    assert np.all(np.abs(got.x[order] - want) <= step[None, :, None] + 1e-4)
+
+
+@pytest.mark.timeout(240)
+def test_sparkplug_b_losses_deaths_and_hostile_messages_through_a_broker(
+    stock: MosquittoBroker, procs: ProcessGroup, tmp_path: Path
+) -> None:
+    # Prepare: the daemon on one device's data topic; an edge node that publishes 10,000
+    # DDATA after its births, 100 of them dropped on purpose (none next to another), then
+    # hostile messages, then its device's and its own death
+    import random
+
+    from edge_client.emulation.reading_styles import SparkplugEdge
+    from edge_client.wire.sparkplug import encode_metrics
+    from edge_client.wire.sparkplug_b_pb2 import DataType, Payload
+
+    data_topic = "spBv1.0/plant/DDATA/edge-1/pump-3"
+    buf = tmp_path / "pump.sqlite"
+    start_ingest(procs, stock.url, buf, "pump", "--payload", "sparkplug", "--topic", data_topic,
+                 "--fields", "flow", "--window", "50", connected=True)  # fmt: skip
+    edge = SparkplugEdge(data_topic, ["flow"])
+    t0 = time.time() - 200
+    messages = edge.messages([t0 + i / 50 for i in range(10_001)], [[i] for i in range(10_001)])
+    dropped = set(random.Random(5).sample(range(2, len(messages), 2), 100))
+    huge = Payload()  # no sequence number: refused, it costs the count nothing
+    for i in range(100_000):
+        huge.metrics.add(name=f"m{i}", alias=i, datatype=DataType.Double, double_value=1.0)
+    hostile = [
+        (data_topic, b'{"flow": 1}'),
+        ("spBv1.0/plant/DBIRTH/edge-1/pump-3", huge.SerializeToString()),
+        ("spBv1.0/plant/DDATA/edge-1/" + "x" * 64_000, b"\x18\x01"),
+    ]
+    client = mqtt.Client(CallbackAPIVersion.VERSION2)
+    client.connect("127.0.0.1", port_of(stock.url))
+    client.loop_start()
+    try:
+        # Execute
+        for k, (topic, payload) in enumerate(messages):
+            if k not in dropped:
+                client.publish(topic, payload, qos=1)
+        for topic, payload in hostile:
+            client.publish(topic, payload, qos=1)
+        for topic, payload in (
+            ("spBv1.0/plant/DDEATH/edge-1/pump-3", encode_metrics([], edge._next(), 0)),
+            ("spBv1.0/plant/NDEATH/edge-1", encode_metrics([], None, 0)),
+        ):
+            client.publish(topic, payload, qos=1).wait_for_publish(10)
+        done = lambda: stats(buf).get("sparkplug", {}).get("node-online") is False  # noqa: E731
+        assert wait_until(done, 60), stats(buf)
+    finally:
+        client.loop_stop()
+        client.disconnect()
+    final = stats(buf)
+    # Assert: exactly the dropped messages lost; each hostile one refused by its reason,
+    # the daemon alive and every other reading taken; the deaths shown
+    assert final["sparkplug-lost"] == 100, json.dumps(final)
+    assert final["readings"] == 10_001 - 100
+    assert final["rejected-by-reason"] == {
+        "bad-protobuf": 1,
+        "too-many-metrics": 1,
+        "bad-topic": 1,
+    }, json.dumps(final)
+    assert final["sparkplug"]["online"] is False and final["sparkplug"]["deaths"] == 2
+    assert final["accepted"] == (10_001 - 100) // 50  # windows of 50 readings

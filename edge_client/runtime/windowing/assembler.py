@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
+import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -32,6 +33,7 @@ from edge_client.runtime.windowing.windows import Windower
 from edge_client.wire.constants import NO_LABEL
 from edge_client.wire.frames import Arrivals, FrameError
 from edge_client.wire.readings import MissingValueError, Reading, decode_readings
+from edge_client.wire.sparkplug import SparkplugReader
 
 __all__ = ["Assembled", "WindowAssembler"]
 
@@ -60,6 +62,9 @@ class Assembled:
         Messages refused whole, and single readings refused, by reason.
     state : str
         The assembler's state after this batch (JSON).
+    rebirth : str, optional
+        Sparkplug B with ``--sparkplug-rebirth``: the edge node's ``NCMD`` topic, to ask it
+        for its births (data is held for aliases none has named).
     """
 
     x: npt.NDArray[np.float32]
@@ -70,6 +75,7 @@ class Assembled:
     counts: Counter[str] = field(default_factory=Counter)
     rejected: Counter[str] = field(default_factory=Counter)
     state: str = ""
+    rebirth: str | None = None
 
     def arrivals(self) -> Arrivals:
         """The windows to store now, as the buffer store takes them (one message's worth,
@@ -119,6 +125,13 @@ class WindowAssembler:
         self.now: float | None = None  # the newest reading's time
         self.horizon: float | None = None  # the newest row's: later windows end after it
         self.stale: list[int] = []  # held windows of other settings, to drop on the next feed
+        topic = spec.sparkplug
+        #: Sparkplug B: the edge node's births, deaths and sequence (None for other payloads).
+        self.sparkplug = (
+            None
+            if topic is None
+            else SparkplugReader(topic, [s.format.fields[0].text for s in spec.streams])
+        )
 
     # -- persistence ----------------------------------------------------------------------
 
@@ -151,6 +164,8 @@ class WindowAssembler:
             assembler.held = {
                 int(i): np.frombuffer(x, "<f4").reshape(spec.shape).copy() for i, x in rows
             }
+        if assembler.sparkplug is not None and state.get("sparkplug") is not None:
+            assembler.sparkplug.restore(state["sparkplug"])
         assembler.next_id = int(state["next-id"])
         assembler.now = state["now"]
         assembler.horizon = state["horizon"]
@@ -171,7 +186,15 @@ class WindowAssembler:
                 "stamped-on-arrival": [
                     s.topic for s in self.spec.streams if s.format.time_field is None
                 ],
-                "never-reported": [self.spec.streams[i].topic for i in self.aligner.waiting],
+                "never-reported": [self.spec.streams[i].key for i in self.aligner.waiting],
+                **(
+                    {}
+                    if self.sparkplug is None
+                    else {
+                        "sparkplug": self.sparkplug.state(),
+                        "sparkplug-status": self.sparkplug.status,
+                    }
+                ),
             }
         )
 
@@ -224,6 +247,10 @@ class WindowAssembler:
         hold = [h for h in hold if h[0] not in released_now]
         release = [i for i in release if i not in held_now]
         shape = self.spec.shape
+        rebirth = None
+        reader = self.sparkplug
+        if reader is not None and self.spec.rebirth and reader.rebirth_due(time.monotonic()):
+            rebirth = reader.topic.command_topic()
         return Assembled(
             x=np.stack([x for _, x, _ in ready]) if ready else np.empty((0, *shape), np.float32),
             y=np.array([y for _, _, y in ready], dtype=np.int64),
@@ -233,12 +260,13 @@ class WindowAssembler:
             counts=counts,
             rejected=rejected,
             state=self.state(),
+            rebirth=rebirth,
         )
 
     def arrival_stamped(self, topic: str) -> bool:
         """Whether ``topic``'s readings are stamped on arrival (no timestamp field): then a
         retained message, delivered on subscribing, is no fresh reading."""
-        return any(
+        return self.sparkplug is None and any(
             s.format.time_field is None
             for s in self.spec.streams
             if mqtt.topic_matches_sub(s.topic, topic)
@@ -270,6 +298,9 @@ class WindowAssembler:
         seconds, would otherwise put the topic's clock centuries ahead and make every later
         reading ``late``)."""
         spec = self.spec
+        if self.sparkplug is not None:
+            self._take_sparkplug(topic, payload, arrival, counts, rejected)
+            return
         if spec.label_topic is not None and mqtt.topic_matches_sub(spec.label_topic.topic, topic):
             fmt = spec.label_topic.format
             index = None
@@ -297,20 +328,55 @@ class WindowAssembler:
         if fmt.time_field is None and index is not None:
             readings = self._stamped(index, readings)
         for reading in readings:
-            if reading.ts > arrival + MAX_AHEAD_S:
-                rejected["bad-timestamp"] += 1
-                continue
-            if index is None:  # a label event
-                assert self.labels is not None and reading.label is not None
-                reason = self.labels.add(reading.ts, reading.label)
-            else:
-                reason = self.aligner.add(index, reading.ts, reading.values, reading.seq)
-                if reason is None:
-                    counts["readings"] += 1
-                    self.now = reading.ts if self.now is None else max(self.now, reading.ts)
-                    if reading.label is not None and self.labels is not None:
-                        self.labels.add(reading.ts, reading.label)
-            if reason == "duplicate":
-                counts["duplicates"] += 1
-            elif reason is not None:
-                rejected[reason] += 1
+            self._add(index, reading, arrival, counts, rejected)
+
+    def _take_sparkplug(
+        self,
+        topic: str,
+        payload: bytes | bytearray,
+        arrival: float,
+        counts: Counter[str],
+        rejected: Counter[str],
+    ) -> None:
+        """One message of the Sparkplug B edge node: its metrics' readings, each on its own
+        channel's stream (a metric's timestamp is its own)."""
+        assert self.sparkplug is not None
+        try:
+            readings, seen = self.sparkplug.take(topic, payload, arrival)
+        except FrameError as err:
+            rejected[err.reason] += 1
+            return
+        except Exception:  # a decoder bug must not stop ingest: count it, keep going
+            log.exception("unexpected error decoding a Sparkplug B message")
+            rejected["decode-error"] += 1
+            return
+        counts.update(seen)
+        for index, reading in readings:
+            self._add(index, reading, arrival, counts, rejected)
+
+    def _add(
+        self,
+        index: int | None,
+        reading: Reading,
+        arrival: float,
+        counts: Counter[str],
+        rejected: Counter[str],
+    ) -> None:
+        """Give one reading to stream ``index``'s aligner (None: to the label join)."""
+        if reading.ts > arrival + MAX_AHEAD_S:
+            rejected["bad-timestamp"] += 1
+            return
+        if index is None:  # a label event
+            assert self.labels is not None and reading.label is not None
+            reason = self.labels.add(reading.ts, reading.label)
+        else:
+            reason = self.aligner.add(index, reading.ts, reading.values, reading.seq)
+            if reason is None:
+                counts["readings"] += 1
+                self.now = reading.ts if self.now is None else max(self.now, reading.ts)
+                if reading.label is not None and self.labels is not None:
+                    self.labels.add(reading.ts, reading.label)
+        if reason == "duplicate":
+            counts["duplicates"] += 1
+        elif reason is not None:
+            rejected[reason] += 1

@@ -12,7 +12,8 @@ from edge_client.runtime.constants import (
     DEFAULT_MAX_SKEW_S,
     NO_TIME_FIELD,
 )
-from edge_client.wire.readings import ReadingFormat, parse_fields
+from edge_client.wire.readings import FieldPath, ReadingFormat, parse_fields
+from edge_client.wire.sparkplug import SparkplugTopic
 
 __all__ = ["StreamSpec", "WindowSpec", "parse_topic"]
 
@@ -28,6 +29,14 @@ class StreamSpec:
     def channels(self) -> int:
         """Channels this topic contributes to a sample."""
         return len(self.format.fields)
+
+    @property
+    def key(self) -> str:
+        """What tells the stream from the others: its topic (a Sparkplug B metric's topic
+        and name: a device's metrics share its data topic)."""
+        if self.format.payload == "sparkplug":
+            return f"{self.topic}#{self.format.fields[0].text}"
+        return self.topic
 
 
 def parse_topic(option: str) -> tuple[str, str | None]:
@@ -69,6 +78,9 @@ class WindowSpec:
     hold : bool
         Report-on-change sensors: hold each channel's last value between its readings, up to
         ``max_gap`` (needs ``rate``), instead of interpolating between them.
+    rebirth : bool
+        Sparkplug B: ask the edge node for its births (an ``NCMD``) when data comes with
+        aliases no birth has named. Off by default: it writes to someone else's equipment.
     """
 
     streams: tuple[StreamSpec, ...]
@@ -80,6 +92,7 @@ class WindowSpec:
     label_topic: StreamSpec | None = None
     label_wait: float = DEFAULT_LABEL_WAIT_S
     hold: bool = False
+    rebirth: bool = False
 
     def __post_init__(self) -> None:
         if self.stride == 0:
@@ -103,13 +116,22 @@ class WindowSpec:
             raise ValueError("--report-on-change holds values on a grid: give --rate")
         if self.rate is not None and self.max_gap < 1 / self.rate:
             raise ValueError(f"max-gap {self.max_gap} s is shorter than one tick at {self.rate}/s")
-        topics = [s.topic for s in self.streams]
+        topics = [s.key for s in self.streams]
         if self.label_topic is not None:
             topics.append(self.label_topic.topic)
             if self.label_topic.format.label_field is None:
                 raise ValueError("a label topic needs --label-field")
         if len(set(topics)) != len(topics):
             raise ValueError(f"a topic is named twice: {topics}")
+        kinds = {s.format.payload == "sparkplug" for s in self.streams}
+        if kinds == {True}:
+            if len({s.topic for s in self.streams}) != 1 or self.label_topic is not None:
+                raise ValueError("Sparkplug B streams read one data topic, label-free")
+            SparkplugTopic.data(self.streams[0].topic)
+        elif self.rebirth:
+            raise ValueError("--sparkplug-rebirth goes with --payload sparkplug")
+        if len(kinds) > 1:
+            raise ValueError("Sparkplug B streams cannot be mixed with JSON or plain ones")
         inline = [s for s in self.streams if s.format.label_field is not None]
         if self.label_topic is not None and inline:
             raise ValueError("labels come from the label topic or from a data topic, not both")
@@ -125,6 +147,23 @@ class WindowSpec:
     def shape(self) -> tuple[int, int]:
         """A sample's shape: ``(channels, window)``, the run config's ``sample-shape``."""
         return (self.channels, self.window)
+
+    @property
+    def sparkplug(self) -> SparkplugTopic | None:
+        """The Sparkplug B data topic the streams read (None for JSON and plain payloads)."""
+        if self.streams[0].format.payload != "sparkplug":
+            return None
+        return SparkplugTopic.data(self.streams[0].topic)
+
+    @property
+    def subscriptions(self) -> tuple[str, ...]:
+        """The topics to subscribe to: the streams' and the label topic's; with Sparkplug
+        B, every message of the data topic's edge node (births, deaths and the sequence
+        number come from them all)."""
+        if (sparkplug := self.sparkplug) is not None:
+            return sparkplug.subscriptions
+        labels = () if self.label_topic is None else (self.label_topic.topic,)
+        return (*dict.fromkeys(s.topic for s in self.streams), *labels)
 
     @property
     def labelled(self) -> bool:
@@ -152,6 +191,7 @@ class WindowSpec:
                 "labels": None if self.label_topic is None else self.label_topic.topic,
                 "labelled": self.labelled,
                 **({"hold": True} if self.hold else {}),  # older states were made without
+                **({"payload": "sparkplug"} if self.sparkplug else {}),
             }
         )
 
@@ -177,6 +217,7 @@ class WindowSpec:
         max_skew: float = DEFAULT_MAX_SKEW_S,
         label_wait: float = DEFAULT_LABEL_WAIT_S,
         hold: bool = False,
+        rebirth: bool = False,
     ) -> WindowSpec:
         """Build it from ``fedstream ingest`` options (see its ``--help``).
 
@@ -207,6 +248,12 @@ class WindowSpec:
                 "--payload plain is one bare value a message: no --label-field or "
                 "--seq-field, and --time-field none (each reading stamped on arrival)"
             )
+        if payload == "sparkplug" and (label_field or seq_field or label_topic):
+            raise ValueError(
+                "--payload sparkplug: metrics carry their own timestamps and the edge node "
+                "its sequence number; label-free (no --label-field, --label-topic or "
+                "--seq-field)"
+            )
         if len(seq) > 1:
             raise ValueError("--seq-field names one field")
         parsed = [parse_topic(t) for t in topics]
@@ -218,11 +265,13 @@ class WindowSpec:
             raise ValueError("name each topic's channels: --fields, or --topic TOPIC=FIELDS")
         if payload == "plain":
             parsed = [one for t, f in parsed for one in _plain_topics(t, f or "")]
+        if payload == "sparkplug":
+            parsed = [one for t, f in parsed for one in _sparkplug_metrics(t, f or "")]
 
         def fmt(channels: str, with_label: bool) -> ReadingFormat:
             return ReadingFormat(
-                parse_fields(channels) if channels else (),
-                time_field=when[0] if when else None,
+                _channel_paths(channels, payload),
+                time_field=None if payload == "sparkplug" else (when[0] if when else None),
                 time_unit=time_unit,
                 label_field=label if with_label else None,
                 classes=names,
@@ -247,7 +296,34 @@ class WindowSpec:
             label_topic=labels,
             label_wait=label_wait,
             hold=hold,
+            rebirth=rebirth,
         )
+
+
+def _channel_paths(channels: str, payload: str) -> tuple[FieldPath, ...]:
+    """A topic's channels: JSON field paths; a Sparkplug B metric's name as it is (names
+    such as ``Inputs/Temperature`` or ``Motor 1.Speed`` are no paths)."""
+    if not channels:
+        return ()
+    if payload == "sparkplug":
+        return (FieldPath(channels, (channels,)),)
+    return parse_fields(channels)
+
+
+def _sparkplug_metrics(topic: str, fields: str) -> list[tuple[str, str]]:
+    """A Sparkplug B data topic's channels, one stream per metric name, in ``--fields``'
+    order.
+
+    Raises
+    ------
+    ValueError
+        If the topic is no data topic, or a name is empty or repeated.
+    """
+    SparkplugTopic.data(topic)
+    names = [f.strip() for f in fields.split(",")]
+    if not all(names) or len(set(names)) != len(names):
+        raise ValueError(f"--fields {fields!r}: metric names must be distinct and non-empty")
+    return [(topic, name) for name in names]
 
 
 def _plain_topics(topic: str, fields: str) -> list[tuple[str, str]]:
