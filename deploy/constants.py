@@ -23,6 +23,8 @@ RESUME_POLL_S: Final = 2.0
 # --- fedstream fleet ---------------------------------------------------------------------
 # Its table's width off a terminal (a pipe, a log): wide enough that no header or cell is cut.
 FLEET_PLAIN_WIDTH: Final = 240
+#: ``fedstream sensors --discovery``: what to look for (deploy.sensor_discovery).
+DISCOVERY_MODES: Final = ("all", "homeassistant", "sparkplug", "sample")
 
 # --- fedstream demo ----------------------------------------------------------------------
 DEMO_DEVICES: Final = 4

@@ -142,6 +142,8 @@ def fleet_rows(statuses: Mapping[str, Mapping[str, Any]], now: float) -> list[di
         ``messages-missing`` and ``readings-missing`` (what never arrived: gaps in
         publishers' sequence numbers, readings missing at the declared rate),
         ``last-seen-s`` (None when never seen), ``drift`` (changes detected),
+        ``sensors-offline`` (availability topics not ``online``, and a Sparkplug B edge
+        node or device after its death; None when the device follows none),
         ``mqtt-version``, ``error`` (each None where unknown).
     """
     rows = []
@@ -170,11 +172,25 @@ def fleet_rows(statuses: Mapping[str, Mapping[str, Any]], now: float) -> list[di
                 "readings-missing": _count(s.get("readings-missing")),
                 "last-seen-s": None if ts is None else round(now - ts, 1),
                 "drift": _count(drift.get("changes")) if isinstance(drift, dict) else None,
+                "sensors-offline": _offline(s),
                 "mqtt-version": None if s.get("mqtt-version") is None else str(s["mqtt-version"]),
                 "error": None if error is None else str(error),
             }
         )
     return rows
+
+
+def _offline(status: Mapping[str, Any]) -> list[str] | None:
+    """The sensors a status says are away: availability topics whose last state is not
+    ``online``, a Sparkplug B device or edge node after its death."""
+    offline = status.get("sensors-offline")
+    spb = status.get("sparkplug")
+    if not isinstance(offline, list) and not isinstance(spb, dict):
+        return None
+    out = [str(t) for t in offline] if isinstance(offline, list) else []
+    if isinstance(spb, dict) and (spb.get("online") is False or spb.get("node-online") is False):
+        out.append(f"sparkplug {spb.get('edge-node')}/{spb.get('device') or '-'}")
+    return out
 
 
 def _count(value: object) -> int | None:

@@ -465,6 +465,15 @@ def ingest(
         ),
     ] = False,
     readings: Readings = NO_READINGS,
+    availability: Annotated[
+        list[str] | None,
+        reading_option(
+            "A sensor's availability topic (online/offline, as ESPHome, Home Assistant, "
+            "Zigbee2MQTT and Tasmota publish it; repeatable, wildcards allowed): its state is "
+            "shown in the status and the fleet view, nothing is buffered.",
+            "--availability-topic",
+        ),
+    ] = None,
     label_field: Annotated[
         str | None,
         reading_option(
@@ -531,6 +540,7 @@ def ingest(
             windowing=spec,
             metrics_port=metrics_port,
             metrics_listen=metrics_listen,
+            availability=tuple(availability or ()),
         )
         daemon = IngestDaemon(config)
     except (ValueError, BufferStoreError, OSError) as err:

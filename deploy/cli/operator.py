@@ -1,15 +1,18 @@
-"""Commands of the operator: fleet, serve, stop, resume, models, report, app, run-config."""
+"""Commands of the operator: fleet, sensors, serve, stop, resume, models, report, app,
+run-config."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import shlex
 import signal
 import sys
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
+import click
 import typer
 from rich.console import Console
 
@@ -18,6 +21,7 @@ from deploy.cli.options import (
     DEFAULT_BROKER_URL,
     NO_CREDENTIALS,
     PORT,
+    POSITIVE,
     BrokerOption,
     ConnectionOption,
     Credentials,
@@ -26,7 +30,7 @@ from deploy.cli.options import (
     broker_options,
     with_credentials,
 )
-from deploy.constants import FLEET_PLAIN_WIDTH, RESUME_WAIT_S
+from deploy.constants import DISCOVERY_MODES, FLEET_PLAIN_WIDTH, RESUME_WAIT_S
 from deploy.local import STOP_SIGNALS
 
 if TYPE_CHECKING:
@@ -38,6 +42,7 @@ __all__ = [
     "report",
     "resume",
     "run_config_keys",
+    "sensors",
     "serve",
     "stop",
     "write_app_dir",
@@ -150,7 +155,7 @@ def _fleet_table(rows: list[dict[str, Any]], broker: str) -> Table:
 
     table = Table(title=f"fleet on {broker}", box=box.SIMPLE_HEAD)
     columns = ("device", "online", "rate/s", "fill", "dropped", "refused", "missing", "seen")
-    for column in (*columns, "drift"):  # a header is never cut: at least its own width
+    for column in (*columns, "drift", "sensors"):  # a header is never cut: its own width
         table.add_column(
             column,
             justify="left" if column == "device" else "right",
@@ -173,9 +178,17 @@ def _fleet_table(rows: list[dict[str, Any]], broker: str) -> Table:
             _missing(row),
             num(row["last-seen-s"], "{:.0f}s ago"),
             num(row["drift"]),
+            _sensors(row["sensors-offline"]),
             row["error"] or "",
         )
     return table
+
+
+def _sensors(offline: list[str] | None) -> str:
+    """The fleet table's ``sensors`` cell: those away, in red; ``-`` where none is followed."""
+    if offline is None:
+        return "-"
+    return f"[red]{len(offline)} off: {', '.join(offline)}[/red]" if offline else "all on"
 
 
 def _missing(row: dict[str, Any]) -> str:
@@ -190,6 +203,125 @@ def _missing(row: dict[str, Any]) -> str:
         return f"[red]{', '.join(parts)}[/red]"
     known = row["messages-missing"] is not None or row["readings-missing"] is not None
     return "0" if known else "-"
+
+
+@with_credentials
+def sensors(
+    broker: BrokerOption = DEFAULT_BROKER_URL,
+    discovery: Annotated[
+        str,
+        typer.Option(
+            "--discovery",
+            help="What to look for: homeassistant (its discovery configs), sparkplug "
+            "(Sparkplug B births while listening), sample (every topic that carries a "
+            "message, by its payload) or all.",
+            click_type=click.Choice(DISCOVERY_MODES),
+        ),
+    ] = "all",
+    seconds: Annotated[
+        float,
+        typer.Option("--seconds", help="How long to listen.", click_type=POSITIVE),
+    ] = 5.0,
+    select: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--select",
+            help="Read only the sensors whose name, topic or device matches this shell "
+            "pattern (repeatable), e.g. 'kitchen*'; default: all.",
+        ),
+    ] = None,
+    device_id: Annotated[
+        str, typer.Option("--device-id", help="The device id the printed commands ingest as.")
+    ] = "sensors",
+    buffer: Annotated[
+        str, typer.Option("--buffer", help="The buffer file the printed commands write.")
+    ] = "sensors.sqlite",
+    json_out: Annotated[
+        bool, typer.Option("--json", help="One JSON object: the sensors and the commands.")
+    ] = False,
+    credentials: Credentials = NO_CREDENTIALS,
+    connect_timeout: Annotated[
+        float,
+        typer.Option(
+            "--connect-timeout", help="Exit 1 (with the reason) if not connected by then.", min=0.1
+        ),
+    ] = 10.0,
+    verbose: VerboseOption = False,
+) -> None:
+    """List the sensors a broker carries (Home Assistant discovery, Sparkplug B births,
+    sampled topics) and print the fedstream ingest command lines that read them."""
+    import time
+
+    from deploy.sensor_discovery import (
+        BrokerListener,
+        discover,
+        filters_of,
+        ingest_commands,
+    )
+    from deploy.sensor_discovery import select as pick
+    from edge_client.runtime.signals import connected_or_raise
+
+    setup_logging(verbose)
+    try:
+        url = broker_options(broker, credentials, connect_timeout)
+        listener = BrokerListener(url, filters_of(discovery))
+    except ValueError as err:
+        raise fail(str(err)) from err
+    with listener:
+        try:
+            connected_or_raise(
+                listener.wait_connected,
+                listener.connection,
+                url,
+                connect_timeout,
+                listener.stop,
+            )
+        except ConnectionError as err:
+            raise fail(str(err), code=1) from err
+        if not json_out:
+            console.print(f"listening to {broker} for {seconds:g} s ...")
+        time.sleep(seconds)
+        seen, births = listener.snapshot()
+    found = discover(seen, births, seconds, discovery)
+    chosen = pick(found, select or [])
+    commands = ingest_commands(chosen, broker, device_id, buffer)
+    if json_out:
+        print(
+            json.dumps(
+                {
+                    "sensors": [s.as_json() for s in found],
+                    "commands": [c.argv for c in commands],
+                }
+            )
+        )
+        return
+    _print_sensors(found)
+    if not commands:
+        console.print("no sensor to read" + (" matches --select" if select else ""))
+    for command in commands:
+        console.print(f"\n# {len(command.sensors)} sensor(s), {command.sensors[0].kind}:")
+        print(shlex.join(command.argv))
+
+
+def _print_sensors(found: list[Any]) -> None:
+    """``fedstream sensors``' table."""
+    from rich.table import Table
+
+    table = Table(title=f"{len(found)} sensor(s)")
+    for column in ("name", "topic", "kind", "field", "unit", "device", "rate/s", "found by"):
+        table.add_column(column)
+    for s in found:
+        table.add_row(
+            s.name,
+            s.topic,
+            s.kind,
+            s.field or "-",
+            s.unit or "-",
+            s.device or "-",
+            "-" if s.rate is None else f"{s.rate:g}",
+            s.source + (f" ({s.note})" if s.note else ""),
+        )
+    Console().print(table)
 
 
 def models(

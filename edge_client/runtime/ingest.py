@@ -90,6 +90,7 @@ from edge_client.runtime.status_metrics import serve_statuses
 from edge_client.runtime.windowing import WindowAssembler, WindowSpec
 from edge_client.task.constants import DEFAULT_NUM_CLASSES, DEFAULT_SHAPE
 from edge_client.wire.frames import decode_messages
+from edge_client.wire.readings import availability_state
 from edge_client.wire.sparkplug import rebirth_request
 from edge_client.wire.topics import client_id, samples_topic, status_topic
 
@@ -132,6 +133,9 @@ class IngestConfig:
     # Prometheus metrics of the device's status on this port (None: off), bound to this address
     metrics_port: int | None = None
     metrics_listen: str = "0.0.0.0"
+    # Sensors' availability topics (``online``/``offline``, wildcards allowed): their last
+    # state goes into the status (``availability``, ``sensors-offline``), not the buffer
+    availability: tuple[str, ...] = ()
     subscriptions: tuple[str, ...] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -153,7 +157,7 @@ class IngestConfig:
         default = samples_topic(self.device_id)  # validates the id
         spec = self.windowing
         if spec is None:
-            self.subscriptions = self.topics or (default,)
+            self.subscriptions = (*(self.topics or (default,)), *self.availability)
             return
         if self.topics:
             raise ValueError("with windowing, the topics are the windowing spec's")
@@ -164,7 +168,7 @@ class IngestConfig:
             )
         self.shape = spec.shape
         self.num_classes = max(spec.num_classes, 1)
-        self.subscriptions = spec.subscriptions
+        self.subscriptions = (*spec.subscriptions, *self.availability)
 
 
 class IngestDaemon(Subscribed):
@@ -221,6 +225,8 @@ class IngestDaemon(Subscribed):
         #: The last status published (what the metrics endpoint exports).
         self.last_status: dict[str, Any] = {}
         self.assembler = self._load_assembler()
+        #: The last state of each availability topic seen (``online``, ``offline``, ...).
+        self.availability: dict[str, str] = {}
         # Payload bytes received (paho's thread counts) and committed (the writer counts):
         # their difference is what the daemon holds; past the bound, paho's thread waits.
         self._received_bytes = 0
@@ -558,6 +564,7 @@ class IngestDaemon(Subscribed):
 
     def _commit(self, items: list[_Item]) -> None:
         inject = InjectionRelay.topic  # never a sample stream, opted in or not
+        items = self._note_availability(items)
         shared = [payload for _, _, payload, _, topic, _ in items if topic == inject]
         if shared and self.injection is not None:
             refused = self.injection.receive(shared)
@@ -612,6 +619,18 @@ class IngestDaemon(Subscribed):
         if reasons:
             self._rejects.record(reasons, time.monotonic())
 
+    def _note_availability(self, items: list[_Item]) -> list[_Item]:
+        """Keep the state of each availability topic's message (acknowledged with the
+        batch; the broker retains them, so a restart learns them again); return the rest."""
+        rest = []
+        for item in items:
+            topic = item[4]
+            if any(mqtt.topic_matches_sub(f, topic) for f in self.config.availability):
+                self.availability[topic] = availability_state(item[2])
+            else:
+                rest.append(item)
+        return rest
+
     def _publish_outbox(self) -> None:
         """Publish what the ClientApp queued for injection (only when opted in)."""
         if self.injection is None or not self._connected.is_set():
@@ -629,6 +648,10 @@ class IngestDaemon(Subscribed):
             status["inject"] = self.injection.status()
         if self.assembler is not None:
             status["readings-waiting"] = self.assembler.windower.waiting
+        if self.config.availability:
+            states = dict(sorted(self.availability.items()))
+            status["availability"] = states
+            status["sensors-offline"] = [t for t, state in states.items() if state != "online"]
         status.update(
             {
                 "device-id": self.config.device_id,

@@ -21,8 +21,10 @@ A :class:`ReadingFormat` names where each channel, the timestamp and the label a
   pause in the stream.
 
 A value that says the sensor has none (``unavailable``, ``unknown``, ``null``: what Home
-Assistant and Zigbee2MQTT publish) is not an error: the message raises
-:class:`MissingValueError` and is counted apart. Fields a reading carries beyond the channels
+Assistant and Zigbee2MQTT publish) is not an error: a message whose every channel says so
+raises :class:`MissingValueError` and is counted apart; a reading with some such channels
+carries NaN in them (the assembler holds their last values for report-on-change sensors,
+and counts the reading apart otherwise). Fields a reading carries beyond the channels
 (``linkquality``, ``battery``) are ignored.
 
 Decoding validates everything and raises :class:`~edge_client.wire.frames.FrameError` with a
@@ -55,6 +57,7 @@ __all__ = [
     "MissingValueError",
     "Reading",
     "ReadingFormat",
+    "availability_state",
     "decode_readings",
     "encode_readings",
     "parse_fields",
@@ -265,7 +268,8 @@ def decode_readings(
     Raises
     ------
     MissingValueError
-        A channel's value says the sensor has none (:data:`MISSING_VALUES`, JSON null).
+        Every channel's value says the sensor has none (:data:`MISSING_VALUES`, JSON null);
+        where some do, the reading carries NaN in those channels.
     FrameError
         ``empty``, ``too-large``, ``bad-utf8``, ``bad-json``, ``count-too-large``,
         ``missing-field`` (a channel, timestamp or label absent, or a channel not a number),
@@ -308,9 +312,9 @@ def _bare_value(payload: bytes | bytearray) -> float:
 def _reading(item: Any, fmt: ReadingFormat, arrival: float) -> Reading:
     if not isinstance(item, dict):
         raise FrameError("bad-json", "each reading must be a JSON object")
-    values = tuple(_number(item, path) for path in fmt.fields)
-    if not all(math.isfinite(v) for v in values):
-        raise FrameError("non-finite", "a channel is NaN or infinite")
+    values = tuple(_number_or_nan(item, path) for path in fmt.fields)
+    if values and all(math.isnan(v) for v in values):
+        raise MissingValueError("no channel has a value")
     if fmt.time_field is None:
         ts = arrival
     else:
@@ -333,13 +337,17 @@ def _get(item: dict[str, Any], path: FieldPath) -> Any:
         raise FrameError("missing-field", f"no field {path.text!r}") from err
 
 
-def _number(item: dict[str, Any], path: FieldPath) -> float:
+def _number_or_nan(item: dict[str, Any], path: FieldPath) -> float:
+    """A channel's value; NaN where the sensor says it has none (a NaN or infinity in the
+    message itself is refused)."""
     value = _get(item, path)
     if value is None or (isinstance(value, str) and value.strip().lower() in MISSING_VALUES):
-        raise MissingValueError(f"{path.text!r} is {value!r:.20}")
+        return math.nan
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         hint = " (name its elements: field[0:n])" if isinstance(value, list) else ""
         raise FrameError("missing-field", f"{path.text!r} is not a number{hint}")
+    if not math.isfinite(value):
+        raise FrameError("non-finite", "a channel is NaN or infinite")
     return float(value)
 
 
@@ -372,6 +380,21 @@ def _label(value: Any, fmt: ReadingFormat) -> int:
             "bad-label", f"label {value!r:.40} is not a class in [0, {fmt.num_classes})"
         )
     return value
+
+
+def availability_state(payload: bytes | bytearray) -> str:
+    """A sensor's availability message as one word, lower case: ``online``/``offline`` as
+    ESPHome, Home Assistant and Zigbee2MQTT's legacy mode publish them, Tasmota's
+    ``Online``/``Offline``, Zigbee2MQTT's ``{"state": "online"}``; other text as it is
+    (at most :data:`MAX_PLAIN_BYTES` characters)."""
+    text = bytes(payload[: 4 * MAX_PLAIN_BYTES]).decode("utf-8", errors="replace").strip()
+    if text.startswith("{"):
+        try:
+            state = json.loads(text).get("state")
+        except (ValueError, AttributeError):
+            state = None
+        text = state if isinstance(state, str) else text
+    return text.strip().lower()[:MAX_PLAIN_BYTES]
 
 
 def encode_readings(

@@ -327,3 +327,96 @@ def test_sparkplug_b_losses_deaths_and_hostile_messages_through_a_broker(
     }, json.dumps(final)
     assert final["sparkplug"]["online"] is False and final["sparkplug"]["deaths"] == 2
     assert final["accepted"] == (10_001 - 100) // 50  # windows of 50 readings
+
+
+@pytest.mark.timeout(240)
+def test_fedstream_sensors_finds_fifty_home_assistant_sensors_and_its_commands_ingest_them(
+    stock: MosquittoBroker, procs: ProcessGroup, tmp_path: Path
+) -> None:
+    # Prepare: a Home Assistant discovery set of 50 retained configs: 35 ESPHome sensors
+    # (one bare value a topic, 7 devices with an availability topic each) and 15 fields of 5
+    # Zigbee2MQTT devices' JSON
+    from deploy.local import fedstream_command
+
+    client = mqtt.Client(CallbackAPIVersion.VERSION2)
+    client.connect("127.0.0.1", port_of(stock.url))
+    client.loop_start()
+    plain = [(f"node{d}", f"s{k}") for d in range(7) for k in range(5)]
+    zigbee = [(f"z{d}", f) for d in range(5) for f in ("temperature", "humidity", "pressure")]
+    try:
+        for node, name in plain:
+            cfg = {"~": f"esphome/{node}", "stat_t": f"~/sensor/{name}/state",
+                   "obj_id": f"{node}_{name}", "avty_t": f"esphome/{node}/status"}  # fmt: skip
+            client.publish(f"homeassistant/sensor/{node}/{name}/config", json.dumps(cfg),
+                           qos=1, retain=True).wait_for_publish(5)  # fmt: skip
+        for dev, name in zigbee:
+            cfg = {"state_topic": f"zigbee2mqtt/{dev}", "object_id": f"{dev}_{name}",
+                   "value_template": f"{{{{ value_json.{name} }}}}"}  # fmt: skip
+            client.publish(f"homeassistant/sensor/{dev}/{name}/config", json.dumps(cfg),
+                           qos=1, retain=True).wait_for_publish(5)  # fmt: skip
+        # Execute: discovery as a user runs it, and every command it prints, as printed
+        out = subprocess.run(
+            fedstream_command("sensors", "--broker", stock.url, "--discovery", "homeassistant",
+                              "--seconds", "1.5", "--device-id", "home", "--buffer",
+                              str(tmp_path / "home.sqlite"), "--json"),
+            capture_output=True, text=True, timeout=60, check=True,
+        )  # fmt: skip
+        found = json.loads(out.stdout)
+        for n, argv in enumerate(found["commands"]):
+            assert argv[:2] == ["fedstream", "ingest"]
+            start_ingest_argv(procs, f"ingest-{n}", argv[2:], tmp_path)
+        buffers = [Path(a[a.index("--buffer") + 1]) for a in found["commands"]]
+        for _ in range(3):  # three reports of every sensor
+            for node, name in plain:
+                client.publish(f"esphome/{node}/sensor/{name}/state", "21.5", qos=1)
+            for d in range(5):
+                values = {"temperature": 20.0, "humidity": 40.0, "pressure": 1000.0}
+                client.publish(f"zigbee2mqtt/z{d}", json.dumps({**values, "linkquality": 90}),
+                               qos=1)  # fmt: skip
+            time.sleep(1.1)
+        for d in range(7):
+            client.publish(f"esphome/node{d}/status", "offline" if d == 3 else "online",
+                           qos=1, retain=True)  # fmt: skip
+        want = {"plain": 3 * 35, "json": 3 * 5}  # a JSON message is one reading of 3 channels
+        done = lambda: sum(stats(b).get("readings", 0) for b in buffers) >= sum(want.values())  # noqa: E731
+        assert wait_until(done, 30), json.dumps([stats(b) for b in buffers])
+    finally:
+        client.loop_stop()
+        client.disconnect()
+    # Assert: all 50 found; one command a kind; every sensor's every report taken, none
+    # still waiting to be heard from; the availability shown in the fleet view
+    assert len(found["sensors"]) == 50 and {s["kind"] for s in found["sensors"]} == {
+        "plain", "json"
+    }  # fmt: skip
+    kinds = {("plain" if "--payload" in argv else "json"): argv for argv in found["commands"]}
+    for kind, argv in kinds.items():
+        final = stats(Path(argv[argv.index("--buffer") + 1]))
+        assert final["readings"] == want[kind], json.dumps(final)
+        assert final["rejected"] == 0 and final["never-reported"] == []
+    fleet = subprocess.run(
+        fedstream_command("fleet", "--broker", stock.url, "--json"),
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    rows = {r["device"]: r for r in json.loads(fleet.stdout)}
+    assert wait_until(lambda: _fleet_offline(stock.url) == ["esphome/node3/status"], 10), rows
+
+
+def _fleet_offline(url: str) -> list[str] | None:
+    from deploy.local import fedstream_command
+
+    out = subprocess.run(
+        fedstream_command("fleet", "--broker", url, "--json"),
+        capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    offline = [r["sensors-offline"] for r in json.loads(out.stdout) if r["sensors-offline"]]
+    return offline[0] if offline else None
+
+
+def start_ingest_argv(procs: ProcessGroup, name: str, options: list[str], where: Path) -> None:
+    """``fedstream ingest`` with the options a command line printed, as a child process."""
+    from deploy.local import fedstream_command
+
+    buffer = Path(options[options.index("--buffer") + 1])
+    procs.start(name, fedstream_command("ingest", *options, "--status-interval", "0.5"),
+                log_path=where / f"{name}.log")  # fmt: skip
+    assert wait_until(buffer.exists, 20), (where / f"{name}.log").read_text()

@@ -21,7 +21,7 @@ WIDE = {"COLUMNS": "2000"}
 LAYOUT = {
     "deploy.cli.device": {"ingest", "infer", "agent", "status", "publish"},
     "deploy.cli.operator": {
-        "fleet", "serve", "stop", "resume", "models", "report", "app", "run-config",
+        "fleet", "sensors", "serve", "stop", "resume", "models", "report", "app", "run-config",
     },
     "deploy.cli.developer": {"demo", "simulate", "bench", "broker"},
 }  # fmt: skip
@@ -44,7 +44,8 @@ def test_every_command_lives_in_its_audiences_module_in_the_help_order() -> None
     # Assert: the package's layout, and the order `fedstream --help` always listed
     assert found == LAYOUT
     assert list(root.commands) == [
-        "broker", "publish", "ingest", "status", "fleet", "infer", "agent", "models", "stop",
+        "broker", "publish", "ingest", "status", "fleet", "sensors", "infer", "agent", "models",
+        "stop",
         "report", "app", "run-config", "demo", "simulate", "resume", "serve", "bench",
     ]  # fmt: skip
 

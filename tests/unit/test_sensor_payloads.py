@@ -5,6 +5,7 @@ statestream), readings without timestamps (Zigbee2MQTT), local times without a z
 from __future__ import annotations
 
 import json
+import math
 from datetime import UTC, datetime
 from typing import Any
 
@@ -76,11 +77,47 @@ def test_json_without_timestamps_ignores_extra_fields_and_reads_null_as_missing(
     message = {"temperature": 21.5, "humidity": 40, "linkquality": 120, "battery": 97}
     # Execute
     (reading,) = decode_readings(json.dumps(message).encode(), fmt, arrival=5.0)
-    # Assert: the channels in order, at the arrival; null and "unavailable" are missing
+    # Assert: the channels in order, at the arrival; null and "unavailable" are missing:
+    # NaN in a reading that has other channels, the whole message when none has a value
     assert reading.values == (21.5, 40.0) and reading.ts == 5.0
     for missing in (None, "unavailable"):
+        (partial,) = decode_readings(
+            json.dumps({**message, "humidity": missing}).encode(), fmt, 5.0
+        )
+        assert partial.values[0] == 21.5 and math.isnan(partial.values[1])
         with pytest.raises(MissingValueError):
-            decode_readings(json.dumps({**message, "humidity": missing}).encode(), fmt, 5.0)
+            none = {**message, "humidity": missing, "temperature": "unknown"}
+            decode_readings(json.dumps(none).encode(), fmt, 5.0)
+    with pytest.raises(FrameError, match="NaN") as err:  # NaN in the message itself
+        decode_readings(b'{"temperature": NaN, "humidity": 1}', fmt, 5.0)
+    assert err.value.reason == "non-finite"
+
+
+def test_an_unavailable_channel_is_held_for_a_report_on_change_sensor_else_counted() -> None:
+    # Prepare: Zigbee2MQTT's readings of two channels, the second message's humidity
+    # unavailable; on a 1 Hz grid, holding (report on change) and not
+    messages = [
+        (
+            "z/hall",
+            json.dumps({"t": 20.0 + i, "h": "unavailable" if i == 1 else 40.0 + i}).encode(),
+            float(i),
+        )
+        for i in range(4)
+    ]
+    held, dropped = (
+        WindowSpec.from_options(topics=["z/hall=t,h"], window=3, rate=1.0, time_field="none",
+                                max_gap=5.0, hold=hold)
+        for hold in (True, False)
+    )  # fmt: skip
+    # Execute
+    got = WindowAssembler(held).feed(messages)
+    other = WindowAssembler(dropped).feed(messages)
+    # Assert: held, humidity keeps 40 at tick 1 and temperature is taken; not held, the
+    # reading is counted unavailable and the grid interpolates across it
+    np.testing.assert_allclose(got.x[0], [[20, 21, 22], [40, 40, 42]])
+    assert got.counts["readings"] == 4 and got.counts["readings-unavailable"] == 0
+    assert other.counts["readings"] == 3 and other.counts["readings-unavailable"] == 1
+    np.testing.assert_allclose(other.x[0], [[20, 21, 22], [40, 41, 42]])
 
 
 def test_a_local_time_without_a_zone_is_read_in_the_given_zone() -> None:

@@ -68,3 +68,36 @@ def test_fleet_rows_read_a_status_and_a_hostile_one() -> None:
     assert (x["online"], x["rate"], x["fill"], x["last-seen-s"]) == (False, None, None, None)
     assert x["refused-by-reason"] == {} and x["drift"] is None
     assert x["messages-missing"] is None and x["mqtt-version"] is None
+
+
+def test_fleet_rows_name_the_sensors_away_and_a_sparkplug_death() -> None:
+    # Prepare: one device follows two availability topics, one following a Sparkplug B
+    # edge node that died, one follows none; a hostile value of the key
+    statuses: dict[str, dict[str, Any]] = {
+        "hall": {
+            **STATUS,
+            "availability": {"zigbee2mqtt/a/availability": "online", "esphome/b/status": "offline"},
+            "sensors-offline": ["esphome/b/status"],
+        },
+        "pump": {**STATUS, "sparkplug": {"edge-node": "plant/edge-1", "device": "pump-3",
+                                          "node-online": False, "online": False}},
+        "pi-1": STATUS,
+        "x": {**HOSTILE, "sensors-offline": "all"},
+    }  # fmt: skip
+    # Execute
+    rows = {r["device"]: r for r in fleet_rows(statuses, now=1010.0)}
+    # Assert
+    assert rows["hall"]["sensors-offline"] == ["esphome/b/status"]
+    assert rows["pump"]["sensors-offline"] == ["sparkplug plant/edge-1/pump-3"]
+    assert rows["pi-1"]["sensors-offline"] is None and rows["x"]["sensors-offline"] is None
+
+
+def test_availability_messages_read_as_one_word() -> None:
+    # Execute / Assert: ESPHome / Home Assistant, Tasmota's LWT, Zigbee2MQTT's JSON
+    from edge_client.wire.readings import availability_state
+
+    assert availability_state(b"online") == "online"
+    assert availability_state(b"Offline\n") == "offline"
+    assert availability_state(b'{"state": "online"}') == "online"
+    assert availability_state(b'{"state": 3}') == '{"state": 3}'
+    assert availability_state(b"\xff" * 1000) == "\ufffd" * 64

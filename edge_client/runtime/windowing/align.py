@@ -137,6 +137,15 @@ class Aligner:
             self.pending[topic].append((ts, values))
         return None
 
+    def fill(self, topic: int, values: tuple[float, ...]) -> tuple[float, ...] | None:
+        """``values`` with its channels the sensor had no value for (NaN) held at the
+        topic's last reading: with ``hold`` only (a report-on-change sensor's channel keeps
+        its value until it reports another); None where there is nothing to hold."""
+        if not self.hold or not self.pending[topic]:
+            return None
+        last = self.pending[topic][-1][1]
+        return tuple(held if math.isnan(v) else v for v, held in zip(values, last, strict=True))
+
     def _missing(self, topic: int, gap: float, tick: float) -> int:
         """Readings missing in a ``gap`` (s) between two consecutive readings of ``topic``."""
         recent = self.recent[topic]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import sqlite3
 import time
 from collections import Counter
@@ -366,6 +367,12 @@ class WindowAssembler:
         if reading.ts > arrival + MAX_AHEAD_S:
             rejected["bad-timestamp"] += 1
             return
+        if index is not None and any(math.isnan(v) for v in reading.values):
+            held = self.aligner.fill(index, reading.values)  # some channels unavailable
+            if held is None:
+                counts["readings-unavailable"] += 1
+                return
+            reading = replace(reading, values=held)
         if index is None:  # a label event
             assert self.labels is not None and reading.label is not None
             reason = self.labels.add(reading.ts, reading.label)
