@@ -38,6 +38,7 @@ from deploy.demo_streams import (
     arrived_counter,
     demo_broker,
     last_json,
+    per_reading,
     read_stats,
     start_ingest,
     start_publisher,
@@ -115,7 +116,8 @@ def run_stream_demo(config: DemoConfig, console: Console) -> bool:
             report = last_json(out.decode(errors="replace"))
             published[dev] = int(report["samples"]) if report else -1
             group.procs.pop(f"publish-{dev}", None)
-        wait_drained(paths, stores, published, DEMO_DRAIN_TIMEOUT_S, arrived_counter(config))
+        counted = {dev: n * per_reading(config) for dev, n in published.items()}
+        wait_drained(paths, stores, counted, DEMO_DRAIN_TIMEOUT_S, arrived_counter(config))
         for dev in devices:
             ingest_rc[dev] = group.stop(f"ingest-{dev}")
     stats = read_stats(paths, stores)
@@ -125,7 +127,10 @@ def run_stream_demo(config: DemoConfig, console: Console) -> bool:
     console.print(stream_table(config, stats, published, elapsed, "final"))
     console.print("rate/s is the ingest daemon's EWMA of arrivals (time constant 5 s)")
     arrived = arrived_counter(config)
-    exact = {dev: stats.get(dev, {}).get(arrived) == published[dev] for dev in devices}
+    exact = {
+        dev: stats.get(dev, {}).get(arrived) == published[dev] * per_reading(config)
+        for dev in devices
+    }
     summary = {
         "run-id": run_id,
         "devices": {

@@ -25,6 +25,7 @@ from deploy.constants import (
 )
 from edge_client.emulation.partitions import split_recording
 from edge_client.emulation.reading_replay import series_channels
+from edge_client.emulation.reading_styles import STYLES
 from edge_client.runtime.constants import (
     COMMIT_INTERVAL_S,
     DEFAULT_POLICY,
@@ -102,6 +103,8 @@ class DemoConfig:
     partition: str | None = None
     task: str = "classification"  # or forecast: a recorded series, windows cut from it
     window: int = 32  # forecast: readings per sample (the past and the horizon)
+    # forecast: how the devices' sensors publish the series (reading_styles.STYLES)
+    style: str = "json"
     commit_interval: float = COMMIT_INTERVAL_S  # the ingest daemons' --commit-interval
     settings: RunSettings = field(init=False)
     recording: Recording | None = field(init=False, default=None, repr=False)
@@ -192,6 +195,13 @@ class DemoConfig:
             raise ValueError("--dirichlet must be > 0")
         if self.broker is not None:
             BrokerURL.parse(self.broker)
+        if self.style not in STYLES:
+            raise ValueError(f"--style must be one of {', '.join(STYLES)}")
+        if self.style != "json" and (self.task != "forecast" or self.secure):
+            raise ValueError(
+                "--style replays a series as deployed sensors publish it: it goes with "
+                "--task forecast, and not with --secure (whose ACL allows fedstream's topics)"
+            )
         if self.secure and self.broker is not None:
             raise ValueError(
                 "--secure starts its own Mosquitto with the run's credentials: drop --broker"

@@ -30,6 +30,7 @@ from deploy.constants import (
 from deploy.demo_config import DemoConfig, device_ids
 from deploy.local import ProcessGroup, fedstream_command
 from deploy.secure import RunSecrets
+from edge_client.emulation.reading_styles import default_topic, ingest_options
 from edge_client.emulation.sources import pick_classes
 from edge_client.runtime.buffer import BufferStore, BufferStoreError
 from edge_client.runtime.constants import INGEST_SUBSCRIBED_LOG
@@ -40,6 +41,7 @@ __all__ = [
     "demo_broker",
     "ingest_args",
     "last_json",
+    "per_reading",
     "read_stats",
     "skew_args",
     "source_args",
@@ -188,7 +190,7 @@ def start_ingest(
 ) -> None:
     """One ``fedstream ingest`` per device; returns once every daemon has subscribed (so that
     the broker keeps what publishers send from then on)."""
-    for dev, path in paths.items():
+    for index, (dev, path) in enumerate(paths.items()):
         connect, env = streams.client_args(dev)
         group.start(
             f"ingest-{dev}",
@@ -205,7 +207,7 @@ def start_ingest(
                 str(config.capacity),
                 "--status-interval",
                 "2",
-                *ingest_args(config),
+                *ingest_args(config, dev, index),
                 *(["--inject"] if config.inject else []),
             ),
             log_path=run_dir / "logs" / f"ingest-{dev}.log",
@@ -258,20 +260,30 @@ def source_args(config: DemoConfig, run_dir: Path, dev: str) -> list[str]:
     the start again when it ends; a series reading by reading), or the synthetic task."""
     settings = config.settings
     if config.series is not None:
-        return ["--source", str(run_dir / "data" / f"{dev}.csv"), "--readings", "--batch", "1"]
+        style = [] if config.style == "json" else ["--style", config.style]
+        csv = str(run_dir / "data" / f"{dev}.csv")
+        return ["--source", csv, "--readings", "--batch", "1", *style]
     args = ["--shape", settings.sample_shape, "--num-classes", str(settings.num_classes)]
     if config.recording is not None:
         args += ["--source", str(run_dir / "data" / f"{dev}.npz")]
     return [*args, "--batch", str(DEMO_BATCH)]
 
 
-def ingest_args(config: DemoConfig) -> list[str]:
-    """What the ingest daemon takes: samples of the run's shape, or (forecasting) the
-    series' readings, cut into windows of ``--window`` every reading."""
+def ingest_args(config: DemoConfig, dev: str, index: int) -> list[str]:
+    """What device ``dev``'s ingest daemon takes: samples of the run's shape, or
+    (forecasting) the series' readings, cut into windows of ``--window`` every reading: in
+    a ``--style``, with the options that read it back (one stream a channel: on a grid at
+    the device's rate)."""
     commit = ["--commit-interval", str(config.commit_interval)]
     if config.series is not None:
-        fields = ",".join(config.channels)
-        return ["--fields", fields, "--window", str(config.window), "--stride", "1", *commit]
+        windows = ["--window", str(config.window), "--stride", "1", *commit]
+        if config.style == "json":
+            return ["--fields", ",".join(config.channels), *windows]
+        topic = default_topic(config.style, dev)
+        assert topic is not None
+        rates = config.rates or []  # set by DemoConfig
+        grid = ["--rate", str(rates[index])] if per_reading(config) > 1 else []
+        return [*ingest_options(config.style, topic, config.channels), *grid, *windows]
     settings = config.settings
     return ["--shape", settings.sample_shape, "--num-classes", str(settings.num_classes), *commit]
 
@@ -316,6 +328,13 @@ def wait_for_ingest(
                 f"(exited: {dead}); see {logs}"
             )
         time.sleep(0.1)
+
+
+def per_reading(config: DemoConfig) -> int:
+    """Readings an ingest daemon counts for each one published: one a channel where each
+    channel is a stream of its own (``--style esphome`` or ``sparkplug``)."""
+    own_streams = config.style in ("esphome", "sparkplug") and len(config.channels) > 1
+    return len(config.channels) if own_streams else 1
 
 
 def arrived_counter(config: DemoConfig) -> str:

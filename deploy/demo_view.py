@@ -16,6 +16,7 @@ from deploy.constants import (
     DEFAULT_MQTT_PORT,
 )
 from deploy.demo_config import DemoConfig, device_ids
+from deploy.demo_streams import ingest_args
 from deploy.device_scores import fleet_scores, round_scores
 from edge_client.runtime.constants import MQTT_311
 from edge_client.wire.run_config import RunSettings
@@ -140,8 +141,8 @@ def final_export(settings: RunSettings) -> dict[str, Any] | None:
 
 def infer_command(config: DemoConfig, settings: RunSettings) -> str:
     """The ``fedstream infer`` command that serves the exported model on ``dev-0``'s stream,
-    as the demo's devices publish it: sample frames, or a series' per-reading JSON cut into
-    the run's windows (the demo's own broker is gone by now: the command names the one the
+    as the demo's devices publish it: sample frames, or a series' readings (in ``--style``)
+    cut into the run's windows (the demo's own broker is gone by now: the command names the one the
     demo was given, else ``fedstream broker``'s default address, which speaks MQTT 3.1.1)."""
     dev = device_ids(config.devices)[0]
     if config.broker is not None:
@@ -149,9 +150,10 @@ def infer_command(config: DemoConfig, settings: RunSettings) -> str:
     else:
         args = ["--broker", f"mqtt://127.0.0.1:{DEFAULT_MQTT_PORT}", "--mqtt-version", MQTT_311]
     args += ["--device-id", dev, "--model", settings.export_dir]
-    if config.series is not None:
-        args += ["--fields", ",".join(config.channels), "--window", str(config.window)]
-        args += ["--stride", "1"]
+    if config.series is not None:  # what its ingest daemon reads, but the commit interval
+        reading = ingest_args(config, dev, 0)
+        at = reading.index("--commit-interval")
+        args += reading[:at] + reading[at + 2 :]
     if settings.preprocess == "standardize":  # the device's statistics are in its buffer
         args += ["--buffer", str(Path(settings.out_dir) / "buffers" / f"{dev}.sqlite")]
     return shlex.join(["fedstream", "infer", *args])
@@ -171,12 +173,22 @@ def source_passes(records: list[RoundRecord], shards: dict[str, int]) -> dict[st
     return {dev: round(taken[dev] / n, 2) for dev, n in shards.items()}
 
 
+#: How the demo says a ``--style`` publishes a series.
+STYLE_NAMES = {
+    "json": "per-reading JSON",
+    "esphome": "ESPHome's bare values",
+    "zigbee2mqtt": "Zigbee2MQTT's JSON (no timestamps)",
+    "tasmota": "Tasmota's JSON (local times)",
+    "sparkplug": "Sparkplug B",
+}
+
+
 def what_streams(config: DemoConfig) -> str:
     settings = config.settings
     if config.series is not None:
         return (
-            f"{config.source} as per-reading JSON ({', '.join(config.channels)}), windows of "
-            f"{config.window} readings, label-free"
+            f"{config.source} as {STYLE_NAMES[config.style]} ({', '.join(config.channels)}), "
+            f"windows of {config.window} readings, label-free"
         )
     what = str(config.source) if config.source else "the synthetic sensor task"
     what += f" ({settings.sample_shape.replace(',', 'x')}, {settings.num_classes} classes)"

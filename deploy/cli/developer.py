@@ -260,6 +260,16 @@ def demo(
     window: Annotated[
         int, typer.Option(help="--task forecast: readings per window (past + horizon).")
     ] = 32,
+    style: Annotated[
+        str,
+        typer.Option(
+            help="--task forecast: how the devices' sensors publish the series: json "
+            "(fedstream's per-reading JSON), esphome (a bare value a channel topic), "
+            "zigbee2mqtt (JSON without a timestamp), tasmota (a local time, UTC here) or "
+            "sparkplug (Sparkplug B); each ingest daemon reads it with the options "
+            "fedstream publish prints.",
+        ),
+    ] = "json",
     secure: Annotated[
         bool,
         typer.Option(
@@ -320,6 +330,7 @@ def demo(
             partition=partition,
             task=task,
             window=window,
+            style=style,
         )
     except ValueError as err:
         raise fail(str(err)) from err

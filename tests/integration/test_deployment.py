@@ -125,7 +125,8 @@ def test_flwr_run_in_the_simulation_engine_trains_on_replayed_streams(tmp_path: 
 @pytest.mark.timeout(DEMO_TEST_TIMEOUT_S)
 def test_demo_forecasts_a_series_its_devices_publish_reading_by_reading(tmp_path: Path) -> None:
     # Prepare: weekly Mauna Loa CO2 (a real recording), the first 80 % to stream, the rest
-    # for the aggregator's test set
+    # for the aggregator's test set; the devices' sensors publish it as Sparkplug B edge
+    # nodes do (births, then a DDATA a reading)
     lines = CO2.read_text().strip().splitlines()
     split = 1 + int((len(lines) - 1) * 0.8)
     (tmp_path / "train.csv").write_text("\n".join(lines[:split]) + "\n")
@@ -135,12 +136,12 @@ def test_demo_forecasts_a_series_its_devices_publish_reading_by_reading(tmp_path
         tmp_path,
         *("--source", str(tmp_path / "train.csv"), "--test", str(tmp_path / "test.csv")),
         *("--task", "forecast", "--window", "56", "--run-config", "forecast-horizon=4"),
-        *("--devices", "2", "--rounds", "2"),
+        *("--devices", "2", "--rounds", "2", "--style", "sparkplug"),
     )
-    # Assert: per-reading JSON in, windows of 56 readings cut on ingest, label-free; the
+    # Assert: Sparkplug B in, windows of 56 readings cut on ingest, label-free; the
     # forecast beats repeating the last reading (0.754 ppmv on these weeks) on the test set
     assert rc == 0, out[-3000:]
-    assert "as per-reading JSON (co2)" in out
+    assert "as Sparkplug B (co2)" in out
     assert summary["status"] == "finished:completed" and summary["rounds"] == 2
     config = summary["run_config"]
     assert (config["task"], config["sample-shape"]) == ("forecast", "1,56")
@@ -149,12 +150,14 @@ def test_demo_forecasts_a_series_its_devices_publish_reading_by_reading(tmp_path
     for dev in ("dev-0", "dev-1"):
         stats = buffer_stats(run_dir / "buffers" / f"{dev}.sqlite")
         assert stats["readings"] > 0 and stats["rejected"] == 0 and stats["shape"] == [1, 56]
+        assert stats["sparkplug-lost"] == 0 and stats["sparkplug"]["births"] >= 1
     # ... and it ends with something to use: the final model exported into its run folder,
     # and the `fedstream infer` command that serves it on a device's readings
     models = run_dir / "models"
     assert [v.version for v in list_versions(models)] == [2] and not summary["diverged"]
     command = summary["infer_command"]
     assert f"--model {models}" in command and "--fields co2 --window 56" in command
+    assert "--payload sparkplug --topic spBv1.0/fedstream/DDATA/dev-0/sensors" in command
     assert command in out
 
 

@@ -3,6 +3,7 @@ run settings like any run's."""
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import numpy as np
@@ -104,10 +105,20 @@ def test_a_series_for_forecasting_is_split_in_time_and_published_reading_by_read
     assert shards == {f"dev-{i}": 25 - 12 + 1 for i in range(4)}
     dev1 = load_series(tmp_path / "run" / "data" / "dev-1.csv")
     assert np.allclose(dev1, load_series(tmp_path / "series.csv")[25:50])
-    assert _ingest_args(config) == [
+    assert _ingest_args(config, "dev-1", 1) == [
         "--fields", "temp,humidity", "--window", "12", "--stride", "1", "--commit-interval", "0.5",
     ]  # fmt: skip
     assert "--readings" in _source_args(config, tmp_path / "run", "dev-1")
+    # ... and as deployed sensors publish it: Sparkplug B, one stream a metric on a grid at
+    # the device's rate (dev-1's: 300/s)
+    spb = DemoConfig(source=tmp_path / "series.csv", task="forecast", window=12, style="sparkplug")
+    assert _ingest_args(spb, "dev-1", 1)[:9] == [
+        "--payload", "sparkplug", "--topic", "spBv1.0/fedstream/DDATA/dev-1/sensors",
+        "--fields", "temp,humidity", "--rate", "300.0", "--window",
+    ]  # fmt: skip
+    assert _source_args(spb, tmp_path / "run", "dev-1")[-2:] == ["--style", "sparkplug"]
+    with pytest.raises(ValueError, match="--task forecast"):
+        DemoConfig(style="esphome")
     with pytest.raises(ValueError, match="give --source"):
         DemoConfig(task="forecast")
     with pytest.raises(ValueError, match="classification or forecast"):
@@ -154,9 +165,17 @@ def test_the_printed_infer_command_serves_the_export_on_a_devices_stream(tmp_pat
         f"fedstream infer --broker mqtt://pi:1884 --device-id dev-0 --model {run}/models "
         "--fields temp,humidity --window 12 --stride 1"
     )
+    # as ESPHome publishes it: its topics, each channel a stream on a grid at dev-0's rate
+    esphome = DemoConfig(source=tmp_path / "series.csv", task="forecast", window=12,
+                         style="esphome")  # fmt: skip
+    commands.append(_infer_command(esphome, _run_settings(esphome, run)))
+    assert commands[2].endswith(
+        "--payload plain --time-field none --topic esphome/dev-0/sensor/+/state "
+        "--fields temp,humidity --rate 400.0 --window 12 --stride 1"
+    )
     infer = get_command(app).commands["infer"]  # type: ignore[attr-defined]
-    for command in commands:
-        infer.make_context("infer", command.split()[2:])  # raises on an unknown option
+    for command in commands:  # raises on an unknown option
+        infer.make_context("infer", shlex.split(command)[2:])
 
 
 def test_a_recording_partitioned_by_person_gives_each_device_one_person_in_order(
