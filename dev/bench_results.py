@@ -17,8 +17,11 @@ between ``<!-- bench:results -->`` and ``<!-- /bench:results -->``.
 
 from __future__ import annotations
 
+import argparse
 import json
 import statistics
+import subprocess
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -70,7 +73,10 @@ __all__ = [
     "render",
     "scale",
     "secagg",
+    "sections",
     "service",
+    "stale",
+    "staleness",
     "streams",
 ]
 
@@ -826,7 +832,8 @@ BULLETS: list[tuple[Callable[..., str], tuple[str, ...]]] = [
 
 
 def render(results: Path) -> str:
-    """The Results bullets from the JSON files in ``results``.
+    """The Results bullets from the JSON files in ``results``; a bullet made from a stale
+    section (:func:`stale`) opens with a mark that says so.
 
     Parameters
     ----------
@@ -845,5 +852,92 @@ def render(results: Path) -> str:
             cache[name] = json.loads((results / f"{name}.json").read_text())
         return cache[name]
 
-    bullets = (fn(*(load(n) for n in names)) for fn, names in BULLETS)
-    return "\n".join(b for b in bullets if b)  # "": a JSON from before the figure existed
+    old = stale(results)
+    bullets = []
+    for fn, names in BULLETS:
+        text = fn(*(load(n) for n in names))
+        why = sorted({why.rsplit(" [", 1)[0] for n in names for why in old.get(n, [])})
+        if text and why:  # "": a JSON from before the figure existed
+            text = bullet(f"*Stale, {'; '.join(why)}: re-run.* {text[2:]}")
+        bullets.append(text)
+    return "\n".join(b for b in bullets if b)
+
+
+# -- which results no longer name the code they measured ----------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def sections(doc: Doc, where: str = "") -> list[tuple[str, Doc]]:
+    """The objects of a results document that hold a section's figures: the document, and
+    every object in it that names its own ``commit`` (a section re-run on its own, such as
+    ``deployment.json``'s ``controllers-run``)."""
+    found = [(where or "(file)", doc)] if "commit" in doc or not where else []
+    for key, value in doc.items():
+        if isinstance(value, dict) and "commit" in value:
+            found += sections(value, f"{where}.{key}" if where else key)
+    return found
+
+
+def staleness(section: Doc, root: Path = ROOT) -> str | None:
+    """Why a section no longer names the code it measured, or None while it does: no
+    commit or sources recorded, a tree with changes beside the commit, a commit not in
+    this history, or sources changed since (in later commits or in the working tree)."""
+    commit = section.get("commit")
+    if not commit:
+        return "names no commit"
+    short = str(commit)[:7]
+    if section.get("tree-clean") is False:
+        return f"measured on {short}: with changes beside it"
+    sources = section.get("sources")
+    if not sources:
+        return f"measured on {short}: names no sources"
+    known = subprocess.run(
+        ["git", "-C", str(root), "cat-file", "-e", f"{commit}^{{commit}}"], capture_output=True
+    )
+    if known.returncode != 0:
+        return f"measured on {short}: not a commit of this history"
+    changed = subprocess.run(
+        ["git", "-C", str(root), "diff", "--name-only", str(commit), "--", *sources],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    if changed:
+        return f"measured on {short}: {len(changed)} source(s) changed since, {changed[0]} ..."
+    return None
+
+
+def stale(results: Path, root: Path = ROOT) -> dict[str, list[str]]:
+    """Per results file (its name without ``.json``), why its stale sections are stale;
+    files with none are left out."""
+    out: dict[str, list[str]] = {}
+    for path in sorted(results.glob("*.json")):
+        doc = json.loads(path.read_text())
+        for where, section in sections(doc):
+            why = staleness(section, root)
+            if why is not None:
+                out.setdefault(path.stem, []).append(f"{why} [{where}]")
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``--check``: list each stale section (exit 1 if any); without it, the bullets."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="exit 1 where a result is stale")
+    parser.add_argument("--results", type=Path, default=ROOT / "bench" / "results")
+    args = parser.parse_args(argv)
+    if not args.check:
+        print(render(args.results))
+        return 0
+    old = stale(args.results)
+    for name, reasons in old.items():
+        for why in reasons:
+            print(f"{name}.json: {why}")
+    count = sum(len(r) for r in old.values())
+    print(f"{count} stale section(s)" if count else "no stale section")
+    return 1 if count else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

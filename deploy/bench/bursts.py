@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from deploy.bench.common import Result, footnote, markdown_table, verdict
+from deploy.bench.common import PROCESS_SOURCES, Result, footnote, markdown_table, verdict
 from deploy.brokers import MosquittoBroker, mosquitto_available
 from deploy.local import ProcessGroup, fedstream_command, wait_until
 from deploy.probes import buffer_stats
@@ -200,4 +200,4 @@ def run(quick: bool = False) -> Result:
         "met": {"v5-lossless": v5_lossless, "counted": counted, "subscribed": max(subscribed)
                 <= SUBSCRIBE_GOAL_S},
     }  # fmt: skip
-    return Result("bursts", entries, table, meta=meta)
+    return Result("bursts", entries, table, meta=meta, sources=PROCESS_SOURCES)

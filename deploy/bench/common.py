@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import platform
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
@@ -103,6 +106,9 @@ class Result:
     table: str
     meta: dict[str, Any] = field(default_factory=dict)
     plots: list[Callable[[Path], Path]] = field(default_factory=list)
+    #: Paths beyond this process's modules whose change can change the result: its data,
+    #: and :data:`PROCESS_SOURCES` where it starts processes.
+    sources: tuple[str, ...] = ()
 
 
 @dataclass
@@ -353,10 +359,56 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str
     return "\n".join(lines)
 
 
-def measured_code() -> dict[str, Any]:
-    """The commit the benchmark ran (``commit``) and whether the checkout had changes to
-    tracked files beside it (``tree-clean``), so that a result names the code it measured
-    (both None outside a git checkout)."""
+#: What a benchmark that starts processes lists among its sources (``Result.sources``): its
+#: SuperLink, SuperNodes, agents and ingest daemons load these in processes of their own,
+#: which :func:`loaded_sources` cannot see (more than a result needs, never less).
+PROCESS_SOURCES = ("aggregator/", "edge_client/", "deploy/")
+
+
+def loaded_sources(extra: Sequence[str] = ()) -> list[str]:
+    """The project's files this process has loaded (``aggregator/``, ``edge_client/``,
+    ``deploy/`` but the command line), repository-relative, and ``extra``: the paths whose
+    change can change a result made here (more than it needs, never less)."""
+    root = Path(__file__).resolve().parents[2]
+    found = set(extra)
+    for module in list(sys.modules.values()):
+        where = getattr(module, "__file__", None)
+        if not where:
+            continue
+        path = Path(where).resolve()
+        if not path.is_relative_to(root):
+            continue
+        rel = path.relative_to(root).as_posix()
+        if rel.split("/")[0] in ("aggregator", "edge_client", "deploy") and not rel.startswith(
+            "deploy/cli/"
+        ):
+            found.add(rel)
+    return sorted(found)
+
+
+def machine() -> dict[str, Any]:
+    """Where a result was measured: cores, Python, torch and Flower."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    def of(package: str) -> str | None:
+        try:
+            return version(package)
+        except PackageNotFoundError:
+            return None
+
+    return {
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": of("torch"),
+        "flwr": of("flwr"),
+    }
+
+
+def measured_code(extra_sources: Sequence[str] = ()) -> dict[str, Any]:
+    """What a result measured: the commit the benchmark ran (``commit``), whether the
+    checkout had changes to tracked files beside it (``tree-clean``; both None outside a git
+    checkout), the ``sources`` whose change invalidates it (:func:`loaded_sources`) and the
+    ``machine``. ``dev/bench_results.py --check`` holds results to them."""
     root = Path(__file__).resolve().parents[2]
 
     def git(*args: str) -> str | None:
@@ -370,7 +422,12 @@ def measured_code() -> dict[str, Any]:
 
     commit = git("rev-parse", "HEAD")
     status = git("status", "--porcelain", "--untracked-files=no")
-    return {"commit": commit, "tree-clean": None if status is None else status == ""}
+    return {
+        "commit": commit,
+        "tree-clean": None if status is None else status == "",
+        "sources": loaded_sources(extra_sources),
+        "machine": machine(),
+    }
 
 
 def write_result(result: Result, out_dir: Path, json_path: Path | None = None) -> list[Path]:
@@ -379,7 +436,7 @@ def write_result(result: Result, out_dir: Path, json_path: Path | None = None) -
     doc = {
         "scenario": result.scenario,
         "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        **measured_code(),
+        **measured_code(result.sources),
         **result.meta,
         "entries": result.entries,
     }

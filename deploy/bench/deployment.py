@@ -56,7 +56,7 @@ from aggregator.exchange import PULL_INTERVAL_S
 from aggregator.round_log import RoundRecord, read_metrics, rounds_only
 from deploy.agents import agent_sockets, start_devices
 from deploy.bench.agent import agent_summary
-from deploy.bench.common import Result, spread
+from deploy.bench.common import PROCESS_SOURCES, Result, measured_code, spread
 from deploy.bench.curves import batch_per_device, compute_per_device, slowest_share, time_to
 from deploy.bench.deployment_goals import goals
 from deploy.bench.deployment_table import deployment_table, goals_table
@@ -496,7 +496,7 @@ def run(quick: bool = False, progress: Callable[[str], None] = print) -> Result:
     }
     meta["goals"] = goals(entries, soak)
     table = deployment_table(entries, meta["ratios"]) + "\n\n" + goals_table(meta["goals"])
-    return Result("deployment", entries, table, meta)
+    return Result("deployment", entries, table, meta, sources=PROCESS_SOURCES)
 
 
 def _controllers(
@@ -575,10 +575,19 @@ def rerun_controllers(doc: dict[str, Any], progress: Callable[[str], None] = pri
     kept = [e for e in doc["entries"] if not e["variant"].startswith("controller-")]
     entries = [*kept, *(r.entry() for r in runs)]
     _add_ratios(entries)
-    meta = {k: v for k, v in doc.items() if k not in ("scenario", "created", "entries")}
+    # The other runs keep their own date, commit and sources (the file's); the re-run
+    # section records its own, which `dev/bench_results.py --check` holds it to.
+    meta = {k: v for k, v in doc.items() if k not in ("scenario", "entries")}
+    meta.setdefault("sources", None)  # a file from before sources were recorded: unknown
+    meta.setdefault("machine", None)
+    meta["controllers-run"] = {
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **measured_code(PROCESS_SOURCES),
+    }
     meta["controllers"] = _controller_summary(entries)
     meta["goals"] = goals(entries, doc["soak"])
-    return Result("deployment", entries, deployment_table(entries, meta["ratios"]), meta)
+    table = deployment_table(entries, meta["ratios"])
+    return Result("deployment", entries, table, meta, sources=PROCESS_SOURCES)
 
 
 def _soak(tmp: Path, messages: int, progress: Callable[[str], None]) -> dict[str, Any]:

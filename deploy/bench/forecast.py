@@ -135,7 +135,7 @@ def run(quick: bool = False) -> Result:
         "ridge_penalty": penalty,
         "goals_met": {"vs_naive": met_naive, "vs_ridge": met_ridge},
     }
-    return Result("forecast", entries, table, meta)
+    return Result("forecast", entries, table, meta, sources=("deploy/bench/data/",))
 
 
 def _federated(

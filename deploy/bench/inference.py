@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from deploy.bench.common import Result, footnote, markdown_table, verdict
+from deploy.bench.common import PROCESS_SOURCES, Result, footnote, markdown_table, verdict
 from deploy.brokers import EmbeddedBroker
 from deploy.local import ProcessGroup, fedstream_command, wait_until
 from deploy.probes import MqttProbe
@@ -197,4 +197,4 @@ def run(quick: bool = False) -> Result:
         f"a time and end to end: {verdict(met)}",
         virtual_clock=False,
     )
-    return Result("inference", entries, table, meta={"quick": quick})
+    return Result("inference", entries, table, meta={"quick": quick}, sources=PROCESS_SOURCES)

@@ -43,7 +43,15 @@ import torch
 from rich.console import Console
 
 from aggregator.round_log import read_metrics, rounds_only
-from deploy.bench.common import SEEDS, Result, footnote, markdown_table, spread, verdict
+from deploy.bench.common import (
+    PROCESS_SOURCES,
+    SEEDS,
+    Result,
+    footnote,
+    markdown_table,
+    spread,
+    verdict,
+)
 from deploy.bench.simulation import simulate
 from deploy.bench.watch import CHANNELS, CLASSES, WINDOW, watch_people
 from deploy.simulate import SimulateConfig, plan_simulation, run_simulation
@@ -333,6 +341,7 @@ def run(quick: bool = False, progress: Callable[[str], None] = print) -> Result:
             "goal": GOAL,
             "quick": quick,
         },
+        sources=PROCESS_SOURCES,
     )
 
 

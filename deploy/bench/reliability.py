@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from deploy.bench.common import Result, footnote, markdown_table
+from deploy.bench.common import PROCESS_SOURCES, Result, footnote, markdown_table
 from deploy.bench.faults import aggregator_kill, broker_crash, disk_full, resume_equivalence
 from deploy.bench.security import security_checks
 from deploy.brokers import EmbeddedBroker, MosquittoBroker, mosquitto_available
@@ -236,6 +236,7 @@ def run(quick: bool = False, seed: int = 0) -> Result:
             "hostile": h,
             "security": security,
         },
+        sources=PROCESS_SOURCES,
     )
 
 

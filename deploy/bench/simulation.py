@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from aggregator.round_log import read_metrics, rounds_only
-from deploy.bench.common import Result
+from deploy.bench.common import PROCESS_SOURCES, Result
 from deploy.demo import APP_DIR
 from deploy.flower import FlowerDeployment
 from deploy.local import ProcessGroup
@@ -213,4 +213,5 @@ def run(quick: bool = False, progress: Callable[[str], None] = print) -> Result:
             "goals": GOALS,
             "cpus": os.cpu_count(),
         },
+        sources=PROCESS_SOURCES,
     )

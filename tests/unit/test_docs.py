@@ -154,7 +154,7 @@ def test_the_results_section_is_generated_from_the_json() -> None:
     block = _results_block(module.DOC.read_text())
 
     assert block == results.render(module.RESULTS) + "\n"
-    assert block.count("\n- **") + block.startswith("- **") == len(results.BULLETS)
+    assert block.count("\n- ") + block.startswith("- ") == len(results.BULLETS)
     assert "results" in module.FOLDER_RENDERERS and "results" not in module.RENDERERS
 
 
@@ -269,3 +269,48 @@ def test_the_training_page_names_the_defaults_the_run_config_has() -> None:
         "controller-period",
     }
     assert {k: str(declared[k]["default"]) for k in named} == named
+
+
+def _git(repo: Path, *args: str) -> str:
+    done = subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return done.stdout.strip()
+
+
+def test_a_section_is_stale_once_its_sources_change_and_only_then(tmp_path: Path) -> None:
+    # Prepare: a history where a result was measured on the first commit of two files
+    results = bench_tables().bench_results
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    (repo / "model.py").write_text("a = 1\n")
+    (repo / "other.py").write_text("b = 1\n")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "one")
+    measured = _git(repo, "rev-parse", "HEAD")
+    section = {"commit": measured, "tree-clean": True, "sources": ["model.py"]}
+    # Execute / Assert: fresh while its sources are as measured (another file may change)
+    (repo / "other.py").write_text("b = 2\n")
+    _git(repo, "commit", "-qam", "two")
+    assert results.staleness(section, repo) is None
+    # ... stale once a source changes, committed or only in the working tree
+    (repo / "model.py").write_text("a = 2\n")
+    assert "1 source(s) changed since, model.py" in str(results.staleness(section, repo))
+    # ... and whatever cannot name its code
+    for broken, why in (
+        ({**section, "commit": None}, "names no commit"),
+        ({**section, "sources": []}, "names no sources"),
+        ({**section, "tree-clean": False}, "with changes beside it"),
+        ({**section, "commit": "0" * 40}, "not a commit of this history"),
+    ):
+        assert why in str(results.staleness(broken, repo))
+
+
+def test_a_re_run_section_is_checked_on_its_own() -> None:
+    # Prepare: a file measured on one commit whose controller section was re-run on another
+    results = bench_tables().bench_results
+    doc = {"commit": "a", "sources": ["x"], "entries": [], "controllers-run": {"commit": "b"}}
+    # Execute / Assert
+    assert [where for where, _ in results.sections(doc)] == ["(file)", "controllers-run"]
