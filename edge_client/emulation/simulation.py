@@ -61,7 +61,7 @@ from edge_client.runtime.node_config import NodeConfig
 from edge_client.wire.partitioning import scheme_of
 from edge_client.wire.population import parse_population
 from edge_client.wire.run_config import RunSettings, number_list
-from edge_client.wire.secagg_records import UNMASK
+from edge_client.wire.secagg_records import MASKED_INPUT
 
 __all__ = [
     "SimulationNodes",
@@ -139,14 +139,19 @@ def absence(
     stage: str = "",
 ) -> str:
     """Why the virtual device is away at round ``server_round`` (empty: it is there). Its
-    availability counts on the virtual clock from its first message, kept in ``state``;
-    at secure aggregation's ``unmask`` stage, ``sim-secagg-dropout`` of the devices (a
-    seeded draw per round) have vanished since their masked input."""
+    availability counts on the virtual clock from its first message, kept in ``state``.
+    ``sim-secagg-dropout`` of the devices (a seeded draw per round) vanish each round: under
+    secure aggregation after sharing their keys, before their masked input (the aggregator
+    must then remove their pairwise masks with their shares); in a plain run the same
+    devices send no update that round (the run to compare with)."""
     pid = int(node_config[PARTITION_ID_KEY])
-    if stage == UNMASK and settings.simulation.sim_secagg_dropout > 0:
+    if settings.simulation.sim_secagg_dropout > 0 and server_round >= 1:
         draw = random.Random(f"{settings.seed}-{server_round}-{pid}-secagg-dropout").random()
         if draw < settings.simulation.sim_secagg_dropout:
-            return f"sim-{pid} vanished after its masked input (sim-secagg-dropout)"
+            if settings.secure.secure_aggregation and stage == MASKED_INPUT:
+                return f"sim-{pid} vanished before its masked input (sim-secagg-dropout)"
+            if not settings.secure.secure_aggregation and not stage:
+                return f"sim-{pid} sends no update this round (sim-secagg-dropout)"
     saved = state.get(START_STATE_KEY)
     now = virtual_time(settings, server_round)
     if isinstance(saved, ConfigRecord):

@@ -658,8 +658,9 @@ class SimulationSettings:
 
     sim_secagg_dropout: float = knob(
         0.0,
-        "simulation, secure aggregation: fraction of the devices that vanish in each round "
-        "right after sending their masked input (drawn per round)",
+        "simulation: fraction of the devices that vanish in each round (drawn per round): "
+        "under secure aggregation after sharing their keys, before their masked input (their "
+        "masks are removed with their shares); in a plain run the same devices send no update",
         ge=0,
         lt=1,
     )
