@@ -89,8 +89,8 @@ def deployment(doc: Doc) -> str:
             return f"{x['mean']:.2f}x ({x['min']:.2f}-{x['max']:.2f})"
 
         idle_r = ratios["fedstream-idle"]
-        verdicts = ", ".join(
-            fmt_verdict(idle_r[b]["mean"] <= ROUND_GOAL)
+        verdicts = ", ".join(  # in every repetition: its largest ratio
+            fmt_verdict(idle_r[b]["max"] <= ROUND_GOAL)
             for b in ("plain-flower-tuned", "plain-flower-tuned-pull")
         )
         comparison = f"""{doc["repetitions"]} alternated repetitions, the ratio's mean

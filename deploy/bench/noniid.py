@@ -601,8 +601,8 @@ def _entry(
 
 
 def _goal(entries: list[dict[str, Any]]) -> dict[str, Any]:
-    """Per partition: injection (0.25, 0.25) >= 0.9 of IID (mean over the seeds) where FedAvg
-    stays below 0.6 of it, and injection delivered in every round below one model update;
+    """Per partition: injection (0.25, 0.25) >= 0.9 of IID in every seed where FedAvg
+    stays below 0.6 of it (mean over the seeds: the goal's premise, not a goal), and injection delivered in every round below one model update;
     the IID reference must itself reach the accuracy target (else 'of IID' says nothing)."""
     by = {(e["partition"], e["method"]): e for e in entries}
     verdicts = {}
@@ -615,7 +615,7 @@ def _goal(entries: list[dict[str, Any]]) -> dict[str, Any]:
             "inject_seeds_met": sum(f >= GOAL_INJECT for f in inj["iid_fraction_per_seed"]),
             "seeds": len(inj["seeds"]),
             "fedavg_iid_fraction": avg["iid_fraction"],
-            "inject_met": inj["iid_fraction"] >= GOAL_INJECT,
+            "inject_met": all(f >= GOAL_INJECT for f in inj["iid_fraction_per_seed"]),
             "fedavg_below": avg["iid_fraction"] < GOAL_FEDAVG,
             "reference_trained": all(r is not None for r in ref["rounds_to_target_per_seed"]),
             "delivered_bytes_per_round": inj["delivered_bytes_per_round"],

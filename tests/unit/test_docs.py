@@ -314,3 +314,28 @@ def test_a_re_run_section_is_checked_on_its_own() -> None:
     doc = {"commit": "a", "sources": ["x"], "entries": [], "controllers-run": {"commit": "b"}}
     # Execute / Assert
     assert [where for where, _ in results.sections(doc)] == ["(file)", "controllers-run"]
+
+
+def test_a_verdict_is_met_only_when_every_seed_meets_it() -> None:
+    # Prepare: injection's fraction of IID above the goal on the mean, below it in one seed;
+    # fedstream's idle round within the goal on the mean, past it in one repetition
+    results = bench_tables().bench_results
+    noniid = json.loads((bench_tables().RESULTS / "noniid.json").read_text())
+    inj = next(
+        e
+        for e in noniid["entries"]
+        if e["partition"] == "one-label" and e["method"] == "inject-0.25-0.25"
+    )
+    inj["iid_fraction_per_seed"] = [0.99, 0.99, 0.85]  # mean 0.943 >= 0.9
+    one = noniid["goal"]["partitions"]["one-label"]
+    one.update(inject_iid_fraction=0.943, inject_met=True, inject_seeds_met=2)
+    deployment = json.loads((bench_tables().RESULTS / "deployment.json").read_text())
+    idle = deployment["ratios"]["fedstream-idle"]
+    for base in idle.values():
+        base.update(per_repetition=[1.0, 1.0, 1.5], mean=1.17, min=1.0, max=1.5)  # goal 1.2x
+    # Execute
+    noniid_bullet = " ".join(results.noniid(noniid).split())
+    deployment_bullet = " ".join(results.deployment(deployment).split())
+    # Assert: the seed (the repetition) that misses decides, whatever the mean says
+    assert "in every seed: MISSED, 2 of 3 seeds" in noniid_bullet
+    assert "(goal <= 1.2x: MISSED, MISSED)" in deployment_bullet
