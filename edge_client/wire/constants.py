@@ -55,6 +55,7 @@ MAX_SPARKPLUG_ID: Final = 256
 MAX_SPARKPLUG_METRICS: Final = 10_000
 #: Data messages held for aliases no birth has named yet; past it the oldest is dropped.
 SPARKPLUG_HELD_MAX: Final = 256
+SPARKPLUG_HELD_BYTES: Final = 1024 * 1024  # ... and at most this many bytes of them
 #: The node control metric whose NCMD asks an edge node to publish its births again.
 SPARKPLUG_REBIRTH_METRIC: Final = "Node Control/Rebirth"
 SPARKPLUG_REBIRTH_S: Final = 30.0  # at most one rebirth request per this many seconds

@@ -35,6 +35,7 @@ from edge_client.wire.constants import (
     MAX_PAYLOAD_BYTES,
     MAX_SPARKPLUG_ID,
     MAX_SPARKPLUG_METRICS,
+    SPARKPLUG_HELD_BYTES,
     SPARKPLUG_HELD_MAX,
     SPARKPLUG_NAMESPACE,
     SPARKPLUG_REBIRTH_METRIC,
@@ -330,13 +331,25 @@ class SparkplugReader:
                 readings += self._readings(decode_payload(held), at, counts)
             return readings, counts
         if self._unknown_alias(message):  # DDATA / NDATA before the birth that names it
-            if len(self.held) >= SPARKPLUG_HELD_MAX:
-                self.held.popleft()
-                counts["sparkplug-held-dropped"] += 1
-            self.held.append((where.kind, bytes(payload), arrival))
-            counts["sparkplug-held"] += 1
+            self._hold(where.kind, bytes(payload), arrival, counts)
             return [], counts
         return self._readings(message, arrival, counts), counts
+
+    def _hold(self, kind: str, payload: bytes, arrival: float, counts: Counter[str]) -> None:
+        """Keep a data message for the birth that names its aliases: at most
+        :data:`SPARKPLUG_HELD_MAX` messages and :data:`SPARKPLUG_HELD_BYTES` bytes (they go
+        into the buffer file's state), the oldest dropped first."""
+        counts["sparkplug-held"] += 1
+        if len(payload) > SPARKPLUG_HELD_BYTES:
+            counts["sparkplug-held-dropped"] += 1
+            return
+        held = sum(len(data) for _, data, _ in self.held)
+        while self.held and (
+            len(self.held) >= SPARKPLUG_HELD_MAX or held + len(payload) > SPARKPLUG_HELD_BYTES
+        ):
+            held -= len(self.held.popleft()[1])
+            counts["sparkplug-held-dropped"] += 1
+        self.held.append((kind, payload, arrival))
 
     def rebirth_due(self, now: float) -> bool:
         """Whether to ask the edge node for its births now: data is held for aliases no

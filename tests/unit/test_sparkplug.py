@@ -16,7 +16,11 @@ from edge_client.emulation.reading_styles import (
     ingest_options,
 )
 from edge_client.runtime.windowing import WindowAssembler, WindowSpec
-from edge_client.wire.constants import MAX_SPARKPLUG_METRICS, SPARKPLUG_HELD_MAX
+from edge_client.wire.constants import (
+    MAX_SPARKPLUG_METRICS,
+    SPARKPLUG_HELD_BYTES,
+    SPARKPLUG_HELD_MAX,
+)
 from edge_client.wire.frames import REJECT_REASONS, FrameError
 from edge_client.wire.sparkplug import (
     SparkplugReader,
@@ -203,6 +207,21 @@ def test_held_data_is_bounded_and_deaths_are_followed() -> None:
     assert device_death["sparkplug-deaths"] == 1 and device_online is False
     assert node_death["sparkplug-deaths"] == 1 and r.node_online is False
     assert r.status["node-online"] is False and r.status["held"] == SPARKPLUG_HELD_MAX
+
+
+def test_held_data_is_bounded_in_bytes_too() -> None:
+    # Prepare: DDATA of unknown aliases, each of 3,000 metrics (about 40 kB)
+    edge = SparkplugEdge(DDATA, [f"m{i}" for i in range(3000)])
+    edge.messages([0.0], [[0.0] * 3000])  # births the reader never sees
+    data = edge.messages([float(i) for i in range(1, 61)], [[1.0] * 3000] * 60)
+    r = reader()
+    # Execute
+    counts = [r.take(t, p, 0.0)[1] for t, p in data]
+    # Assert: what is held stays within the bound, the oldest dropped first, each counted
+    held = sum(len(p) for _, p, _ in r.held)
+    assert held <= SPARKPLUG_HELD_BYTES < sum(len(p) for _, p in data)
+    assert sum(c["sparkplug-held-dropped"] for c in counts) == len(data) - len(r.held)
+    assert r.held[-1][1] == data[-1][1]
 
 
 def test_the_session_survives_a_restart_of_the_reader() -> None:
