@@ -602,7 +602,8 @@ def _entry(
 
 def _goal(entries: list[dict[str, Any]]) -> dict[str, Any]:
     """Per partition: injection (0.25, 0.25) >= 0.9 of IID in every seed where FedAvg
-    stays below 0.6 of it (mean over the seeds: the goal's premise, not a goal), and injection delivered in every round below one model update;
+    stays below 0.6 of it (mean over the seeds: the goal's premise, not a goal), and
+    injection delivered in every round below one model update;
     the IID reference must itself reach the accuracy target (else 'of IID' says nothing)."""
     by = {(e["partition"], e["method"]): e for e in entries}
     verdicts = {}

@@ -564,8 +564,10 @@ class IngestDaemon(Subscribed):
 
     def _commit(self, items: list[_Item]) -> None:
         inject = InjectionRelay.topic  # never a sample stream, opted in or not
-        items = self._note_availability(items)
-        shared = [payload for _, _, payload, _, topic, _ in items if topic == inject]
+        # Availability messages go into the status, not the buffer (acknowledged below,
+        # with the rest: unacknowledged QoS 1 messages would stall the broker's flow)
+        stream = self._note_availability(items)
+        shared = [payload for _, _, payload, _, topic, _ in stream if topic == inject]
         if shared and self.injection is not None:
             refused = self.injection.receive(shared)
             if refused:
@@ -573,14 +575,14 @@ class IngestDaemon(Subscribed):
         rate = self._rate.rate  # as of the last commit: this one's samples are added below
         if self.assembler is None:
             arrivals, reasons = decode_messages(
-                [(payload, now) for _, _, payload, now, topic, _ in items if topic != inject],
+                [(payload, now) for _, _, payload, now, topic, _ in stream if topic != inject],
                 self.config.shape,
                 self.config.num_classes,
             )
-            result = self.store.append(arrivals, rejected=reasons, messages=len(items), rate=rate)
+            result = self.store.append(arrivals, rejected=reasons, messages=len(stream), rate=rate)
         else:
             assembler = self.assembler
-            own = [(t, payload, now, kept) for _, _, payload, now, t, kept in items if t != inject]
+            own = [(t, payload, now, kept) for _, _, payload, now, t, kept in stream if t != inject]
             # A retained message is the broker's last copy, delivered on subscribing: no
             # fresh reading where readings are stamped on arrival (with a timestamp of its
             # own, it is one like any other, a duplicate once taken).
@@ -597,7 +599,7 @@ class IngestDaemon(Subscribed):
                 result = self.store.append(
                     made.arrivals(),
                     rejected=reasons,
-                    messages=len(items),
+                    messages=len(stream),
                     rate=rate,
                     counts=made.counts,
                     also=made.save,

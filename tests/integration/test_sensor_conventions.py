@@ -420,3 +420,61 @@ def start_ingest_argv(procs: ProcessGroup, name: str, options: list[str], where:
     procs.start(name, fedstream_command("ingest", *options, "--status-interval", "0.5"),
                 log_path=where / f"{name}.log")  # fmt: skip
     assert wait_until(buffer.exists, 20), (where / f"{name}.log").read_text()
+
+
+@pytest.mark.timeout(120)
+def test_availability_messages_are_acknowledged_and_shown_not_buffered(
+    stock: MosquittoBroker, procs: ProcessGroup, tmp_path: Path
+) -> None:
+    # Prepare: MQTT 3.1.1, where the broker stops sending a session more than 20 QoS 1
+    # messages it has not acknowledged; a sensor whose availability flaps 30 times
+    buf = tmp_path / "kitchen.sqlite"
+    start_ingest(procs, stock.url, buf, "kitchen", "--mqtt-version", "3.1.1",
+                 "--payload", "plain", "--time-field", "none",
+                 "--topic", "esphome/kitchen/sensor/+/state", "--fields", "temperature",
+                 "--window", "5", "--availability-topic", "esphome/+/status",
+                 connected=True)  # fmt: skip
+    client = mqtt.Client(CallbackAPIVersion.VERSION2)
+    client.connect("127.0.0.1", port_of(stock.url))
+    client.loop_start()
+    try:
+        # Execute: the flapping, then 40 readings, then the sensor gone
+        for i in range(30):
+            state = "online" if i % 2 else "offline"
+            client.publish("esphome/kitchen/status", state, qos=1).wait_for_publish(5)
+        for i in range(40):
+            topic = "esphome/kitchen/sensor/temperature/state"
+            client.publish(topic, f"{20 + i / 10:.1f}", qos=1).wait_for_publish(5)
+        client.publish("esphome/kitchen/status", "offline", qos=1).wait_for_publish(5)
+        # Assert: every reading taken after the 30 availability messages (each acknowledged),
+        # none of those buffered or refused; the last state in the daemon's status
+        assert wait_until(lambda: stats(buf).get("readings", 0) >= 40, 30), stats(buf)
+        final = stats(buf)
+        assert final["readings"] == 40 and final["rejected"] == 0 and final["messages"] == 40
+        status = fleet_status(stock.url, "kitchen")
+        assert status["availability"] == {"esphome/kitchen/status": "offline"}
+        assert status["sensors-offline"] == ["esphome/kitchen/status"]
+    finally:
+        client.loop_stop()
+        client.disconnect()
+
+
+def fleet_status(url: str, device: str) -> dict[str, object]:
+    """The device's retained status as ``fedstream fleet`` reads it, once it names its
+    availability."""
+    from deploy.fleet_status import FleetView
+    from edge_client.runtime.mqtt import BrokerOptions
+
+    def read() -> dict[str, object]:
+        with FleetView(BrokerOptions.of(url)) as view:
+            assert view.wait_connected(10)
+            view.wait_settled()
+            return view.snapshot().get(device, {})
+
+    status = read()
+    for _ in range(20):  # the daemon publishes every --status-interval (0.5 s here)
+        if status.get("sensors-offline"):
+            break
+        time.sleep(0.5)
+        status = read()
+    return status
