@@ -16,6 +16,9 @@ nothing written into the checkout.
 
 Run as root (CI), the blocks run as uid 65534 with one capability, CAP_DAC_READ_SEARCH, so that
 they can reach this machine's interpreter under /root; they can write only their own folder.
+Where the interpreter or the test's venv lies where that user cannot go (a checkout or a venv
+in a 0700 folder), each is bound into the test's folder for the blocks (tested from a 0700
+checkout under /root, and by CI, whose scratch venv is in a 0700 folder).
 """
 
 from __future__ import annotations
@@ -155,30 +158,59 @@ def _venv_sites() -> list[str]:
     return site.getsitepackages() if sys.prefix != sys.base_prefix else []
 
 
-def _as_nobody(tmp: Path) -> tuple[list[str], str]:
-    """How root runs a command as uid 65534, and the interpreter path that user runs.
+def _reachable(path: Path) -> bool:
+    """Whether any user may walk to ``path`` (every folder on the way searchable by others)."""
+    return all(os.stat(p).st_mode & 0o001 for p in [path, *path.parents] if p.exists())
 
-    This machine's interpreter may live where that user cannot go (pyenv under /root): it is
-    then bound to a folder in ``tmp``, in a mount namespace of the command's own, and the
-    command keeps CAP_DAC_READ_SEARCH for the files the interpreter's build still names under
-    the original path (access(2), which some libraries check paths with, ignores that
-    capability; the bound path needs none).
+
+@dataclass
+class _Nobody:
+    """How root runs a command as uid 65534: the command's prefix, the interpreter path that
+    user runs, and the test venv's site-packages as that user reaches them."""
+
+    prefix: list[str]
+    python: str
+    sites: list[str]
+
+
+def _as_nobody(tmp: Path) -> _Nobody:
+    """How root runs a command as uid 65534 (:class:`_Nobody`).
+
+    This machine's interpreter, and the test's venv, may live where that user cannot go (a
+    pyenv or a checkout under /root, a home folder of mode 0700): each such folder is then
+    bound to a folder in ``tmp``, in a mount namespace of the command's own, and the command
+    keeps CAP_DAC_READ_SEARCH for the files the interpreter's build still names under the
+    original path (access(2), which some libraries check paths with, ignores that
+    capability; the bound paths need none).
     """
     if not shutil.which("setpriv"):
         pytest.skip("running as root without setpriv: cannot run the docs as another user")
     drop = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
             "--inh-caps=+dac_read_search", "--ambient-caps=+dac_read_search"]  # fmt: skip
     base = Path(sys.base_prefix)
-    if all(os.stat(p).st_mode & 0o001 for p in [base, *base.parents]):
-        return drop, str(_base_python())
-    bound = tmp / "python"
-    bound.mkdir()
-    prefix = ["unshare", "-m", "--propagation", "private", "--", "sh", "-c",
-              'mount --bind "$0" "$1" && shift && exec "$@"', str(base), str(bound)]  # fmt: skip
+    python, sites = str(_base_python()), list(_venv_sites())
+    binds: list[tuple[Path, Path]] = []
+    if not _reachable(base):
+        binds.append((base, tmp / "python"))
+        python = str(tmp / "python" / _base_python().relative_to(base))
+    for i, where in enumerate(list(sites)):
+        if not _reachable(Path(where)):
+            binds.append((Path(where), tmp / f"site-{i}"))
+            sites[i] = str(tmp / f"site-{i}")
+    if not binds:
+        return _Nobody(drop, python, sites)
+    for _, bound in binds:
+        bound.mkdir()
+    script = (
+        'while [ "$1" != -- ]; do mount --bind "$1" "$2" || exit 1; shift 2; done; shift; exec "$@"'
+    )
+    pairs = [str(p) for pair in binds for p in pair]
+    prefix = ["unshare", "-m", "--propagation", "private", "--", "sh", "-c", script, "sh",
+              *pairs, "--"]  # fmt: skip
     probe = subprocess.run([*prefix, "true"], capture_output=True, text=True, timeout=30)
     if probe.returncode != 0:
         pytest.skip(f"cannot bind the interpreter for another user here: {probe.stderr.strip()}")
-    return [*prefix, *drop], str(bound / _base_python().relative_to(base))
+    return _Nobody([*prefix, *drop], python, sites)
 
 
 def _not_copied(folder: str, names: list[str]) -> set[str]:
@@ -242,7 +274,12 @@ def _walkthrough(tmp_path: Path) -> None:
     bin_dir.mkdir()
     for shim in ("sudo", "apt-get", "usermod"):
         shutil.copy(SHIMS / shim, bin_dir / shim)
-    as_user, python = _as_nobody(tmp_path) if os.geteuid() == 0 else ([], str(_base_python()))
+    nobody = (
+        _as_nobody(tmp_path)
+        if os.geteuid() == 0
+        else _Nobody([], str(_base_python()), _venv_sites())
+    )
+    as_user, python = nobody.prefix, nobody.python
     (bin_dir / "systemctl").write_text(f'#!/bin/sh\nexec {python} {SHIMS / "systemctl.py"} "$@"\n')
     (bin_dir / "systemctl").chmod(0o755)
     mosquitto_etc, state, prefix = tmp_path / "mosquitto", tmp_path / "state", tmp_path / "opt"
@@ -271,8 +308,8 @@ def _walkthrough(tmp_path: Path) -> None:
         "MQTT_LOCAL_PORT": str(free_port()), "SUPERLINK_PORT": str(superlink_port),
         "RUN_CONFIG": f"num-rounds={ROUNDS} min-nodes=2 local-steps=10",
     }  # fmt: skip
-    if _venv_sites():  # install.sh's pip finds torch and flwr installed: no download
-        env["PYTHONPATH"] = os.pathsep.join(_venv_sites())
+    if nobody.sites:  # install.sh's pip finds torch and flwr installed: no download
+        env["PYTHONPATH"] = os.pathsep.join(nobody.sites)
     variables, *blocks = doc_blocks(DOC.read_text())
     assert "FEDSTREAM_PREFIX" in variables.code and not variables.tags
     walk = Walkthrough(tmp_path, env, variables.code, as_user)
@@ -316,12 +353,12 @@ def _walkthrough(tmp_path: Path) -> None:
             else:
                 out = walk.run(block)
                 outputs.append(out)
-                if "deploy/install.sh" in block.code and _venv_sites():
+                if "deploy/install.sh" in block.code and nobody.sites:
                     # the units start with a clean environment (no PYTHONPATH): the test's
                     # venv's packages reach the installed venv as its system's would
                     for pth in (prefix / "venv").glob("lib/python3*/site-packages"):
                         (pth / "zz-fedstream-test-packages.pth").write_text(
-                            "\n".join(_venv_sites()) + "\n"
+                            "\n".join(nobody.sites) + "\n"
                         )
                 if STOP.search(block.code):
                     stop_out = out
