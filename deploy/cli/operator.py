@@ -24,6 +24,7 @@ from deploy.cli.options import (
     POSITIVE,
     BrokerOption,
     ConnectionOption,
+    ConnectTimeoutOption,
     Credentials,
     MetricsListenOption,
     VerboseOption,
@@ -72,12 +73,7 @@ def fleet(
     ] = None,
     metrics_listen: MetricsListenOption = "0.0.0.0",
     credentials: Credentials = NO_CREDENTIALS,
-    connect_timeout: Annotated[
-        float,
-        typer.Option(
-            "--connect-timeout", help="Exit 1 (with the reason) if not connected by then.", min=0.1
-        ),
-    ] = 10.0,
+    connect_timeout: ConnectTimeoutOption = 10.0,
     verbose: VerboseOption = False,
 ) -> None:
     """Every device's retained status in one table: online, stream rate, fill, dropped,
@@ -240,12 +236,7 @@ def sensors(
         bool, typer.Option("--json", help="One JSON object: the sensors and the commands.")
     ] = False,
     credentials: Credentials = NO_CREDENTIALS,
-    connect_timeout: Annotated[
-        float,
-        typer.Option(
-            "--connect-timeout", help="Exit 1 (with the reason) if not connected by then.", min=0.1
-        ),
-    ] = 10.0,
+    connect_timeout: ConnectTimeoutOption = 10.0,
     verbose: VerboseOption = False,
 ) -> None:
     """List the sensors a broker carries (Home Assistant discovery, Sparkplug B births,

@@ -45,6 +45,7 @@ __all__ = [
     "POSITIVE",
     "READINGS_PANEL",
     "BrokerOption",
+    "ConnectTimeoutOption",
     "ConnectionOption",
     "Credentials",
     "DaemonConnectTimeoutOption",
@@ -135,6 +136,13 @@ ConnectionOption = Annotated[
     typer.Option(help="SuperLink connection in $FLWR_HOME/config.toml (default: its default)."),
 ]
 # The device daemons' (ingest, infer): they retry for ever unless given one.
+#: How long a one-shot command (``fleet``, ``sensors``) waits for the broker.
+ConnectTimeoutOption = Annotated[
+    float,
+    typer.Option(
+        "--connect-timeout", help="Exit 1 (with the reason) if not connected by then.", min=0.1
+    ),
+]
 DaemonConnectTimeoutOption = Annotated[
     float | None,
     typer.Option(

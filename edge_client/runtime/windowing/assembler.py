@@ -19,8 +19,9 @@ import math
 import sqlite3
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -39,6 +40,7 @@ from edge_client.wire.sparkplug import SparkplugReader
 __all__ = ["Assembled", "WindowAssembler"]
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 #: (topic, payload, arrival time) of one message, as the ingest writer hands them over.
 Message = tuple[str, bytes | bytearray, float]
@@ -314,17 +316,8 @@ class WindowAssembler:
                 rejected["bad-topic"] += 1
                 return
             fmt = spec.streams[index].format
-        try:
-            readings = decode_readings(payload, fmt, arrival)
-        except MissingValueError:  # the sensor says it has no value: nothing to take, no error
-            counts["readings-unavailable"] += 1
-            return
-        except FrameError as err:
-            rejected[err.reason] += 1
-            return
-        except Exception:  # a decoder bug must not stop ingest: count it, keep going
-            log.exception("unexpected error decoding a reading")
-            rejected["decode-error"] += 1
+        readings = _decoded(lambda: decode_readings(payload, fmt, arrival), counts, rejected)
+        if readings is None:
             return
         if fmt.time_field is None and index is not None:
             readings = self._stamped(index, readings)
@@ -341,16 +334,12 @@ class WindowAssembler:
     ) -> None:
         """One message of the Sparkplug B edge node: its metrics' readings, each on its own
         channel's stream (a metric's timestamp is its own)."""
-        assert self.sparkplug is not None
-        try:
-            readings, seen = self.sparkplug.take(topic, payload, arrival)
-        except FrameError as err:
-            rejected[err.reason] += 1
+        reader = self.sparkplug
+        assert reader is not None
+        taken = _decoded(lambda: reader.take(topic, payload, arrival), counts, rejected)
+        if taken is None:
             return
-        except Exception:  # a decoder bug must not stop ingest: count it, keep going
-            log.exception("unexpected error decoding a Sparkplug B message")
-            rejected["decode-error"] += 1
-            return
+        readings, seen = taken
         counts.update(seen)
         for index, reading in readings:
             self._add(index, reading, arrival, counts, rejected)
@@ -387,3 +376,19 @@ class WindowAssembler:
             counts["duplicates"] += 1
         elif reason is not None:
             rejected[reason] += 1
+
+
+def _decoded(decode: Callable[[], _T], counts: Counter[str], rejected: Counter[str]) -> _T | None:
+    """What ``decode`` makes of a message, or None where it takes nothing: the sensor said
+    it has no value (counted, no error), the message is refused (by reason), or the decoder
+    failed (a bug must not stop ingest: logged, counted as ``decode-error``)."""
+    try:
+        return decode()
+    except MissingValueError:
+        counts["readings-unavailable"] += 1
+    except FrameError as err:
+        rejected[err.reason] += 1
+    except Exception:
+        log.exception("unexpected error decoding a message")
+        rejected["decode-error"] += 1
+    return None
