@@ -57,6 +57,7 @@ __all__ = [
     "asynchronous",
     "buffers",
     "bursts",
+    "changed_sources",
     "compression",
     "controller_defaults",
     "deployment",
@@ -906,15 +907,25 @@ def staleness(section: Doc, root: Path = ROOT) -> str | None:
     )
     if known.returncode != 0:
         return f"measured on {short}: not a commit of this history"
-    changed = subprocess.run(
-        ["git", "-C", str(root), "diff", "--name-only", str(commit), "--", *sources],
+    # The reason is the page's mark: it names no count or file, so that a later commit
+    # does not change the page (`--check` lists the files: changed_sources).
+    return (
+        f"measured on {short}: its sources changed since"
+        if changed_sources(section, root)
+        else None
+    )
+
+
+def changed_sources(section: Doc, root: Path = ROOT) -> list[str]:
+    """A section's sources changed since its commit (in later commits or the working
+    tree); the commit must be one of this history."""
+    return subprocess.run(
+        ["git", "-C", str(root), "diff", "--name-only", str(section["commit"]), "--",
+         *section["sources"]],
         capture_output=True,
         text=True,
         check=True,
-    ).stdout.split()
-    if changed:
-        return f"measured on {short}: {len(changed)} source(s) changed since, {changed[0]} ..."
-    return None
+    ).stdout.split()  # fmt: skip
 
 
 def stale(results: Path, root: Path = ROOT) -> dict[str, list[str]]:
@@ -943,6 +954,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, reasons in old.items():
         for why in reasons:
             print(f"{name}.json: {why}")
+        doc = json.loads((args.results / f"{name}.json").read_text())
+        for where, section in sections(doc):
+            if "changed since" in str(staleness(section)):
+                changed = changed_sources(section)
+                print(f"  {where}: {len(changed)} changed: {', '.join(changed[:8])} ...")
     count = sum(len(r) for r in old.values())
     print(f"{count} stale section(s)" if count else "no stale section")
     return 1 if count else 0
