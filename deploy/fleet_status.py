@@ -11,22 +11,15 @@ from __future__ import annotations
 
 import json
 import logging
-import secrets
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any, Self
+from typing import Any
 
 import paho.mqtt.client as mqtt
 
-from deploy.local import StartStop
-from edge_client.runtime.mqtt import (
-    BrokerURL,
-    Connection,
-    Subscriptions,
-    connect_async,
-    make_client,
-)
+from deploy.subscriber import BrokerSubscriber
+from edge_client.runtime.mqtt import BrokerURL
 from edge_client.runtime.status_metrics import status_number
 from edge_client.wire.topics import STATUS_WILDCARD, device_of_topic
 
@@ -38,7 +31,7 @@ log = logging.getLogger(__name__)
 _QUIET_S = 0.5
 
 
-class FleetView(StartStop):
+class FleetView(BrokerSubscriber):
     """Every device's latest status, kept current from the broker.
 
     Parameters
@@ -50,31 +43,12 @@ class FleetView(StartStop):
     """
 
     def __init__(self, broker: BrokerURL) -> None:
-        self.broker = broker
+        super().__init__(broker, (STATUS_WILDCARD,), "fedstream-fleet")
         self._statuses: dict[str, dict[str, Any]] = {}
         self._lock = threading.Lock()
-        self._connected = threading.Event()
         self._last_message = time.monotonic()
         #: Status messages that were not a JSON object (ignored).
         self.malformed = 0
-        # Not a device's process: an id of its own each time (a second view takes none over).
-        self._client = make_client(f"fedstream-fleet.{secrets.token_hex(4)}", broker)
-        self._subscriptions = Subscriptions((STATUS_WILDCARD,))
-        self._client.on_connect = self._on_connect
-        self._client.on_message = self._on_message
-        self._client.on_subscribe = self._on_subscribe
-        #: The attempts to reach the broker (from :meth:`start` on).
-        self.connection = Connection(v5=self._client.protocol == mqtt.MQTTv5)
-
-    def start(self) -> Self:
-        """Connect (retrying with back-off) and subscribe, in paho's thread."""
-        connect_async(self._client, self.broker, self.connection)
-        return self
-
-    def wait_connected(self, timeout: float) -> bool:
-        """Block until subscribed (the broker acknowledged the subscription: the retained
-        statuses follow it), or ``timeout`` seconds."""
-        return self._connected.wait(timeout)
 
     def wait_settled(self, timeout: float = 5.0) -> None:
         """After :meth:`wait_connected`: wait until the retained statuses have come in (none
@@ -91,23 +65,12 @@ class FleetView(StartStop):
         with self._lock:
             return {device: dict(status) for device, status in self._statuses.items()}
 
-    def stop(self) -> None:
-        """Disconnect."""
-        self._client.disconnect()
-        self._client.loop_stop()
+    def on_subscribed(self) -> None:
+        """The retained statuses follow: the quiet period counts from here."""
+        self._last_message = time.monotonic()
 
-    def _on_connect(self, client: mqtt.Client, _u: Any, _f: Any, rc: Any, _p: Any) -> None:
-        if rc.is_failure:
-            self.connection.refused(self.broker, rc)
-            return
-        self._subscriptions.send(client)
-
-    def _on_subscribe(self, _c: mqtt.Client, _u: Any, mid: int, reasons: Any, _p: Any) -> None:
-        if self._subscriptions.acknowledged(mid, reasons, self.connection):
-            self._last_message = time.monotonic()
-            self._connected.set()
-
-    def _on_message(self, _c: mqtt.Client, _u: Any, msg: mqtt.MQTTMessage) -> None:
+    def on_message(self, msg: mqtt.MQTTMessage) -> None:
+        """Merge a device's status into what is known of it (a malformed one is counted)."""
         self._last_message = time.monotonic()
         device = device_of_topic(msg.topic)
         try:

@@ -24,24 +24,17 @@ import json
 import logging
 import math
 import re
-import secrets
 import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Self
+from typing import Any
 
 import paho.mqtt.client as mqtt
 
-from deploy.local import StartStop
-from edge_client.runtime.mqtt import (
-    BrokerURL,
-    Connection,
-    Subscriptions,
-    connect_async,
-    make_client,
-)
+from deploy.subscriber import BrokerSubscriber
+from edge_client.runtime.mqtt import BrokerURL
 from edge_client.wire.constants import MAX_PLAIN_BYTES, SPARKPLUG_NAMESPACE
 from edge_client.wire.frames import FrameError
 from edge_client.wire.readings import MissingValueError, decode_readings, parse_fields
@@ -133,7 +126,7 @@ class _Seen:
     retained: bool = False
 
 
-class BrokerListener(StartStop):
+class BrokerListener(BrokerSubscriber):
     """Listens to topic filters and keeps, per topic, the last message and how many came.
 
     Parameters
@@ -145,49 +138,18 @@ class BrokerListener(StartStop):
     """
 
     def __init__(self, broker: BrokerURL, filters: Sequence[str]) -> None:
-        self.broker = broker
+        super().__init__(broker, filters, "fedstream-sensors")
         self.seen: dict[str, _Seen] = {}
         self.births: list[tuple[str, bytes]] = []  # Sparkplug B births, in order
         self._lock = threading.Lock()
-        self._subscribed = threading.Event()
-        self._client = make_client(f"fedstream-sensors.{secrets.token_hex(4)}", broker)
-        self._subscriptions = Subscriptions(tuple(filters))
-        self._client.on_connect = self._on_connect
-        self._client.on_message = self._on_message
-        self._client.on_subscribe = self._on_subscribe
-        #: The attempts to reach the broker.
-        self.connection = Connection(v5=self._client.protocol == mqtt.MQTTv5)
-
-    def start(self) -> Self:
-        """Connect and subscribe, in paho's thread."""
-        connect_async(self._client, self.broker, self.connection)
-        return self
-
-    def wait_connected(self, timeout: float) -> bool:
-        """Block until subscribed, or ``timeout`` seconds."""
-        return self._subscribed.wait(timeout)
-
-    def stop(self) -> None:
-        """Disconnect."""
-        self._client.disconnect()
-        self._client.loop_stop()
 
     def snapshot(self) -> tuple[dict[str, _Seen], list[tuple[str, bytes]]]:
         """What came so far: per topic, and the births."""
         with self._lock:
             return dict(self.seen), list(self.births)
 
-    def _on_connect(self, client: mqtt.Client, _u: Any, _f: Any, rc: Any, _p: Any) -> None:
-        if rc.is_failure:
-            self.connection.refused(self.broker, rc)
-            return
-        self._subscriptions.send(client)
-
-    def _on_subscribe(self, _c: mqtt.Client, _u: Any, mid: int, reasons: Any, _p: Any) -> None:
-        if self._subscriptions.acknowledged(mid, reasons, self.connection):
-            self._subscribed.set()
-
-    def _on_message(self, _c: mqtt.Client, _u: Any, msg: mqtt.MQTTMessage) -> None:
+    def on_message(self, msg: mqtt.MQTTMessage) -> None:
+        """Count the message on its topic, keep it as the topic's last (and a birth)."""
         now = time.monotonic()
         with self._lock:
             seen = self.seen.setdefault(msg.topic, _Seen(now, now))

@@ -32,4 +32,12 @@ python3 -m ruff check .
 python3 -m ruff format --check .
 python3 -m mypy
 # pytest exits 5 when it collects no test: that fails this script too (set -e).
-python3 -m pytest -q -ra --durations=25 "$@"
+if [ $# -gt 0 ]; then
+    python3 -m pytest -q -ra --durations=25 "$@"
+else
+    # The unit tier on every core (pytest-xdist; each test's torch on one thread), then the
+    # tiers that start processes, one test at a time: their plans and round timings follow
+    # the machine's load, and two at once on two cores change what they measure.
+    python3 -m pytest -q -ra --durations=10 -n "$(python3 -c 'import os; print(min(4, os.cpu_count() or 1))')" -m unit
+    python3 -m pytest -q -ra --durations=25 -m 'not unit'
+fi

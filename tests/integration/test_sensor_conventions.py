@@ -21,6 +21,7 @@ from deploy.local import ProcessGroup, wait_until
 from deploy.probes import buffer_stats as stats
 from deploy.probes import publish_report, start_ingest, start_publisher
 from edge_client.runtime.buffer import BufferStore
+from edge_client.runtime.constants import INGEST_SUBSCRIBED_LOG
 
 pytestmark = [
     pytest.mark.mosquitto,
@@ -413,13 +414,17 @@ def _fleet_offline(url: str) -> list[str] | None:
 
 
 def start_ingest_argv(procs: ProcessGroup, name: str, options: list[str], where: Path) -> None:
-    """``fedstream ingest`` with the options a command line printed, as a child process."""
+    """``fedstream ingest`` with the options a command line printed, as a child process;
+    returns once the broker acknowledged its subscriptions (readings published before that
+    would reach no one: on a busy machine the daemon takes seconds to start)."""
     from deploy.local import fedstream_command
 
     buffer = Path(options[options.index("--buffer") + 1])
+    log = where / f"{name}.log"
     procs.start(name, fedstream_command("ingest", *options, "--status-interval", "0.5"),
-                log_path=where / f"{name}.log")  # fmt: skip
-    assert wait_until(buffer.exists, 20), (where / f"{name}.log").read_text()
+                log_path=log)  # fmt: skip
+    assert wait_until(buffer.exists, 20), log.read_text()
+    assert wait_until(lambda: INGEST_SUBSCRIBED_LOG in log.read_text(), 30), log.read_text()
 
 
 @pytest.mark.timeout(120)
