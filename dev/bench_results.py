@@ -954,9 +954,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     for name, reasons in old.items():
         for why in reasons:
             print(f"{name}.json: {why}")
+        # the files only where the reason says so (staleness is not asked again: git twice)
+        changed_at = {why.rpartition(" [")[2][:-1] for why in reasons if "changed since" in why}
         doc = json.loads((args.results / f"{name}.json").read_text())
         for where, section in sections(doc):
-            if "changed since" in str(staleness(section)):
+            if where in changed_at:
                 changed = changed_sources(section)
                 print(f"  {where}: {len(changed)} changed: {', '.join(changed[:8])} ...")
     count = sum(len(r) for r in old.values())
