@@ -25,6 +25,7 @@ from typing import Any
 
 from aggregator.checkpoint import RUN_CONFIG, RUN_ID, SERVER_ROUND, read_state
 from aggregator.round_log import HOME_ENV
+from deploy.app_files import app_files
 from deploy.constants import RESUME_POLL_S, RESUME_WAIT_S
 from deploy.local import ProcessGroup, free_port, wait_for_port
 from deploy.secure import RunSecrets
@@ -201,8 +202,9 @@ def submit_run(
         If ``flwr run`` does not report a run id (the message carries its output).
     """
     pairs = " ".join(f"{k}={_toml_value(v)}" for k, v in run_config.items())
-    where = [str(app_dir), *([connection] if connection else [])]
-    data = _cli_json("run", *where, "--run-config", pairs, env=env)
+    with app_files(app_dir) as app:  # not the whole checkout: flwr walks every file given
+        where = [str(app), *([connection] if connection else [])]
+        data = _cli_json("run", *where, "--run-config", pairs, env=env)
     if not data.get("success") or "run-id" not in data:
         raise FlowerError(f"flwr run failed: {flower_says(data)}")
     return str(data["run-id"])

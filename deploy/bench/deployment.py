@@ -74,7 +74,15 @@ from edge_client.wire.frames import SampleBatch
 from edge_client.wire.mapping import kebab
 from edge_client.wire.run_config import RunSettings
 
-__all__ = ["NOOP_APP", "PLAIN_APP", "ProcessSampler", "rerun_controllers", "run"]
+__all__ = [
+    "NOOP_APP",
+    "PLAIN_APP",
+    "QUICK_SOAK_EVERY",
+    "QUICK_SOAK_MESSAGES",
+    "ProcessSampler",
+    "rerun_controllers",
+    "run",
+]
 
 log = logging.getLogger(__name__)
 
@@ -108,6 +116,9 @@ RUN_TIMEOUT_S = 900.0
 #: The agent's soak: messages served back to back, and how often (in messages) its resident
 #: memory is read.
 SOAK_MESSAGES, SOAK_EVERY = 500, 50
+#: The quick run's: a soak of 20 messages read every 10, and controller rounds of 4 local
+#: steps (what it checks is that every part runs, in minutes; its figures judge nothing).
+QUICK_SOAK_MESSAGES, QUICK_SOAK_EVERY, QUICK_CONTROLLER_STEPS = 20, 10, 4
 #: A 1 GB Raspberry Pi: the device's processes should leave 40 % of it free.
 PI_BYTES = 1 << 30
 
@@ -447,7 +458,8 @@ def run(quick: bool = False, progress: Callable[[str], None] = print) -> Result:
     fedstream-idle-agent, then the live runs (the demo's own processes), without and with
     agents; the controller pair gets another (its SuperNodes slowed down, agents on); last,
     an agent's soak. ``quick``: 2 devices and 2 rounds everywhere, one repetition (the
-    controller pair: slowdowns 1 and 4), a soak of 50 messages.
+    controller pair: slowdowns 1 and 4, :data:`QUICK_CONTROLLER_STEPS` local steps), a soak of
+    :data:`QUICK_SOAK_MESSAGES` messages.
     """
     devices, rounds = (2, 2) if quick else (4, 6)
     repetitions = 1 if quick else REPETITIONS
@@ -482,7 +494,11 @@ def run(quick: bool = False, progress: Callable[[str], None] = print) -> Result:
                 live = functools.partial(_live, tmp, devices, rounds, rep=k, agent=with_agent)
                 timed("fedstream-live" + ("-agent" if with_agent else ""), live, k)
         _controllers(tmp, devices, quick, timed)
-        soak = _soak(tmp, 50 if quick else SOAK_MESSAGES, progress)
+        soak = _soak(
+            tmp,
+            *((QUICK_SOAK_MESSAGES, QUICK_SOAK_EVERY) if quick else (SOAK_MESSAGES, SOAK_EVERY)),
+            progress,
+        )
     _judge_controllers(runs, _slowdowns(quick))
     entries = [r.entry() for r in runs]
     _add_ratios(entries)
@@ -516,7 +532,7 @@ def _controllers(
                 num_rounds=2 if quick else CONTROLLER_ROUNDS,
                 min_nodes=devices,
                 controller=name,
-                local_steps=10 if quick else CONTROLLER_STEPS,
+                local_steps=QUICK_CONTROLLER_STEPS if quick else CONTROLLER_STEPS,
                 model_width=CONTROLLER_WIDTH,
                 seed=seed,
                 eval_data="synthetic",
@@ -590,10 +606,10 @@ def rerun_controllers(doc: dict[str, Any], progress: Callable[[str], None] = pri
     return Result("deployment", entries, table, meta, sources=PROCESS_SOURCES)
 
 
-def _soak(tmp: Path, messages: int, progress: Callable[[str], None]) -> dict[str, Any]:
+def _soak(tmp: Path, messages: int, every: int, progress: Callable[[str], None]) -> dict[str, Any]:
     """One device's agent taking ``messages`` tasks from a real SuperNode, back to back (a
     run of that many rounds of 2 steps of :data:`BATCH` samples): its resident memory after
-    the first round and every :data:`SOAK_EVERY` rounds (flat when nothing leaks)."""
+    the first round and every ``every`` rounds (flat when nothing leaks)."""
     settings = _settings(1, messages, tmp / "soak-out", local_steps=2)
     buffers = _fill_buffers(tmp / "soak", 1, messages * BATCH * 2 + 1000)
     metrics = Path(settings.out_dir) / "metrics.jsonl"
@@ -610,7 +626,7 @@ def _soak(tmp: Path, messages: int, progress: Callable[[str], None]) -> dict[str
                     rss.append([done, usage.rss_bytes(pid)])
                     mib = rss[-1][1] / 2**20
                     progress(f"  agent soak: {done} messages, resident {mib:.0f} MiB")
-                    due = SOAK_EVERY * (done // SOAK_EVERY + 1)
+                    due = every * (done // every + 1)
 
         watcher = threading.Thread(target=watch, daemon=True)
         watcher.start()

@@ -24,9 +24,15 @@ TOP_LEVEL = {"edge_client", "aggregator", "deploy"}
 def app(tmp_path: Path) -> Path:
     """A copy of the project (builds leave files behind; Flower wants the folder to be named
     like an app)."""
-    ignore = shutil.ignore_patterns(
+    ignored = shutil.ignore_patterns(
         ".git", "runs", "build", "*.egg-info", "__pycache__", ".*_cache", "*.fab"
     )
+
+    def ignore(folder: str, names: list[str]) -> set[str]:
+        # and a virtual environment inside the checkout (dev/test.sh's .venv, CI's): a GB
+        venvs = {n for n in names if (Path(folder) / n / "pyvenv.cfg").is_file()}
+        return set(ignored(folder, names)) | venvs
+
     return Path(shutil.copytree(ROOT, tmp_path / "fedstream", ignore=ignore))
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from edge_client.emulation.constants import REPLAY_GAP_S
-from edge_client.emulation.publisher import PublisherConfig
+from edge_client.emulation.publisher import Prefetched, PublisherConfig
 from edge_client.emulation.reading_replay import SeriesReadings, series_channels
 from edge_client.emulation.schedule import arrival_offsets, draw_rate
 from edge_client.emulation.sources import (
@@ -105,6 +105,22 @@ def test_file_sources(tmp_path: Path) -> None:
         load_recording(tmp_path / "bad.csv")
     with pytest.raises(ValueError, match=r"\.npz or \.csv"):
         load_recording(tmp_path / "s.txt")
+
+
+def test_a_prefetched_source_hands_out_its_chunks_in_order_whatever_the_request_sizes() -> None:
+    # Prepare: a replay whose rows are numbered, and the same drawn a chunk of 4 at a time
+    x = np.arange(10, dtype=np.float32).reshape(10, 1)
+    y = np.arange(10) % 3
+    prefetched = Prefetched(ArraySource(x, y, np.random.default_rng(0)), chunk=4)
+    # Execute: requests across chunk boundaries, empty, and bigger than a chunk
+    parts = [prefetched.next(n) for n in (1, 3, 0, 2, 7, 1)]
+    # Assert: the rows in the source's own order, wrapping as it wraps, labels with them
+    rows = np.concatenate([p[0][:, 0] for p in parts]).astype(int)
+    assert list(rows) == [i % 10 for i in range(14)]
+    assert list(np.concatenate([p[1] for p in parts])) == [i % 10 % 3 for i in range(14)]
+    assert prefetched.shape == (1,) and parts[2][0].shape == (0, 1)
+    with pytest.raises(ValueError, match="at least 1"):
+        Prefetched(ArraySource(x, y, np.random.default_rng(0)), chunk=0)
 
 
 def test_a_series_is_published_reading_by_reading_evenly_stamped_with_a_gap_at_each_pass(
