@@ -27,6 +27,7 @@ from aggregator.checkpoint import RUN_CONFIG, RUN_ID, SERVER_ROUND, read_state
 from aggregator.round_log import HOME_ENV
 from deploy.app_files import app_files
 from deploy.constants import RESUME_POLL_S, RESUME_WAIT_S
+from deploy.control import ControlClient
 from deploy.local import ProcessGroup, free_port, wait_for_port
 from deploy.secure import RunSecrets
 from edge_client.wire.mapping import kebab
@@ -217,6 +218,7 @@ def resume_run(
     env: Mapping[str, str] | None = None,
     wait_s: float = RESUME_WAIT_S,
     on_wait: Callable[[str], None] | None = None,
+    status: Callable[[str], Mapping[str, Any]] | None = None,
 ) -> tuple[str, int, int]:
     """Submit the checkpointed run again with ``resume=true``: what ``fedstream resume`` does.
 
@@ -228,7 +230,8 @@ def resume_run(
     The run that wrote the checkpoint must have ended first: two runs on one checkpoint
     would both train the devices and overwrite each other's checkpoints. One whose
     aggregator died shows as running until Flower misses its heartbeats (about a minute):
-    the resume waits up to ``wait_s`` for it, telling ``on_wait`` once.
+    the resume waits up to ``wait_s`` for it, telling ``on_wait`` once. ``status``: how a
+    run's status is asked (None: ``flwr list`` on ``connection``).
 
     Returns
     -------
@@ -265,7 +268,7 @@ def resume_run(
         ) from err
     settings = replace(settings, resume=True, checkpoint_dir=str(Path(checkpoint_dir).resolve()))
     app = find_app(app_dir)
-    _wait_ended(state, connection, env, wait_s, on_wait)
+    _wait_ended(state, connection, wait_s, on_wait, status or _cli_status(connection, env))
     run_id = submit_run(app, connection, app_run_config(settings.to_run_config(), app), env)
     return run_id, int(state[SERVER_ROUND]), settings.num_rounds
 
@@ -274,30 +277,39 @@ def checkpoint_run(
     state: Mapping[str, Any],
     connection: str | None = None,
     env: Mapping[str, str] | None = None,
+    status: Callable[[str], Mapping[str, Any]] | None = None,
 ) -> tuple[str, str] | None:
     """The Flower run that wrote a checkpoint (its ``state.json``, :func:`read_state`) and
     its status while Flower lists it as not finished (pending, starting, running); None once
-    it has ended, when Flower does not know it, or for a checkpoint without a run id."""
+    it has ended, when Flower does not know it, or for a checkpoint without a run id.
+    ``status``: how a run's status is asked (None: ``flwr list`` on ``connection``)."""
     if state.get(RUN_ID) is None:
         return None
     run_id = str(state[RUN_ID])
-    status = str(run_status(run_id, connection, env).get("status", ""))
-    return None if not status or status.startswith("finished") else (run_id, status)
+    said = str((status or _cli_status(connection, env))(run_id).get("status", ""))
+    return None if not said or said.startswith("finished") else (run_id, said)
+
+
+def _cli_status(
+    connection: str | None, env: Mapping[str, str] | None
+) -> Callable[[str], Mapping[str, Any]]:
+    """A run's status through the ``flwr`` CLI (a user's connection, whatever it needs)."""
+    return lambda run_id: run_status(run_id, connection, env)
 
 
 def _wait_ended(
     state: Mapping[str, Any],
     connection: str | None,
-    env: Mapping[str, str] | None,
     wait_s: float,
     on_wait: Callable[[str], None] | None,
+    ask: Callable[[str], Mapping[str, Any]],
 ) -> None:
     """Return once the run that wrote the checkpoint has ended (:func:`checkpoint_run`);
     raise :class:`FlowerError` after ``wait_s``."""
     deadline = time.monotonic() + wait_s
     where = connection or "<connection>"
     told = False
-    while (live := checkpoint_run(state, connection, env)) is not None:
+    while (live := checkpoint_run(state, status=ask)) is not None:
         run_id, status = live
         if time.monotonic() >= deadline:
             raise FlowerError(
@@ -403,6 +415,11 @@ class FlowerDeployment:
         (home / "config.toml").write_text(
             f'[superlink]\ndefault = "{CONNECTION}"\n\n'
             f'[superlink.{CONNECTION}]\naddress = "127.0.0.1:{self.port}"\n{transport}'
+        )
+        # What the CLI's connection above names, asked in-process (a run's status, the nodes):
+        # the demo and the benchmarks ask every few seconds, a process each was a CPU-second.
+        self.control = ControlClient(
+            f"127.0.0.1:{self.port}", secrets.ca if secrets else None, CLI_TIMEOUT_S
         )
 
     def start_superlink(self, timeout: float = 60.0) -> None:
@@ -572,9 +589,8 @@ class FlowerDeployment:
         self.group.kill(f"supernode-{name}")
 
     def list_nodes(self) -> list[dict[str, Any]]:
-        """``flwr supernode list``: the federation's SuperNodes (id, status, times)."""
-        nodes = self._cli_json("supernode", "list", CONNECTION).get("nodes") or []
-        return [dict(n) for n in nodes]
+        """``flwr supernode list``'s nodes: the federation's SuperNodes (id, status, times)."""
+        return self.control.nodes()
 
     def wait_nodes(self, count: int, timeout: float = 120.0) -> None:
         """Block until ``count`` SuperNodes are online."""
@@ -593,11 +609,11 @@ class FlowerDeployment:
 
     def resume(self, checkpoint_dir: Path, app_dir: Path) -> tuple[str, int, int]:
         """:func:`resume_run` on this deployment's SuperLink."""
-        return resume_run(checkpoint_dir, app_dir, CONNECTION, self.env)
+        return resume_run(checkpoint_dir, app_dir, CONNECTION, self.env, status=self.status)
 
     def status(self, run_id: str) -> dict[str, Any]:
         """The run's entry of ``flwr list --run-id ID --format json`` (empty if unknown)."""
-        return run_status(run_id, CONNECTION, self.env)
+        return self.control.run(run_id)
 
     def stop_run(self, run_id: str) -> None:
         """``flwr stop ID``: Flower marks the run stopped (at once, also one whose ServerApp
@@ -619,7 +635,7 @@ class FlowerDeployment:
     ) -> dict[str, Any]:
         """Poll the run's status every ``interval`` seconds until it is ``finished:*`` or
         ``timeout`` passes; the last status seen (``flwr run`` exits 0 whatever the run
-        does: this is how to know). Each poll is a ``flwr`` process (about 1 CPU-second)."""
+        does: this is how to know)."""
         status: dict[str, Any] = {}
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
