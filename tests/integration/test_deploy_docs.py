@@ -154,8 +154,12 @@ def _base_python() -> Path:
 
 def _venv_sites() -> list[str]:
     """The test's own venv's site-packages, where it runs in one (else none): the docs' venv,
-    made with ``--system-site-packages`` from the base interpreter, does not see them."""
-    return site.getsitepackages() if sys.prefix != sys.base_prefix else []
+    made with ``--system-site-packages`` from the base interpreter, does not see them. Only
+    those that exist: Debian's Python names ``local/lib/python3.X/dist-packages`` in every
+    venv, made or not."""
+    if sys.prefix == sys.base_prefix:
+        return []
+    return [where for where in site.getsitepackages() if os.path.isdir(where)]
 
 
 def _reachable(path: Path) -> bool:
