@@ -57,16 +57,13 @@ def start_agents(
     logs: Path | None = None,
     tasks: dict[str, tuple[int, Path]] | None = None,
     env: dict[str, str] | None = None,
-    meanwhile: Callable[[dict[str, Path]], None] | None = None,
 ) -> dict[str, Path]:
     """Start ``fedstream agent`` for each device of ``buffers``; return each one's socket
     once all of them listen.
 
     ``tasks`` (device -> its SuperNode's runtime API port and SuperExec secret): the agents
     take their SuperNodes' tasks themselves (no ClientApp process per message), in ``env``
-    (the deployment's Flower home, where they install the run's app). ``meanwhile`` is
-    called with the sockets once the agents are started, before waiting for them (what
-    needs only their paths starts while they load torch).
+    (the deployment's Flower home, where they install the run's app).
 
     Raises
     ------
@@ -93,8 +90,6 @@ def start_agents(
             log_path=log,
             env=env,
         )
-    if meanwhile is not None:
-        meanwhile(paths)
 
     def listening() -> bool:
         dead = [n for n in (f"agent-{d}" for d in paths) if group.procs[n].poll() is not None]
@@ -127,25 +122,18 @@ def start_devices(
     tasks = None
     if sockets is not None and take_tasks:
         tasks = {dev: (free_port(), task_secret(sockets, dev)) for dev in buffers}
-
-    def supernodes(agents: Mapping[str, Path]) -> None:
-        # Started while the agents load torch: a SuperNode keeps its tasks until its agent
-        # takes them, and no message reaches one before the run is submitted, which is after
-        # this returns (the agents listening).
-        for dev in buffers:
-            task = tasks[dev] if tasks is not None else None
-            flower.start_supernode(
-                dev,
-                node_config(dev, "" if task else str(agents.get(dev, ""))),
-                tasks_secret=task[1] if task else None,
-                runtime_port=task[0] if task else None,
-            )
-
-    if sockets is None:
-        supernodes({})
-    else:
-        start_agents(
-            flower.group, buffers, sockets, logs, tasks=tasks, env=flower.env, meanwhile=supernodes
+    agents = (
+        start_agents(flower.group, buffers, sockets, logs, tasks=tasks, env=flower.env)
+        if sockets is not None
+        else {}
+    )
+    for dev in buffers:
+        task = tasks[dev] if tasks is not None else None
+        flower.start_supernode(
+            dev,
+            node_config(dev, "" if task else str(agents.get(dev, ""))),
+            tasks_secret=task[1] if task else None,
+            runtime_port=task[0] if task else None,
         )
     return tasks is not None
 
