@@ -89,12 +89,6 @@ class ControlClient:
         rows = _format_nodes(list(res.nodes_info), res.now)
         return [dict(n) for n in json.loads(_to_json(rows, verbose=False)).get("nodes") or []]
 
-    def close(self) -> None:
-        """Close the HTTP connection (a later call opens another)."""
-        if self._client is not None:
-            self._client.close()
-            self._client = None
-
     def _stub(self) -> ControlHttpClient:
         if self._client is None:  # Flower's imports only once asked: the CLI's cost, once
             # httpx logs every request at INFO: a status check each second is not news in

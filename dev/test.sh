@@ -36,8 +36,8 @@ if [ $# -gt 0 ]; then
     python3 -m pytest -q -ra --durations=25 "$@"
 else
     # The unit tier (pytest-xdist on every core, each test's torch on one thread) runs beside
-    # the tiers that start processes, at a lower priority: those leave about a third of the
-    # CPU idle (they wait on streams, rounds and Flower's polls), and the unit tier fills it
+    # the tiers that start processes, at a lower priority: those leave about half of two
+    # cores idle (they wait on streams, rounds and Flower's polls), and the unit tier fills it
     # without taking what they want. The process tiers go one test at a time: their plans and
     # round timings follow the machine's load, and two at once on two cores change what they
     # measure. Its output follows theirs.
