@@ -20,9 +20,10 @@ virtual seconds (the timing probe's, round 0, first), and the machine it was mad
 torch, Python). The hash is bit-exact on one machine and torch build only: ``--compare``
 holds it where the machine matches the line's, and everywhere the plans, modes and
 aggregated devices exactly, the accuracies within :data:`ACCURACY_TOLERANCE` and the
-virtual seconds within :data:`VIRTUAL_TOLERANCE_S`. The suite runs the comparison
-(``tests/unit/test_fingerprint.py``): a change of behaviour fails it until the lines are
-made again, in the same commit, and the commit says why.
+virtual seconds within :data:`VIRTUAL_TOLERANCE_S` (on another machine, whose weights
+compress to a few bytes more or fewer, within :data:`VIRTUAL_ELSEWHERE_RELATIVE` of each).
+The suite runs the comparison (``tests/unit/test_fingerprint.py``): a change of behaviour
+fails it until the lines are made again, in the same commit, and the commit says why.
 
 ``dev/fingerprint.jsonl``: made again in the commit that put the comparison in the suite
 (issue 56), on the 2-core x86_64 development machine, torch 2.13.0+cpu. The lines of
@@ -59,8 +60,13 @@ from edge_client.wire.run_config import RunSettings
 BASE: dict[str, Any] = {"num_rounds": 4, **SHORT_RUN, "seed": 0}
 #: Accuracies may differ this much on another CPU or torch build (float summation order).
 ACCURACY_TOLERANCE = 0.02
-#: Virtual seconds are sums of a fixed cost line and byte counts: equal but for rounding.
+#: Virtual seconds are sums of a fixed cost line and byte counts: on the recorded machine
+#: equal but for rounding.
 VIRTUAL_TOLERANCE_S = 1e-6
+#: On another CPU the trained weights differ in their last bits, and so do their compressed
+#: sizes, which the clock charges (10 Mbit/s: 0.8 us a byte): a relative tolerance there
+#: (measured: 1.1e-4 of a round, 11 bytes, between an Intel Xeon and an AMD EPYC line).
+VIRTUAL_ELSEWHERE_RELATIVE = 1e-3
 #: What must be equal exactly, on any machine.
 EXACT = ("planned", "modes", "aggregated")
 
@@ -178,19 +184,23 @@ def compare(before: list[dict[str, Any]], now: list[dict[str, Any]]) -> list[str
     differ = []
     for b, n in zip(before, now, strict=True):
         name = b["run"]
-        if b.get("machine") == n["machine"] and b["sha256"] != n["sha256"]:
+        same_machine = b.get("machine") == n["machine"]
+        if same_machine and b["sha256"] != n["sha256"]:
             differ.append(f"{name}: sha256 differs (same machine)")
         differ += [f"{name}: {key} differs" for key in EXACT if b[key] != n[key]]
+        relative = 0.0 if same_machine else VIRTUAL_ELSEWHERE_RELATIVE
         pairs = (
-            ("accuracy", ACCURACY_TOLERANCE),
-            ("virtual_s", VIRTUAL_TOLERANCE_S),
+            ("accuracy", ACCURACY_TOLERANCE, 0.0),
+            ("virtual_s", VIRTUAL_TOLERANCE_S, relative),
         )
-        for key, tolerance in pairs:
+        for key, tolerance, rel in pairs:
             if len(b[key]) != len(n[key]) or any(
-                (x is None) != (y is None) or (x is not None and abs(x - y) > tolerance)
+                (x is None) != (y is None)
+                or (x is not None and abs(x - y) > max(tolerance, rel * abs(x)))
                 for x, y in zip(b[key], n[key], strict=False)
             ):
-                differ.append(f"{name}: {key} differs beyond {tolerance}")
+                bound = f"{tolerance}" + (f" or {rel:g} of it" if rel else "")
+                differ.append(f"{name}: {key} differs beyond {bound}")
     return differ
 
 
