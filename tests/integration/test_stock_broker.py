@@ -169,15 +169,19 @@ def test_kill9_mid_burst_loses_nothing_within_the_queue_and_counts_what_is_beyon
     assert wait_until(lambda: stats(buf)["accepted"] >= 1500, 60)
     time.sleep(1.0)  # would-be redeliveries have time to show up
     within = stats(buf)
-    # Execute 2: down again while 4,000 messages come (the broker keeps 1,000); the sensor
-    # goes on after the daemon is back
-    pub = start_publisher(procs, stock.url, "dev-a", "--count", "6000", "--rate", "2000")
+    # Execute 2: down again while about 1,600 messages come (the broker keeps 1,000); the
+    # sensor goes on for seconds after the daemon is back, so that a later message shows
+    # the gap (a lost tail would show none: the publisher must outlast the restart, which
+    # takes seconds on a loaded machine)
+    pub = start_publisher(procs, stock.url, "dev-a", "--count", "6000", "--rate", "800")
     assert wait_until(lambda: stats(buf)["accepted"] >= 1700, 30)
     procs.kill("ingest")
     time.sleep(2.0)
-    start_ingest(procs, stock.url, buf, "dev-a", status_interval=1.0)
+    start_ingest(procs, stock.url, buf, "dev-a", status_interval=1.0, connected=True)
+    assert pub.poll() is None, "the publisher ended before the daemon was back"
     assert publish_report(pub)["acknowledged"] == 6000
-    assert wait_until(lambda: stats(buf)["accepted"] + stats(buf)["messages-missing"] >= 7500, 60)
+    done = wait_until(lambda: stats(buf)["accepted"] + stats(buf)["messages-missing"] >= 7500, 60)
+    assert done, stats(buf)
     time.sleep(1.0)
     beyond = stats(buf)
     # Assert: within the queue, each sample exactly once; beyond it, every message is either
