@@ -457,21 +457,17 @@ def compression(doc: Doc) -> str:
     )
 
 
-def forecast(doc: Doc, accelerometer: Doc) -> str:
-    """Forecasting an unlabelled stream (``forecast.json``, and the demo's run on an
-    accelerometer, ``demo-forecast-accelerometer.json``).
+def forecast(doc: Doc) -> str:
+    """Forecasting an unlabelled stream (``forecast.json``).
 
     Reads ``past``, ``horizon``, ``devices``, ``rounds``, ``seeds``, ``naive_mae``,
     ``ridge_mae``, ``goals_met`` and the federated entry's ``mae_per_seed``,
-    ``lower_than_naive_per_seed`` and ``vs_ridge_per_seed``; of the accelerometer's:
-    ``export_version``, ``export_mae_all_test_windows``, ``naive_mae_all_test_windows``,
-    ``test_windows``, ``ratio_export_to_naive``.
+    ``lower_than_naive_per_seed`` and ``vs_ridge_per_seed``.
     """
     from deploy.bench.forecast import GOAL_VS_NAIVE, GOAL_VS_RIDGE
 
     fed = next(e for e in doc["entries"] if "mae_per_seed" in e)
     met = doc["goals_met"]
-    acc = accelerometer
     return bullet(
         f"""**Forecasting an unlabelled stream**: weekly Mauna Loa CO2 1958-2001 (a real
         recording), {doc["past"]} weeks in, {doc["horizon"]} out, {doc["devices"]} devices,
@@ -482,12 +478,8 @@ def forecast(doc: Doc, accelerometer: Doc) -> str:
         below the naive forecast's {doc["naive_mae"]:.3f} (goal >= {100 * GOAL_VS_NAIVE:.0f} %:
         {fmt_verdict(met["vs_naive"])}) and {fmt_x(fed["vs_ridge_per_seed"])} the ridge
         autoregression's {doc["ridge_mae"]:.3f}, which is fitted centrally and penalty-tuned
-        (goal <= {GOAL_VS_RIDGE:g}x: {fmt_verdict(met["vs_ridge"])}). Through MQTT as per-reading
-        JSON, windowed on ingest (`fedstream demo --task forecast`, wall, one run): an
-        accelerometer in raw milli-g counts, the round-{acc["export_version"]} export's test
-        MAE {acc["export_mae_all_test_windows"]:.1f} against the naive forecast's
-        {acc["naive_mae_all_test_windows"]:.1f} on the same {acc["test_windows"]:,} windows
-        ({acc["ratio_export_to_naive"]:.2f}x). `fedstream bench forecast`."""
+        (goal <= {GOAL_VS_RIDGE:g}x: {fmt_verdict(met["vs_ridge"])}). `fedstream bench
+        forecast`."""
     )
 
 
@@ -824,7 +816,7 @@ BULLETS: list[tuple[Callable[..., str], tuple[str, ...]]] = [
     (controller_defaults, ("defaults",)),
     (noniid, ("noniid",)),
     (compression, ("compression",)),
-    (forecast, ("forecast", "demo-forecast-accelerometer")),
+    (forecast, ("forecast",)),
     (reliability, ("reliability",)),
     (asynchronous, ("async",)),
     (deployment, ("deployment",)),
