@@ -22,13 +22,12 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 from aggregator.checkpoint import read_state
 from aggregator.stopping import request_stop
 from deploy.flower import app_run_config, checkpoint_run, resume_run, run_status, submit_run
-from deploy.local import STOP_SIGNALS
+from edge_client.runtime.signals import set_on_signals
 
 __all__ = ["POLL_S", "serve"]
 
@@ -69,14 +68,11 @@ def serve(
         0 after a requested stop; 1 when the run ended by itself, or did not end in time.
     """
     checkpoint_dir = checkpoint_dir.resolve()
-    stopping = threading.Event()
 
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        log.info("%s: asking the run to stop after its current round", signal.Signals(signum).name)
-        stopping.set()
+    def on_signal(signum: signal.Signals) -> None:
+        log.info("%s: asking the run to stop after its current round", signum.name)
 
-    previous = {sig: signal.signal(sig, on_signal) for sig in STOP_SIGNALS}
-    try:
+    with set_on_signals(threading.Event(), on_signal=on_signal) as stopping:
         state = read_state(checkpoint_dir)
         live = None if state is None else checkpoint_run(state, connection, env)
         if live is not None:  # this service was restarted, not its run: follow the run
@@ -107,6 +103,3 @@ def serve(
             time.sleep(min(poll_s, 2.0))
         log.error("run %s did not finish within %.0f s of the stop request", run_id, stop_timeout)
         return 1
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import signal
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +39,6 @@ from deploy.cli.options import (
     with_credentials,
     with_readings,
 )
-from deploy.local import STOP_SIGNALS
 from edge_client.emulation.constants import PUBLISH_CONNECT_TIMEOUT_S, PUBLISH_PROGRESS_S
 from edge_client.runtime.constants import (
     AGENT_THREADS,
@@ -365,10 +363,8 @@ def _run_publisher(
     """Publish until done or stopped (SIGTERM, Ctrl-C: drain, report, exit 0), with progress
     lines on stderr; then the report."""
     from edge_client.emulation import run_publisher
+    from edge_client.runtime.signals import set_on_signals
 
-    stop = threading.Event()
-    for sig in STOP_SIGNALS:  # stop cleanly: drain, report, exit 0
-        signal.signal(sig, lambda *_: stop.set())
     count, duration = config.count, config.duration
 
     def progress(sent: int, acknowledged: int, elapsed: float) -> None:
@@ -381,16 +377,18 @@ def _run_publisher(
             soft_wrap=True,
         )
 
-    try:
-        report = run_publisher(
-            config,
-            src,
-            stop=stop,
-            on_progress=progress if progress_interval > 0 else None,
-            progress_interval=progress_interval,
-        )
-    except (ConnectionError, ValueError) as err:  # ValueError: its TLS files
-        raise fail(str(err)) from err
+    # a stop signal stops it cleanly: drain, report, exit 0
+    with set_on_signals(threading.Event()) as stop:
+        try:
+            report = run_publisher(
+                config,
+                src,
+                stop=stop,
+                on_progress=progress if progress_interval > 0 else None,
+                progress_interval=progress_interval,
+            )
+        except (ConnectionError, ValueError) as err:  # ValueError: its TLS files
+            raise fail(str(err)) from err
     if json_out:
         print(json.dumps(report.as_dict()), flush=True)
     console.print(

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import json
 import shlex
-import signal
 import sys
 import threading
 from pathlib import Path
@@ -32,7 +31,6 @@ from deploy.cli.options import (
     with_credentials,
 )
 from deploy.constants import DISCOVERY_MODES, FLEET_PLAIN_WIDTH, RESUME_WAIT_S
-from deploy.local import STOP_SIGNALS
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -83,7 +81,7 @@ def fleet(
     from rich.live import Live
 
     from deploy.fleet_status import FleetView, fleet_rows
-    from edge_client.runtime.signals import connected_or_raise
+    from edge_client.runtime.signals import connected_or_raise, set_on_signals
     from edge_client.runtime.status_metrics import serve_statuses
 
     setup_logging(verbose)
@@ -109,21 +107,21 @@ def fleet(
         if not (watch or prometheus_port is not None):
             _print_fleet(fleet_rows(view.snapshot(), time.time()), json_out, str(url))
             return
-        stop = threading.Event()
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, lambda *_: stop.set())
-        if not watch:
-            stop.wait()
-        elif json_out:
-            while not stop.is_set():
-                print(json.dumps(fleet_rows(view.snapshot(), time.time())), flush=True)
-                stop.wait(interval)
-        else:
-            with Live(_fleet_table([], str(url)), console=Console(), auto_refresh=False) as live:
+        with set_on_signals(threading.Event()) as stop:
+            if not watch:
+                stop.wait()
+            elif json_out:
                 while not stop.is_set():
-                    rows = fleet_rows(view.snapshot(), time.time())
-                    live.update(_fleet_table(rows, str(url)), refresh=True)
+                    print(json.dumps(fleet_rows(view.snapshot(), time.time())), flush=True)
                     stop.wait(interval)
+            else:
+                with Live(
+                    _fleet_table([], str(url)), console=Console(), auto_refresh=False
+                ) as live:
+                    while not stop.is_set():
+                        rows = fleet_rows(view.snapshot(), time.time())
+                        live.update(_fleet_table(rows, str(url)), refresh=True)
+                        stop.wait(interval)
 
 
 def _print_fleet(rows: list[dict[str, Any]], json_out: bool, broker: str) -> None:

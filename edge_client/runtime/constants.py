@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import signal
 from typing import Final
+
+#: What stops a daemon or a command: systemd, ``timeout`` and ``kill`` (SIGTERM), Ctrl-C
+#: (SIGINT), a closed terminal or SSH session (SIGHUP).
+STOP_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 # --- Buffer store ----------------------------------------------------------------------
 POLICY_TRUNCATION: Final = "truncation"

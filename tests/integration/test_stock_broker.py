@@ -158,15 +158,16 @@ def test_kill9_mid_burst_loses_nothing_within_the_queue_and_counts_what_is_beyon
     # Prepare: sample frames (one sample a message, numbered by the publisher)
     buf = tmp_path / "dev-a.sqlite"
     start_ingest(procs, stock.url, buf, "dev-a", connected=True, status_interval=1.0)
-    # Execute 1: kill -9 mid-stream; while it is down, fewer messages come than the broker
-    # queues (1,000), and the session (expiry: a week) keeps them
-    pub = start_publisher(procs, stock.url, "dev-a", "--count", "1500", "--rate", "500")
+    # Execute 1: kill -9 mid-stream; however long it is down, fewer messages come than the
+    # broker queues (at most 900 of 1,200 are left against 1,000), and the session (expiry:
+    # a week) keeps them
+    pub = start_publisher(procs, stock.url, "dev-a", "--count", "1200", "--rate", "500")
     assert wait_until(lambda: stats(buf)["accepted"] >= 300, 30)
     procs.kill("ingest")
     time.sleep(1.0)
     start_ingest(procs, stock.url, buf, "dev-a", status_interval=1.0)
-    assert publish_report(pub)["acknowledged"] == 1500
-    assert wait_until(lambda: stats(buf)["accepted"] >= 1500, 60)
+    assert publish_report(pub)["acknowledged"] == 1200
+    assert wait_until(lambda: stats(buf)["accepted"] >= 1200, 60), stats(buf)
     time.sleep(1.0)  # would-be redeliveries have time to show up
     within = stats(buf)
     # Execute 2: down again while about 1,600 messages come (the broker keeps 1,000); the
@@ -174,21 +175,21 @@ def test_kill9_mid_burst_loses_nothing_within_the_queue_and_counts_what_is_beyon
     # the gap (a lost tail would show none: the publisher must outlast the restart, which
     # takes seconds on a loaded machine)
     pub = start_publisher(procs, stock.url, "dev-a", "--count", "6000", "--rate", "800")
-    assert wait_until(lambda: stats(buf)["accepted"] >= 1700, 30)
+    assert wait_until(lambda: stats(buf)["accepted"] >= 1400, 30)
     procs.kill("ingest")
     time.sleep(2.0)
     start_ingest(procs, stock.url, buf, "dev-a", status_interval=1.0, connected=True)
     assert pub.poll() is None, "the publisher ended before the daemon was back"
     assert publish_report(pub)["acknowledged"] == 6000
-    done = wait_until(lambda: stats(buf)["accepted"] + stats(buf)["messages-missing"] >= 7500, 60)
+    done = wait_until(lambda: stats(buf)["accepted"] + stats(buf)["messages-missing"] >= 7200, 60)
     assert done, stats(buf)
     time.sleep(1.0)
     beyond = stats(buf)
     # Assert: within the queue, each sample exactly once; beyond it, every message is either
     # stored or counted missing, and the fleet view shows the count
-    assert within["accepted"] == within["received"] == 1500 and within["messages-missing"] == 0
+    assert within["accepted"] == within["received"] == 1200 and within["messages-missing"] == 0
     lost = beyond["messages-missing"]
-    assert beyond["accepted"] == beyond["received"] == 7500 - lost and lost > 0, beyond
+    assert beyond["accepted"] == beyond["received"] == 7200 - lost and lost > 0, beyond
     assert fleet_row(stock, "dev-a")["messages-missing"] == lost
     assert "never arrived (gaps in their sequence numbers)" in buf.with_suffix(".log").read_text()
 
