@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-import signal
 from typing import Final
-
-#: What stops a daemon or a command: systemd, ``timeout`` and ``kill`` (SIGTERM), Ctrl-C
-#: (SIGINT), a closed terminal or SSH session (SIGHUP).
-STOP_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 # --- Buffer store ----------------------------------------------------------------------
 POLICY_TRUNCATION: Final = "truncation"

@@ -11,12 +11,12 @@ import signal
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
-from typing import Protocol
+from typing import Final, Protocol
 
-from edge_client.runtime.constants import STOP_SIGNALS
 from edge_client.runtime.mqtt import BrokerOptions, BrokerURL, Connection
 
 __all__ = [
+    "STOP_SIGNALS",
     "Subscribed",
     "connected_or_raise",
     "run_connected",
@@ -25,6 +25,11 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+#: What stops a daemon: systemd, ``timeout`` and ``kill`` (SIGTERM), Ctrl-C (SIGINT), a closed
+#: terminal or SSH session (SIGHUP); the same three as ``deploy.local.STOP_SIGNALS``, which
+#: the commands that start processes use.
+STOP_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 @contextlib.contextmanager
