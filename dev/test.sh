@@ -35,15 +35,17 @@ python3 -m mypy
 if [ $# -gt 0 ]; then
     python3 -m pytest -q -ra --durations=25 "$@"
 else
-    # The tiers that start processes run on two pytest-xdist workers (they wait on streams,
-    # rounds and Flower's polls: one at a time left about half of two cores idle, 1,354 s;
-    # two at once took 966 s), and beside them, at a lower priority, the unit tier on every
-    # core. Their tests hold on a machine loaded this way (their waits are bounded by the
-    # behaviour under test, with headroom). The unit tier's output follows theirs.
+    # The tiers that start processes run on as many pytest-xdist workers as cores are idle
+    # now, at most two (they wait on streams, rounds and Flower's polls: one at a time left
+    # about half of two cores idle, 1,354 s in a clean-clone CI run; two at once 802 s), and
+    # beside them, at a lower priority, the unit tier on every core. On a machine already
+    # busy (a CPU-bound process beside on two cores) they go one at a time: two workers and
+    # that process together starve their streams and round timings.
     unit_tmp=$(mktemp -d "${TMPDIR:-/tmp}/fedstream-unit-XXXXXX")
     trap 'kill "${unit_pid:-}" 2>/dev/null || true; rm -rf "$unit_tmp"' EXIT
     workers=$(python3 -c 'import os; print(min(4, os.cpu_count() or 1))')
-    process_workers=$(python3 -c 'import os; print(min(2, os.cpu_count() or 1))')
+    process_workers=$(python3 dev/idle_cores.py --most 2)
+    echo "process tiers: $process_workers pytest-xdist worker(s) (cores idle now, at most 2)"
     nice -n 10 python3 -m pytest -q -ra --durations=10 -n "$workers" -m unit \
         --basetemp "$unit_tmp/tmp" >"$unit_tmp/log" 2>&1 &
     unit_pid=$!
