@@ -37,7 +37,7 @@ if [ $# -gt 0 ]; then
 else
     # The tiers that start processes run on as many pytest-xdist workers as cores are idle
     # now, at most two (they wait on streams, rounds and Flower's polls: one at a time left
-    # about half of two cores idle, 1,354 s in a clean-clone CI run; two at once 802 s), and
+    # about half of two cores idle, 1,354 s in a clean-clone CI run; two at once 802-870 s), and
     # beside them, at a lower priority, the unit tier on every core. On a machine already
     # busy (a CPU-bound process beside on two cores) they go one at a time: two workers and
     # that process together starve their streams and round timings.
