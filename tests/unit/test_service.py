@@ -339,11 +339,13 @@ def test_report_orders_a_resumed_run_by_round_and_training_time(
     result = CliRunner().invoke(app, ["report", str(out)])
     ordered = in_round_order(records)
     times = training_time(ordered)
-    # Assert: the run's own clock starts again at the resume; training time does not, and
-    # the line says what there is, no None; the report lands next to the metrics
+    # Assert: training time never runs backwards over the resume (the run's own clock,
+    # `run-wall-s`, starts again there; whether round 3's is below round 2's depends on how
+    # long the resumed run took to start, so it is not asserted), and the line says what
+    # there is, no None; the report lands next to the metrics
     assert result.exit_code == 0, result.output
     assert [r.round for r in ordered] == [1, 2, 3, 4]
-    assert ordered[2].run_wall_s < ordered[1].run_wall_s  # what the plot used to draw
+    assert all(r.wall_s > 0 for r in ordered)
     assert times == sorted(times) and times[-1] == pytest.approx(sum(r.wall_s for r in ordered))
     assert "None" not in result.output and "no eval-data" in result.output
     assert (out / "report.png").exists() and (out / "summary.json").exists()
