@@ -76,38 +76,6 @@ def test_installing_the_pacer_changes_only_the_supernode_module(
     }
 
 
-def test_the_serverapp_asks_again_for_a_replys_objects_within_a_tenth_of_a_second(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # Prepare: restore Flower's grid module afterwards; an object that is not there at the
-    # first ask (the SuperNode pushes a reply's message before its objects).
-    import flwr.superlink.grid.http_grid as grid_module
-    from flwr.supercore.inflatable.inflatable_utils import ObjectUnavailableError
-
-    monkeypatch.setattr(grid_module, "pull_objects", getattr(grid_module, "pull_objects"))  # noqa: B009
-    asked: list[float] = []
-
-    def pull_object(object_id: str) -> bytes:
-        asked.append(time.monotonic())
-        if len(asked) == 1:
-            raise ObjectUnavailableError(object_id)
-        return b"content"
-
-    # Execute: twice (the second changes nothing), then pull as HttpGrid.pull_messages does.
-    fi.quicken_reply_pulls()
-    fi.quicken_reply_pulls()
-    patched = getattr(grid_module, "pull_objects")  # noqa: B009
-    pulled = patched(["a"], pull_object)
-    # Assert: asked again after OBJECT_RETRY_S (Flower's own first retry: 0.8-1.2 s later).
-    assert patched.keywords == {
-        "initial_backoff": fi.OBJECT_RETRY_S[0],
-        "backoff_cap": fi.OBJECT_RETRY_S[1],
-    }
-    assert not isinstance(patched.func, type(patched))
-    assert pulled == {"a": b"content"} and len(asked) == 2
-    assert asked[1] - asked[0] < 0.5
-
-
 def test_the_superexec_secret_must_be_private_and_not_empty(tmp_path: Path) -> None:
     # Prepare
     secret = tmp_path / "dev-0.secret"
