@@ -245,14 +245,11 @@ def test_wait_policy_waits_for_the_full_batch_and_adapt_does_not(
     tmp_path: Path, fast: Fast, fleet: Fleet
 ) -> None:
     # Prepare: streams slower than the plan: "wait" blocks (on the virtual clock) for b*K
-    # samples, "adapt" trains on what is there. Steps cost a fixed virtual millisecond: with
-    # measured ones a loaded machine's slow probe round let the streams fill the buffers
-    # before round 1, which then waited for nothing.
-    def step(_batch: int) -> float:
-        return 1e-3
-
-    waiting = InProcessGrid(fleet(1, 1, rate=400, initial=0), tmp_path / "w", step_time=step)
-    adapting = InProcessGrid(fleet(1, 1, rate=400, initial=0), tmp_path / "a", step_time=step)
+    # samples, "adapt" trains on what is there. Steps cost the module's virtual step time:
+    # with measured ones a loaded machine's slow probe round let the streams fill the
+    # buffers before round 1, which then waited for nothing.
+    waiting = InProcessGrid(fleet(1, 1, rate=400, initial=0), tmp_path / "w", step_time=step_time)
+    adapting = InProcessGrid(fleet(1, 1, rate=400, initial=0), tmp_path / "a", step_time=step_time)
     base = fast(num_rounds=2)
     # Execute
     waited = rounds_only(run_rounds(waiting, replace(base, wait_policy="wait")))
