@@ -96,6 +96,7 @@ def train_round(msg: Message, context: Context, task: Task | None = None) -> Mes
             state.load_preprocessor(preprocessor)
         if is_virtual(context):  # no broker: what others shared arrives now
             virtual_nodes().receive_shared(node, settings, state, plan.server_round)
+        device = pick_device()
         with round_pool(node, plan) as pool:
             setup_s = time.perf_counter() - entered
             result = train_local(
@@ -105,11 +106,11 @@ def train_round(msg: Message, context: Context, task: Task | None = None) -> Mes
                 task=task,
                 preprocessor=preprocessor,
                 slowdown=node.slowdown,
-                device=pick_device(),
+                device=device,
                 pool=pool,
                 rng=rng,
             )
-        trained = time.perf_counter()
+            trained = time.perf_counter()  # closing the pool is the reply's part
         if is_virtual(context):  # its steps' cost on the virtual clock, not Ray's wall time
             result = _charged(result, virtual_nodes(), node)
         trained_state = _numpy_state(model)

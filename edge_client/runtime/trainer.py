@@ -192,19 +192,16 @@ def probe_step_times(
     return medians
 
 
-def _gather(store: SampleBuffer, plan: RoundPlan) -> tuple[int, float]:
-    """Wait per the plan's wait rule; return (samples per step to use, seconds waited)."""
+def _gather(store: SampleBuffer, plan: RoundPlan) -> int:
+    """Wait per the plan's wait rule; return the samples per step to use."""
     # a buffer that cannot grow meanwhile (a virtual device's) is not waited for
     need = plan.samples_to_wait_for() if store.arriving else 0
-    start = time.monotonic()
-    deadline = start + plan.deadline_s
+    deadline = time.monotonic() + plan.deadline_s
     fill = store.fill
     while fill < need and time.monotonic() < deadline:
         time.sleep(POLL_S)
         fill = store.fill
-    waited = time.monotonic() - start
-    batch = min(plan.batch_size, fill // plan.local_steps)
-    return batch, waited
+    return min(plan.batch_size, fill // plan.local_steps)
 
 
 @dataclass(frozen=True)
@@ -366,13 +363,18 @@ def train_local(
     TrainResult
         With ``num_examples == 0`` when not even one sample per step arrived in time.
     """
+    # The parts (wait, take, eval, train) are consecutive spans of one clock, so that they
+    # add up to the call: a pause between them (a garbage collection, a busy core) lands in
+    # a part, not in a gap the round's breakdown cannot name.
+    t_wait = time.perf_counter()
     task = task or Classification()
     device = device or torch.device("cpu")
-    batch, wait_s = _gather(store, plan)
+    batch = _gather(store, plan)
+    t_take = time.perf_counter()
+    wait_s = t_take - t_wait
     if batch < 1:
         return TrainResult(0, 0, 0, 0.0, 0.0, wait_s, math.nan)
     k_steps = plan.local_steps
-    t_take = time.perf_counter()
     taken = _take(store, plan, batch, pool, rng, preprocessor)
     t_eval = time.perf_counter()
     evaluated = evaluate(task, model, taken.own_x, taken.own_y, device)  # test, then train
@@ -386,13 +388,14 @@ def train_local(
     times, losses = _steps(
         model, x, y, plan, sizes=sizes, lr=lr, task=task, device=device, slowdown=slowdown
     )
-    train_s = time.perf_counter() - t_train
     # medians: robust to the odd scheduler hiccup
     medians = {b: float(np.median(t)) for b, t in times.items()}
     spread = sorted(b for b in medians if b != batch)  # the sizes of a spread round
     timings = tuple((b, medians[b]) for b in spread)
     # a spread's two sizes straddle the batch evenly: its step time is their mean
     step_s = float(np.mean([medians[b] for b in spread])) if spread else medians[batch]
+    train_loss = float(np.mean(losses))
+    train_s = time.perf_counter() - t_train
     return TrainResult(
         num_examples=batch * plan.local_steps,
         batch_size=batch,
@@ -400,7 +403,7 @@ def train_local(
         compute_s=step_s * plan.local_steps,
         step_s=step_s,
         wait_s=wait_s,
-        train_loss=float(np.mean(losses)),
+        train_loss=train_loss,
         lr=lr,
         inject_used=taken.mixed * k_steps,
         taken=taken.data,

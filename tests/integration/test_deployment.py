@@ -70,16 +70,18 @@ def test_demo_on_a_users_recording_learns_and_the_slower_device_gets_the_smaller
     assert set(summary["source_passes"]) == {"dev-0", "dev-1"}  # each trained on its part
     trained = sum(d["batch_size"][-1] * 40 for d in summary["devices"].values())
     assert summary["evaluated_samples"][-1] == trained
-    # The probe's query went through the real SuperNodes, so the 4x slower device already
-    # has the smaller batch in round 1.
-    batches = summary["devices"]
-    assert batches["dev-1"]["batch_size"][0] < batches["dev-0"]["batch_size"][0]
-    # later rounds: never the larger
-    assert batches["dev-1"]["batch_size"][-1] <= batches["dev-0"]["batch_size"][-1]
     run_dir = next(tmp_path.glob("run-*"))
     assert (run_dir / "report.png").stat().st_size > 10_000
     probe, *records = read_metrics(run_dir / "metrics.jsonl")  # the timing probe's first
     assert probe.round == 0 and [r.round for r in records] == [1, 2, 3]
+    # The probe's query went through the real SuperNodes, so the 4x slower device is already
+    # planned the smaller batch in round 1: about a fifth of the global batch (87-98 of 512
+    # measured beside two CPU hogs). The plan, not the batch trained: a buffer of 5,000
+    # samples holds 125 per step of 40, which caps the fast device's batch, and caps the
+    # slow one's too where load on the host blurs the probe's 4x (CI once trained 125 each).
+    assert sorted(probe.latency) == ["dev-0", "dev-1"] and not probe.failed
+    first = records[0].planned
+    assert first["dev-1"] < 0.6 * first["dev-0"], first
     # Through the devices' agents (the demo's default), which took their SuperNodes' tasks
     # themselves: every round trained in an agent, and no ClientApp process was started.
     assert "takes its SuperNode's tasks itself" in out
