@@ -75,7 +75,11 @@ def make_server_app(task: Task | None = None) -> ServerApp:
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
         """Flower entry point: settings from the run config, then :func:`run_rounds`."""
+        # Imported here: only a ServerApp's own process needs it (not the in-process runner).
+        from edge_client.flower_internals import quicken_reply_pulls
+
         log_through_flower()
+        quicken_reply_pulls()
         settings = with_run_dir(RunSettings.from_run_config(context.run_config), context.run_id)
         out_dir = settings.metrics_log.out_dir
         if out_dir:

@@ -512,7 +512,7 @@ class FlowerDeployment:
             the run's secrets (``node_config["device-id"]``).
         tasks_secret : Path, optional
             A SuperExec secret file: the node runs as ``fedstream-supernode`` (Flower's
-            SuperNode, its idle waits shortened: :mod:`edge_client.runtime.flower_internals`)
+            SuperNode, its idle waits shortened: :mod:`edge_client.flower_internals`)
             in ``--isolation process``, its tasks left for the device's agent, which signs
             with this secret; its runtime API's port is in :attr:`runtime_ports`. None:
             Flower's own ``flower-supernode``, one ``flwr-clientapp`` per message.

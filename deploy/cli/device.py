@@ -700,7 +700,7 @@ def _task_taker(
         If the secret file cannot be read or others may read it.
     """
     from edge_client.runtime.task_taker import TaskTaker, read_secret
-    from edge_client.runtime.task_wake import wake_path
+    from edge_client.task_wake import wake_path
 
     if (runtime_api is None) != (secret_file is None):
         raise fail("--runtime-api and --superexec-auth-secret-file go together")

@@ -46,10 +46,11 @@ from edge_client.runtime.agent_channel import (
     socket_dir_ok,
     write_frame,
 )
-from edge_client.runtime.constants import AGENT_THREADS, MAX_SOCKET_PATH
+from edge_client.runtime.constants import AGENT_THREADS
 from edge_client.runtime.signals import run_until_signalled
 from edge_client.runtime.usage import peak_rss_bytes
 from edge_client.task.constants import IMPORT_PATH
+from edge_client.task_wake import MAX_SOCKET_PATH
 from edge_client.wire.records import ReplyMetrics
 
 if TYPE_CHECKING:

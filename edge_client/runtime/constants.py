@@ -121,6 +121,4 @@ INGEST_SUBSCRIBED_LOG: Final = "subscribed to"
 AGENT_PROTOCOL: Final = 1  # bumped when a frame's layout changes
 AGENT_MAX_FRAME_BYTES: Final = 1 << 30  # a frame announcing more is refused
 AGENT_THREADS: Final = 1  # torch intra-op threads of an agent (several share small devices)
-#: The longest path a Unix socket may have (sun_path is 108 bytes with its NUL on Linux).
-MAX_SOCKET_PATH: Final = 107
 AGENT_REPLY_TIMEOUT_S: Final = 600.0  # a message without a TTL waits this long for the agent

@@ -5,18 +5,18 @@ as a task until a process acquires it through its runtime API. The agent does, w
 the task and the run's app already loaded, and runs the run's ClientApp (Flower's own app
 bundle, installed and loaded once per run: fedstream's app or a user's built on
 :func:`~edge_client.runtime.client_app.make_client_app`) in its own process. The runtime
-API's calls are Flower's (:mod:`~edge_client.runtime.flower_internals`).
+API's calls are Flower's (:mod:`~edge_client.flower_internals`).
 
 - **Only this device's agent.** Acquiring a task is signed with the SuperNode's SuperExec
   secret (``--superexec-auth-secret-file``: a file only the device's service user reads); a
   process without it is refused by the SuperNode.
 - **Pace.** The agent asks when its SuperNode (``fedstream-supernode``) wakes it, a
   datagram on the socket beside the secret file each time a message is stored with its
-  objects (:mod:`~edge_client.runtime.task_wake`), and otherwise every
+  objects (:mod:`~edge_client.task_wake`), and otherwise every
   :data:`IDLE_POLL_S` (Flower's SuperExec's own interval): a task is taken at once, and a
   device between messages costs less than Flower's SuperExec. Until a first wake has come
   (plain ``flower-supernode`` sends none), it asks every :data:`HOT_POLL_S` within
-  :data:`~edge_client.runtime.flower_internals.HOT_S` of its last task.
+  :data:`~edge_client.flower_internals.HOT_S` of its last task.
 - **One task at a time trains; none blocks the others.** Each task is served in a thread of
   its own, as Flower gives each its own process, and the handlers run one at a time (a
   device trains one round at a time): a task whose message never fully arrives (its run
@@ -24,7 +24,7 @@ API's calls are Flower's (:mod:`~edge_client.runtime.flower_internals`).
 - **Faults.** A SuperNode that goes away is waited for (asked every :data:`IDLE_POLL_S`,
   said once); a task whose app cannot be loaded or whose handler raises gets an error reply
   saying why; a task whose message's objects do not arrive within
-  :data:`~edge_client.runtime.flower_internals.OBJECT_PULL_MAX_S` fails. An agent killed
+  :data:`~edge_client.flower_internals.OBJECT_PULL_MAX_S` fails. An agent killed
   mid-task leaves a note of it; the agent started again answers it as failed at once (the
   SuperNode would otherwise wait out the task's token), and the samples its round took are
   put back by the next round (:meth:`~edge_client.runtime.buffer.BufferStore.take` with
@@ -42,14 +42,14 @@ from typing import TYPE_CHECKING
 
 import httpx
 
-from edge_client.runtime.flower_internals import (
+from edge_client.flower_internals import (
     HOT_S,
     AcquiredTask,
     TaskClient,
     superexec_secret,
 )
-from edge_client.runtime.task_wake import WakeSocket
 from edge_client.runtime.usage import peak_rss_bytes
+from edge_client.task_wake import WakeSocket
 from edge_client.wire.records import ReplyMetrics
 
 if TYPE_CHECKING:
@@ -110,7 +110,7 @@ class TaskTaker:
         next round too).
     wake : Path, optional
         Where to listen for the SuperNode's wakes
-        (:func:`~edge_client.runtime.task_wake.wake_path` of the secret file); without (or
+        (:func:`~edge_client.task_wake.wake_path` of the secret file); without (or
         where the socket cannot be made) the agent polls.
     """
 

@@ -20,8 +20,8 @@ from deploy.agents import agent_sockets, task_secret
 from deploy.demo import APP_DIR
 from deploy.flower import FlowerDeployment
 from deploy.local import ProcessGroup, fedstream_command, wait_for_port, wait_until
+from edge_client.flower_internals import TaskClient
 from edge_client.runtime.buffer import BufferStore
-from edge_client.runtime.flower_internals import TaskClient
 from edge_client.runtime.model_store import store_model
 from edge_client.runtime.node_config import NodeConfig
 from edge_client.runtime.task_taker import read_secret

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from edge_client.runtime import flower_internals as fi
+from edge_client import flower_internals as fi
 from edge_client.runtime.task_taker import read_secret
-from edge_client.runtime.task_wake import WakeSocket, send_wake, wake_path
+from edge_client.task_wake import WakeSocket, send_wake, wake_path
 
 
 def test_the_flower_internals_relied_on_are_those_pinned() -> None:
@@ -19,7 +19,7 @@ def test_the_flower_internals_relied_on_are_those_pinned() -> None:
     changed = fi.changed_internals()
     # Assert: a Flower release that changes one fails here (read it again, then re-pin).
     assert changed == {}, (
-        "Flower changed what edge_client/runtime/flower_internals.py relies on: read the "
+        "Flower changed what edge_client/flower_internals.py relies on: read the "
         f"new sources, adapt, and update PINNED: {changed}"
     )
 
@@ -74,6 +74,38 @@ def test_installing_the_pacer_changes_only_the_supernode_module(
         "initial_backoff": fi.OBJECT_RETRY_S[0],
         "backoff_cap": fi.OBJECT_RETRY_S[1],
     }
+
+
+def test_the_serverapp_asks_again_for_a_replys_objects_within_a_tenth_of_a_second(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Prepare: restore Flower's grid module afterwards; an object that is not there at the
+    # first ask (the SuperNode pushes a reply's message before its objects).
+    import flwr.superlink.grid.http_grid as grid_module
+    from flwr.supercore.inflatable.inflatable_utils import ObjectUnavailableError
+
+    monkeypatch.setattr(grid_module, "pull_objects", getattr(grid_module, "pull_objects"))  # noqa: B009
+    asked: list[float] = []
+
+    def pull_object(object_id: str) -> bytes:
+        asked.append(time.monotonic())
+        if len(asked) == 1:
+            raise ObjectUnavailableError(object_id)
+        return b"content"
+
+    # Execute: twice (the second changes nothing), then pull as HttpGrid.pull_messages does.
+    fi.quicken_reply_pulls()
+    fi.quicken_reply_pulls()
+    patched = getattr(grid_module, "pull_objects")  # noqa: B009
+    pulled = patched(["a"], pull_object)
+    # Assert: asked again after OBJECT_RETRY_S (Flower's own first retry: 0.8-1.2 s later).
+    assert patched.keywords == {
+        "initial_backoff": fi.OBJECT_RETRY_S[0],
+        "backoff_cap": fi.OBJECT_RETRY_S[1],
+    }
+    assert not isinstance(patched.func, type(patched))
+    assert pulled == {"a": b"content"} and len(asked) == 2
+    assert asked[1] - asked[0] < 0.5
 
 
 def test_the_superexec_secret_must_be_private_and_not_empty(tmp_path: Path) -> None:

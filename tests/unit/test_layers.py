@@ -1,10 +1,12 @@
 """The layers' import rules, walked over the source (every import, module-level or inside a
 function, and the packages each import loads on the way).
 
-- The aggregator uses only the wire and task layers of ``edge_client``: never the device
-  runtime (trainer, buffer, ingest daemon) or the stream emulation (replay, publisher).
+- The aggregator uses only the wire and task layers of ``edge_client`` and its one module of
+  Flower's internals (with the task wake it imports): never the device runtime (trainer,
+  buffer, ingest daemon) or the stream emulation (replay, publisher).
 - ``edge_client`` never imports the aggregator or the launchers.
-- The wire and task layers stand on their own: neither reaches the runtime or the emulation.
+- The wire and task layers, and Flower's internals, stand on their own: none reaches the
+  runtime or the emulation.
 - A device never loads the stream emulation: the runtime never imports it (the emulation
   builds on the runtime). The app Flower loads (``edge_client.flower_app``) provides the
   simulation engine's virtual devices to the runtime's hook, importing the emulation only
@@ -70,7 +72,13 @@ def test_the_walk_sees_imports_inside_functions_and_the_packages_on_the_way() ->
 def test_the_aggregator_uses_only_the_wire_and_task_layers() -> None:
     # An allowlist: a new edge_client package is outside it until someone says otherwise.
     allowed = ("edge_client.wire", "edge_client.task")
-    bare = {"edge_client", "edge_client.lazy"}  # the container and its export helper
+    # the container, its export helper, and Flower's internals (the ServerApp's reply pulls)
+    bare = {
+        "edge_client",
+        "edge_client.lazy",
+        "edge_client.flower_internals",
+        "edge_client.task_wake",
+    }
     bad = [
         " -> ".join(chain)
         for module in modules()
@@ -88,6 +96,8 @@ def test_the_aggregator_uses_only_the_wire_and_task_layers() -> None:
     [
         ("edge_client.wire", ("edge_client.runtime", "edge_client.emulation")),
         ("edge_client.task", ("edge_client.runtime", "edge_client.emulation")),
+        ("edge_client.flower_internals", ("edge_client.runtime", "edge_client.emulation")),
+        ("edge_client.task_wake", ("edge_client.runtime", "edge_client.emulation")),
     ],
 )
 def test_a_layer_never_imports_what_it_must_not(sources: str, forbidden: tuple[str, ...]) -> None:

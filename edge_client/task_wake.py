@@ -3,7 +3,7 @@ poll for it.
 
 Flower's runtime API has no notification: a process taking a SuperNode's tasks asks for one
 (``AcquireTask``) until there is one. fedstream's SuperNode launcher
-(:func:`~edge_client.runtime.flower_internals.supernode_main`) sends one datagram to a Unix
+(:func:`~edge_client.flower_internals.supernode_main`) sends one datagram to a Unix
 socket beside its SuperExec secret file (:func:`wake_path`) each time it has stored a
 message with its objects; the agent (:class:`~edge_client.runtime.task_taker.TaskTaker`)
 listens there and asks at once, and otherwise only every
@@ -22,15 +22,16 @@ import os
 import select
 import socket
 from pathlib import Path
+from typing import Final
 
-from edge_client.runtime.constants import MAX_SOCKET_PATH
-
-__all__ = ["WAKE_SUFFIX", "WakeSocket", "send_wake", "wake_path"]
+__all__ = ["MAX_SOCKET_PATH", "WAKE_SUFFIX", "WakeSocket", "send_wake", "wake_path"]
 
 log = logging.getLogger(__name__)
 
 #: The wake socket's name: the SuperExec secret file's, with this added.
 WAKE_SUFFIX = ".wake"
+#: The longest path a Unix socket may have (sun_path is 108 bytes with its NUL on Linux).
+MAX_SOCKET_PATH: Final = 107
 
 
 def wake_path(secret_file: str | os.PathLike[str]) -> Path:

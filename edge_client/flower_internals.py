@@ -1,4 +1,6 @@
-"""Every use fedstream's device runtime makes of Flower's internals, in one module.
+"""Every use fedstream makes of Flower's internals, in one module (the device runtime's
+SuperNode launcher and task client, and the ServerApp's reply pulls; a layer of its own, so
+that the aggregator may import it without reaching the device runtime).
 
 Flower 1.42 delivers a message to a device slowly: its SuperNode sleeps 3 s whenever a pull
 from the SuperLink finds nothing and waits for a ClientApp's reply in 0.5 s steps
@@ -12,7 +14,11 @@ or editing Flower, and only in the processes it launches itself:
   busy within :data:`HOT_S` (a run is going on), Flower's 3 s otherwise (an idle fleet loads
   the SuperLink as plain Flower's does); a reply is looked for every :data:`REPLY_POLL_S`;
   with a SuperExec secret file, each message stored with its objects wakes the device's
-  agent (:mod:`~edge_client.runtime.task_wake`), which then need not poll for tasks.
+  agent (:mod:`~edge_client.task_wake`), which then need not poll for tasks.
+- :func:`quicken_reply_pulls` (in fedstream's ServerApp process on the deployment engine)
+  asks again for a reply's objects after :data:`OBJECT_RETRY_S`: the SuperLink hands the
+  ServerApp a reply as soon as its message is stored, often before the SuperNode has pushed
+  the reply's objects, and Flower's first retry comes a whole second later.
 - :class:`TaskClient` takes a task from a SuperNode started with ``--isolation process``
   through the SuperNode's runtime API (``AcquireTask``, signed with the SuperExec secret as
   Flower's SuperExec signs it), pulls its inputs and pushes its reply and output with the
@@ -49,7 +55,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from edge_client.runtime.task_wake import send_wake, wake_path
+from edge_client.task_wake import send_wake, wake_path
 
 if TYPE_CHECKING:
     from flwr.app import Context, Message
@@ -68,6 +74,7 @@ __all__ = [
     "TaskClient",
     "changed_internals",
     "install_pacer",
+    "quicken_reply_pulls",
     "superexec_secret",
     "supernode_main",
 ]
@@ -87,8 +94,10 @@ REPLY_POLL_S = 0.02
 #: before it has pulled the message's objects from the SuperLink, so the agent that takes
 #: the task at once meets them missing; Flower's own ClientApp, 1-2 s in starting, rarely
 #: does. The SuperNode's own pull from the SuperLink (the ServerApp pushes the message before
-#: its objects) waits as briefly.
-OBJECT_RETRY_S = (0.02, 0.5)
+#: its objects) and the ServerApp's pull of a reply (the SuperNode pushes the reply before
+#: its objects) wait as briefly: on a busy 2-core host the objects come 0.1-1 s after their
+#: message, and a wait that doubled past 0.1 s overshot their arrival by up to half a second.
+OBJECT_RETRY_S = (0.02, 0.1)
 #: How long a task's message's objects are waited for (Flower's ClientApp: 2 hours). They
 #: come from the SuperNode on this host, which pulled them from the SuperLink; one whose
 #: pull failed (its run ended meanwhile) never has them.
@@ -126,6 +135,10 @@ PINNED: dict[str, str] = {
     # the secret's file as the SuperNode reads it (its exact bytes, a newline included)
     "flwr.supercore.auth.superexec_secret:load_superexec_auth_secret": (
         "6765c403a16b0cb3ac753c272160ebf5f31d8406238364ed0248dbf98903ddab"
+    ),
+    # the ServerApp's pull of replies and their objects (quicken_reply_pulls)
+    "flwr.superlink.grid.http_grid:HttpGrid.pull_messages": (
+        "67a5266a5a2ed51557437a15ef4c8844f46576bc5bb6b0753d2a2f6230a3aa83"
     ),
     "flwr.supercore.inflatable.inflatable_utils:pull_objects": (
         "31bb2de46b450e6acfadb7a8bb15e3f2074bb112199826a40a5eaa648bad5b2b"
@@ -195,7 +208,7 @@ class Pacer:
 def install_pacer(pacer: Pacer | None = None, wake: Path | None = None) -> Pacer:
     """Put ``pacer`` in place of ``time`` in this process's ``start_client_internal`` (and
     note each reply push as activity); with ``wake``, tell the agent listening there each
-    time a message is stored with its objects (:mod:`~edge_client.runtime.task_wake`);
+    time a message is stored with its objects (:mod:`~edge_client.task_wake`);
     before each pull, push any reply still waiting (:class:`_Strays`); return the pacer.
     Only this process is affected.
     """
@@ -227,6 +240,26 @@ def install_pacer(pacer: Pacer | None = None, wake: Path | None = None) -> Pacer
         module.pull_objects, initial_backoff=first, backoff_cap=cap
     )
     return pacer
+
+
+def quicken_reply_pulls() -> None:
+    """In this process (a ServerApp's), ask again for a reply's objects after
+    :data:`OBJECT_RETRY_S` instead of Flower's 1 s doubling to 10 s.
+
+    Flower's deployment grid (``HttpGrid.pull_messages``) gets each reply from the SuperLink
+    as soon as the SuperNode has pushed its message, and then pulls its objects, which the
+    SuperNode pushes next; when they are not all there yet, Flower's first retry comes a
+    second later, a second added to the round. Calling it again changes nothing; other
+    grids (simulation, the in-process runner) do not use the patched function.
+    """
+    module = importlib.import_module("flwr.superlink.grid.http_grid")
+    pull = module.pull_objects
+    if isinstance(pull, functools.partial):
+        return
+    first, cap = OBJECT_RETRY_S
+    module.pull_objects = functools.partial(  # type: ignore[attr-defined]
+        pull, initial_backoff=first, backoff_cap=cap
+    )
 
 
 class _Strays:
@@ -603,8 +636,10 @@ def _load_app(fab_id: str, fab_version: str, fab_hash: str, content: bytes) -> C
 
 def _source_hash(ref: str) -> str:
     module_name, _, name = ref.partition(":")
-    module = importlib.import_module(module_name)
-    return hashlib.sha256(inspect.getsource(getattr(module, name)).encode()).hexdigest()
+    target: Any = importlib.import_module(module_name)
+    for part in name.split("."):  # a class's method: "Class.method"
+        target = getattr(target, part)
+    return hashlib.sha256(inspect.getsource(target).encode()).hexdigest()
 
 
 def changed_internals() -> dict[str, str]:
