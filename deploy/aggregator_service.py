@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -72,7 +71,7 @@ def serve(
     def on_signal(signum: signal.Signals) -> None:
         log.info("%s: asking the run to stop after its current round", signum.name)
 
-    with set_on_signals(threading.Event(), on_signal=on_signal) as stopping:
+    with set_on_signals(on_signal=on_signal) as stopping:
         state = read_state(checkpoint_dir)
         live = None if state is None else checkpoint_run(state, connection, env)
         if live is not None:  # this service was restarted, not its run: follow the run

@@ -15,9 +15,10 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, Any, NamedTuple, Self
 
+from edge_client.runtime.constants import STOP_SIGNALS
+
 __all__ = [
     "SIGNAL_ECHO_S",
-    "STOP_SIGNALS",
     "ProcStat",
     "ProcessGroup",
     "StartStop",
@@ -173,10 +174,6 @@ def stop_tree(pid: int, grace: float, sig: int = signal.SIGTERM) -> list[int]:
     _signal_all(stubborn, signal.SIGKILL)
     return [p for p, _ in stubborn]
 
-
-#: What stops a command that starts children: systemd, ``timeout`` and ``kill`` (SIGTERM),
-#: Ctrl-C (SIGINT), a closed terminal or SSH session (SIGHUP).
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 #: A second stop signal this soon after the first is the same stop, not a second one: a user
 #: presses Ctrl-C again seconds later, ``timeout`` signals the command and its process group.

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shlex
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -378,7 +377,7 @@ def _run_publisher(
         )
 
     # a stop signal stops it cleanly: drain, report, exit 0
-    with set_on_signals(threading.Event()) as stop:
+    with set_on_signals() as stop:
         try:
             report = run_publisher(
                 config,

@@ -7,7 +7,6 @@ import contextlib
 import json
 import shlex
 import sys
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -107,7 +106,7 @@ def fleet(
         if not (watch or prometheus_port is not None):
             _print_fleet(fleet_rows(view.snapshot(), time.time()), json_out, str(url))
             return
-        with set_on_signals(threading.Event()) as stop:
+        with set_on_signals() as stop:
             if not watch:
                 stop.wait()
             elif json_out:

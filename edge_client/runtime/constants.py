@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from typing import Final
 
 # --- Buffer store ----------------------------------------------------------------------
@@ -122,3 +123,7 @@ AGENT_PROTOCOL: Final = 1  # bumped when a frame's layout changes
 AGENT_MAX_FRAME_BYTES: Final = 1 << 30  # a frame announcing more is refused
 AGENT_THREADS: Final = 1  # torch intra-op threads of an agent (several share small devices)
 AGENT_REPLY_TIMEOUT_S: Final = 600.0  # a message without a TTL waits this long for the agent
+
+#: What stops a daemon, or a command and the processes it started: systemd, ``timeout`` and
+#: ``kill`` (SIGTERM), Ctrl-C (SIGINT), a closed terminal or SSH session (SIGHUP).
+STOP_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)

@@ -11,12 +11,12 @@ import signal
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from types import FrameType
-from typing import Final, Protocol
+from typing import Protocol
 
+from edge_client.runtime.constants import STOP_SIGNALS
 from edge_client.runtime.mqtt import BrokerOptions, BrokerURL, Connection
 
 __all__ = [
-    "STOP_SIGNALS",
     "Subscribed",
     "connected_or_raise",
     "run_connected",
@@ -26,20 +26,16 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-#: What stops a daemon: systemd, ``timeout`` and ``kill`` (SIGTERM), Ctrl-C (SIGINT), a closed
-#: terminal or SSH session (SIGHUP); the same three as ``deploy.local.STOP_SIGNALS``, which
-#: the commands that start processes use.
-STOP_SIGNALS: Final = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-
 
 @contextlib.contextmanager
 def set_on_signals(
-    event: threading.Event,
+    event: threading.Event | None = None,
     signals: Sequence[signal.Signals] = STOP_SIGNALS,
     on_signal: Callable[[signal.Signals], None] | None = None,
 ) -> Iterator[threading.Event]:
-    """Within the block, each of ``signals`` sets ``event`` (after ``on_signal(signum)``, if
-    given), from a thread of its own; the previous handlers are back afterwards.
+    """Within the block, each of ``signals`` sets ``event`` (a new one when None: the block
+    gets it) after ``on_signal(signum)``, if given, from a thread of its own; the previous
+    handlers are back afterwards.
 
     A handler that set the event itself could hang the process for good: Python runs a
     handler in the main thread between two bytecodes, which may be inside ``event.wait``
@@ -47,6 +43,7 @@ def set_on_signals(
     lock forever (seen as a publisher that ignored SIGTERM on a loaded machine). The handler
     here only writes the signal's number to a pipe, which a thread reads.
     """
+    stop = threading.Event() if event is None else event
     read_end, write_end = os.pipe()
     os.set_blocking(write_end, False)
 
@@ -60,13 +57,13 @@ def set_on_signals(
                 for signum in data:
                     if on_signal is not None:
                         on_signal(signal.Signals(signum))
-                    event.set()
+                    stop.set()
 
     thread = threading.Thread(target=relay, name="stop-signals", daemon=True)
     thread.start()
     previous = {sig: signal.signal(sig, handle) for sig in signals}
     try:
-        yield event
+        yield stop
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -88,7 +85,7 @@ def run_until_signalled(
         If ``worker`` (the daemon's thread) dies meanwhile.
     """
     # SIGHUP too: a daemon run in a terminal that closes stops cleanly, as on Ctrl-C
-    with set_on_signals(threading.Event(), on_signal=_log_stopping) as done:
+    with set_on_signals(on_signal=_log_stopping) as done:
         start()
         while not done.wait(1.0):
             if not worker.is_alive():

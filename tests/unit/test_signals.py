@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
+
+from edge_client.runtime.signals import set_on_signals
 
 pytestmark = pytest.mark.unit
 
@@ -63,3 +68,13 @@ def test_setting_the_event_in_the_handler_itself_hangs_in_that_window() -> None:
     # The failure the relay avoids, shown on the same script (so that the test above would
     # catch its return); it takes under a second when it does not hang
     assert run_script("direct", timeout=5) is None
+
+
+def test_without_an_event_the_block_gets_a_new_one_that_a_signal_sets() -> None:
+    # Execute
+    with set_on_signals(signals=(signal.SIGUSR1,)) as stop:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        was_set = stop.wait(5.0)
+    # Assert
+    assert isinstance(stop, threading.Event) and was_set
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
