@@ -260,6 +260,7 @@ class ProcessGroup:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self._logs: list[IO[bytes]] = []
         self._started: dict[str, dict[str, Any]] = {}  # name -> how it was started
+        self._born: dict[int, int | None] = {}  # pid -> its start time (clock ticks)
 
     def start(
         self,
@@ -297,6 +298,8 @@ class ProcessGroup:
             start_new_session=True,
         )
         self.procs[name] = proc
+        started = proc_stat(proc.pid)  # its start time tells it from a later holder of its pid
+        self._born[proc.pid] = None if started is None else started.start
         log.debug("started %s (pid %d): %s", name, proc.pid, " ".join(cmd))
         return proc
 
@@ -306,7 +309,7 @@ class ProcessGroup:
         grace = self.grace if timeout is None else timeout
         tree = descendants(proc.pid)
         _signal_all(tree, signal.SIGTERM)
-        code = _terminate(proc, grace)
+        code = _terminate(proc, grace, self._born.pop(proc.pid, None))
         wait_until(lambda: not _alive(tree), min(grace, 2.0), 0.1)
         _signal_all(tree, signal.SIGKILL)  # what it started and left behind
         return code
@@ -322,7 +325,7 @@ class ProcessGroup:
         """SIGKILL one child and everything it started (for crash tests), and reap it."""
         proc = self.procs.pop(name)
         tree = descendants(proc.pid)
-        _signal_group(proc, signal.SIGKILL)
+        _signal_group(proc, signal.SIGKILL, self._born.pop(proc.pid, None))
         _signal_all(tree, signal.SIGKILL)
         proc.wait()
 
@@ -337,11 +340,11 @@ class ProcessGroup:
         _stopping.update(tracked)  # where a second signal finds them, whatever their parent
         for proc in procs:
             if proc.poll() is None:
-                _signal_group(proc, sig)
+                _signal_group(proc, sig, self._born.get(proc.pid))
             _signal_all(trees[proc.pid], sig)
         deadline = time.monotonic() + self.grace  # one grace period for all, not each
         for proc in procs:
-            _terminate(proc, max(0.1, deadline - time.monotonic()))
+            _terminate(proc, max(0.1, deadline - time.monotonic()), self._born.pop(proc.pid, None))
         # What a child started and outlives it gets a little longer, not the whole grace: its
         # parent, which would have told it how to end, is gone (Flower's ServerApp, asked
         # to stop, waits for its round to end; its SuperLink and SuperNodes are gone).
@@ -368,20 +371,29 @@ class ProcessGroup:
         self.close()
 
 
-def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
-    """Signal the child's whole process group (it leads one: start_new_session)."""
+def _signal_group(proc: subprocess.Popen[bytes], sig: int, born: int | None) -> None:
+    """Signal the child's whole process group (it leads one: start_new_session).
+
+    Once the child is reaped its pid is free, and the group's number with it when no member
+    is left: another session's leader may hold it by now (pids wrap at 32768 on many hosts),
+    which a plain ``killpg`` would signal. The group is signalled only while no other process
+    holds the child's pid (a living member keeps the number from being reused); ``born`` is
+    the child's start time."""
+    now = proc_stat(proc.pid)
+    if now is not None and born is not None and now.start != born:
+        return  # the pid is another process's now: the group ended with its last member
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
 
 
-def _terminate(proc: subprocess.Popen[bytes], grace: float) -> int | None:
+def _terminate(proc: subprocess.Popen[bytes], grace: float, born: int | None) -> int | None:
     if proc.poll() is None:
-        _signal_group(proc, signal.SIGTERM)
+        _signal_group(proc, signal.SIGTERM, born)
         try:
             proc.wait(grace)
         except subprocess.TimeoutExpired:
             log.warning("pid %d still running after SIGTERM; killing it", proc.pid)
-            _signal_group(proc, signal.SIGKILL)
+            _signal_group(proc, signal.SIGKILL, born)
             proc.wait()
-    _signal_group(proc, signal.SIGKILL)  # stragglers it left in its group
+    _signal_group(proc, signal.SIGKILL, born)  # stragglers it left in its group
     return proc.returncode

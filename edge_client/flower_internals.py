@@ -235,11 +235,18 @@ def install_pacer(pacer: Pacer | None = None, wake: Path | None = None) -> Pacer
         pacer.busy()
 
     module._push_messages = push_and_note  # type: ignore[attr-defined]
-    first, cap = OBJECT_RETRY_S
-    module.pull_objects = functools.partial(  # type: ignore[attr-defined]
-        module.pull_objects, initial_backoff=first, backoff_cap=cap
-    )
+    module.pull_objects = _quick(module.pull_objects)  # type: ignore[attr-defined]
     return pacer
+
+
+def _quick(pull: Callable[..., dict[str, bytes]]) -> Callable[..., dict[str, bytes]]:
+    """Flower's ``pull_objects`` asking again after :data:`OBJECT_RETRY_S`; with no cap on
+    tries (Flower's 500 last over an hour at its 10 s cap, under a minute at ours): its
+    ``max_time`` (2 h) still bounds objects that never come."""
+    first, cap = OBJECT_RETRY_S
+    return functools.partial(
+        pull, initial_backoff=first, backoff_cap=cap, max_tries_per_object=None
+    )
 
 
 def quicken_reply_pulls() -> None:
@@ -256,10 +263,7 @@ def quicken_reply_pulls() -> None:
     pull = module.pull_objects
     if isinstance(pull, functools.partial):
         return
-    first, cap = OBJECT_RETRY_S
-    module.pull_objects = functools.partial(  # type: ignore[attr-defined]
-        pull, initial_backoff=first, backoff_cap=cap
-    )
+    module.pull_objects = _quick(pull)  # type: ignore[attr-defined]
 
 
 class _Strays:

@@ -46,7 +46,7 @@ from edge_client.runtime.agent_channel import (
     socket_dir_ok,
     write_frame,
 )
-from edge_client.runtime.constants import AGENT_THREADS
+from edge_client.runtime.constants import AGENT_ACCEPT_RETRY_S, AGENT_THREADS
 from edge_client.runtime.signals import run_until_signalled
 from edge_client.runtime.usage import peak_rss_bytes
 from edge_client.task.constants import IMPORT_PATH
@@ -214,13 +214,20 @@ class DeviceAgent:
                 conn, _ = self._sock.accept()
             except TimeoutError:
                 continue
-            except OSError:
-                if self._stopping.is_set():
+            except OSError as err:
+                if self._stopping.is_set() or self._sock.fileno() < 0:
                     return
-                raise
+                # A connection that went away before it was taken, or a full fd table:
+                # this caller's problem, not the next one's (as socketserver treats it).
+                log.warning("agent: a connection could not be taken: %s", err)
+                self._stopping.wait(AGENT_ACCEPT_RETRY_S)
+                continue
             with conn:
                 conn.settimeout(None)
-                self._serve(conn)
+                try:
+                    self._serve(conn)
+                except Exception:  # one broken exchange never takes the agent down
+                    log.exception("agent: a request failed")
 
     def _serve(self, conn: socket.socket) -> None:
         """One request, one reply; a broken request gets an error reply where possible."""
@@ -230,6 +237,9 @@ class DeviceAgent:
             log.warning("agent: refused a request: %s", err)
             with contextlib.suppress(OSError):
                 write_frame(conn, AgentReply(error=str(err)).to_bytes())
+            return
+        except OSError as err:  # the peer reset the connection mid-request
+            log.warning("agent: a request was cut off: %s", err)
             return
         reply = self.handle(request)
         try:

@@ -123,6 +123,7 @@ AGENT_PROTOCOL: Final = 1  # bumped when a frame's layout changes
 AGENT_MAX_FRAME_BYTES: Final = 1 << 30  # a frame announcing more is refused
 AGENT_THREADS: Final = 1  # torch intra-op threads of an agent (several share small devices)
 AGENT_REPLY_TIMEOUT_S: Final = 600.0  # a message without a TTL waits this long for the agent
+AGENT_ACCEPT_RETRY_S: Final = 0.1  # the agent's wait after a connection it could not take
 
 #: What stops a daemon, or a command and the processes it started: systemd, ``timeout`` and
 #: ``kill`` (SIGTERM), Ctrl-C (SIGINT), a closed terminal or SSH session (SIGHUP).

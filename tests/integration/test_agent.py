@@ -190,7 +190,11 @@ def test_an_agent_killed_mid_round_costs_that_round_only_and_loses_no_sample(
     start_agents(procs, {"dev-0": buffer}, socket.parent, logs=tmp_path / "logs2")
     after = app(_train_message(buffer, 2), _context(buffer, socket))
     # Assert 2: the held samples went back first; every sample counted once.
-    assert not after.has_error()
+    restarted = procs.procs["agent-dev-0"]
+    assert not after.has_error(), (
+        f"{after.error.reason}; restarted agent exit code {restarted.poll()}, its log: "
+        + (tmp_path / "logs2" / "agent-dev-0.log").read_text(errors="replace")[-3000:]
+    )
     stats = held.stats()
     assert DeviceReply.from_content(after.content).metrics.num_examples == 80
     assert stats["fill"] == 320 and stats["consumed"] == 80 and stats["accepted"] == 400
@@ -229,6 +233,63 @@ def test_a_missing_agent_a_stale_version_and_a_garbled_frame_get_clear_errors(
     assert "fedstream agent --socket" in str(missing.error.reason)
     assert garbled.error is not None and "unreadable" in garbled.error
     assert not fine.has_error()
+    assert held_fill(buffer) == 20
+
+
+class _FlakyListener:
+    """The agent's listening socket, whose first accept fails as a connection aborted
+    before it was taken does."""
+
+    def __init__(self, sock: sk.socket) -> None:
+        self.sock = sock
+        self.failed = False
+
+    def accept(self) -> tuple[sk.socket, Any]:
+        if not self.failed:
+            self.failed = True
+            raise ConnectionAbortedError(103, "Software caused connection abort")
+        return self.sock.accept()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sock, name)
+
+
+def test_a_connection_that_fails_before_or_during_its_request_costs_only_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prepare: an agent in this process whose first accept fails, and whose first request's
+    # read is cut off by a reset peer.
+    import edge_client.runtime.agent as agent_module
+
+    buffer = tmp_path / "dev-0.sqlite"
+    _fill(buffer, 100)
+    reads: list[int] = []
+
+    def read_or_reset(conn: sk.socket) -> bytes:
+        reads.append(1)
+        if len(reads) == 1:
+            raise ConnectionResetError(104, "Connection reset by peer")
+        return read_frame(conn)
+
+    monkeypatch.setattr(agent_module, "read_frame", read_or_reset)
+    with agent_sockets() as sockets:
+        assert sockets is not None
+        agent = DeviceAgent(sockets / "a.sock")
+        agent.start()
+        listener = _FlakyListener(agent._sock)  # type: ignore[arg-type]
+        agent._sock = listener  # type: ignore[assignment]
+        try:
+            context = _context(buffer, sockets / "a.sock")
+            # Execute: the cut-off request, then a round.
+            cut = make_client_app()(_train_message(buffer), context)
+            fine = make_client_app()(_train_message(buffer, 2), context)
+            alive = agent._thread.is_alive()
+        finally:
+            agent.stop()
+    # Assert: the failed accept and the reset request cost their callers only.
+    assert listener.failed and len(reads) == 2
+    assert cut.has_error() and "failed mid-message" in str(cut.error.reason)
+    assert not fine.has_error() and alive
     assert held_fill(buffer) == 20
 
 

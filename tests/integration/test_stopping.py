@@ -25,6 +25,7 @@ from deploy.brokers import EmbeddedBroker
 from deploy.local import (
     SIGNAL_ECHO_S,
     ProcessGroup,
+    ProcStat,
     descendants,
     fedstream_command,
     free_port,
@@ -175,6 +176,30 @@ def test_process_group_close_stops_grandchildren_in_their_own_session() -> None:
     # Assert
     assert child.returncode is not None
     assert wait_until(lambda: getattr(proc_stat(grandchild), "state", "Z") == "Z", 5)
+
+
+@pytest.mark.parametrize("reused", [False, True])
+def test_a_reaped_childs_group_is_signalled_only_while_its_pid_is_not_anothers(
+    reused: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Prepare: a child that ended and was reaped (its pid free for the next process); with
+    # `reused`, /proc shows that pid held by a process started later.
+    import deploy.local as local
+
+    group = ProcessGroup(grace=1.0)
+    child = group.start("child", [sys.executable, "-c", "pass"])
+    child.wait()
+    read = local.proc_stat
+    later = ProcStat("S", 1, 10**12)
+    monkeypatch.setattr(
+        local, "proc_stat", lambda pid: later if reused and int(pid) == child.pid else read(pid)
+    )
+    sent: list[tuple[int, int]] = []
+    monkeypatch.setattr(os, "killpg", lambda pgid, sig: sent.append((pgid, sig)))
+    # Execute
+    group.close()
+    # Assert: the stragglers' SIGKILL goes to the child's group, never to a stranger's.
+    assert (child.pid in {pgid for pgid, _ in sent}) is not reused
 
 
 def _model_dir(path: Path) -> Path:

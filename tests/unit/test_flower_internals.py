@@ -73,6 +73,7 @@ def test_installing_the_pacer_changes_only_the_supernode_module(
     assert getattr(module, "pull_objects").keywords == {  # noqa: B009
         "initial_backoff": fi.OBJECT_RETRY_S[0],
         "backoff_cap": fi.OBJECT_RETRY_S[1],
+        "max_tries_per_object": None,
     }
 
 
@@ -102,6 +103,7 @@ def test_the_serverapp_asks_again_for_a_replys_objects_within_a_tenth_of_a_secon
     assert patched.keywords == {
         "initial_backoff": fi.OBJECT_RETRY_S[0],
         "backoff_cap": fi.OBJECT_RETRY_S[1],
+        "max_tries_per_object": None,
     }
     assert not isinstance(patched.func, type(patched))
     assert pulled == {"a": b"content"} and len(asked) == 2
