@@ -72,9 +72,13 @@ def start_agents(
         holds its log).
     """
     paths: dict[str, Path] = {}
+    # Only a socket bound by the new agents counts: a killed agent's file, or a listener that
+    # outlived its agent, is not the new agent (which refuses to take over a live one).
+    stale: dict[Path, tuple[int, int] | None] = {}
     for dev, buffer in buffers.items():
         log = (logs or buffer.parent.parent / "logs") / f"agent-{dev}.log"
         paths[dev] = sockets / f"{dev}.sock"
+        stale[paths[dev]] = _identity(paths[dev])
         taking: list[str] = []
         if tasks is not None:
             port, secret = tasks[dev]
@@ -95,7 +99,7 @@ def start_agents(
         dead = [n for n in (f"agent-{d}" for d in paths) if group.procs[n].poll() is not None]
         if dead:
             raise RuntimeError(f"{', '.join(dead)} exited: {_tail(logs, buffers, dead)}")
-        return all(_answers(p) for p in paths.values())
+        return all(_identity(p) != stale[p] and _answers(p) for p in paths.values())
 
     if not wait_until(listening, AGENT_START_S, interval=0.1):
         raise RuntimeError(f"device agents did not listen within {AGENT_START_S:.0f} s")
@@ -136,6 +140,15 @@ def start_devices(
             runtime_port=task[0] if task else None,
         )
     return tasks is not None
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """The file at ``path`` (its inode and modification time), None when there is none."""
+    try:
+        info = path.stat()
+    except FileNotFoundError:
+        return None
+    return info.st_ino, info.st_mtime_ns
 
 
 def _answers(path: Path) -> bool:

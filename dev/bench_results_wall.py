@@ -16,6 +16,7 @@ __all__ = [
     "bursts",
     "deployment",
     "footprint",
+    "idle_fleet",
     "inference",
     "reliability",
     "scale",
@@ -382,6 +383,36 @@ def scale(doc: Doc) -> str:
         {dense[-1]["devices"]:,} devices; a round's peak memory is O(model) in the real
         ServerApp: about {goals["per_device_kb"]:.1f} kB per device +
         {goals["fixed_mb"]:.0f} MB. `fedstream bench scale`."""
+    )
+
+
+def idle_fleet(doc: Doc) -> str:
+    """An idle fleet's load on its SuperLink (``idle.json``).
+
+    Reads ``nodes``, ``window_s``, each entry's ``arm``, ``superlink-cpu-s``,
+    ``supernodes-cpu-s`` and ``window-s``, and ``goals.superlink-cpu-vs-flower``
+    (``per_repetition``, ``threshold``).
+    """
+    goal = doc["goals"]["superlink-cpu-vs-flower"]
+    ratios = goal["per_repetition"]
+    met = sum(r <= goal["threshold"] for r in ratios)
+
+    def per_min(arm: str, key: str, each: int = 1) -> str:
+        return fmt_spread(
+            [e[key] / each / (e["window-s"] / 60) for e in doc["entries"] if e["arm"] == arm],
+            "{:.3f}",
+        )
+
+    return bullet(
+        f"""**An idle fleet's load on its SuperLink**: wall, {doc["nodes"]} SuperNodes
+        connected, no run, {doc["window_s"]:.0f} s: the SuperLink spent
+        {per_min("fedstream", "superlink-cpu-s")} CPU-s a minute under fedstream's
+        SuperNodes and agents, {per_min("flower", "superlink-cpu-s")} under Flower's own,
+        {", ".join(f"{r:.2f}x" for r in ratios)} per repetition (goal <= {goal["threshold"]:g}x
+        in every one: {met} of {len(ratios)}, {fmt_verdict(met == len(ratios))}); each
+        SuperNode {per_min("fedstream", "supernodes-cpu-s", doc["nodes"])} CPU-s a minute
+        against {per_min("flower", "supernodes-cpu-s", doc["nodes"])}. `fedstream bench
+        idle`."""
     )
 
 

@@ -287,6 +287,12 @@ def _bursts(doc: Doc) -> str:
     return bursts._table(doc["entries"])
 
 
+def _idle(doc: Doc) -> str:
+    from deploy.bench import idle_fleet
+
+    return idle_fleet._table(doc["entries"])
+
+
 def _people(doc: Doc) -> str:
     from deploy.bench import people
 
@@ -318,6 +324,7 @@ RENDERERS: dict[str, Callable[[Doc], str]] = {
     "async": _async,
     "scale": _scale,
     "deployment": _deployment,
+    "idle": _idle,
     "forecast": _forecast,
     "reliability": _reliability,
     "simulation": _simulation,

@@ -65,6 +65,7 @@ _log = logging.getLogger(__name__)
 
 __all__ = [
     "FAST_PULL_S",
+    "FLOWER_IDLE_PULL_S",
     "HOT_S",
     "OBJECT_PULL_MAX_S",
     "PINNED",

@@ -29,6 +29,7 @@ SCENARIOS = {
     "reliability": "deploy.bench.reliability",
     "async": "deploy.bench.asynchronous",
     "deployment": "deploy.bench.deployment",
+    "idle": "deploy.bench.idle_fleet",
     "drift": "deploy.bench.drift_recovery",
     "inference": "deploy.bench.inference",
     "bursts": "deploy.bench.bursts",

@@ -80,8 +80,11 @@ __all__ = [
     "QUICK_SOAK_EVERY",
     "QUICK_SOAK_MESSAGES",
     "ProcessSampler",
+    "fill_buffers",
     "rerun_controllers",
     "run",
+    "samples_for",
+    "standing_deployment",
 ]
 
 log = logging.getLogger(__name__)
@@ -179,7 +182,7 @@ def _fedstream_run(name: str, records: list[RoundRecord], total_s: float) -> _Ru
 
 
 @contextmanager
-def _deployment(
+def standing_deployment(
     home: Path,
     buffers: dict[str, Path],
     slowdowns: tuple[float, ...] = (1.0,),
@@ -271,7 +274,7 @@ def _noop(flower: FlowerDeployment, tmp: Path, rounds: int) -> _Run:
     return _Run("flower-do-nothing", wall, cpu, start, train, total_s=time.monotonic() - started)
 
 
-def _fill_buffers(where: Path, devices: int, samples: int) -> dict[str, Path]:
+def fill_buffers(where: Path, devices: int, samples: int) -> dict[str, Path]:
     """Buffers holding ``samples`` windows of the synthetic task each (no stream)."""
     task = SensorTask()
     paths = {}
@@ -285,7 +288,7 @@ def _fill_buffers(where: Path, devices: int, samples: int) -> dict[str, Path]:
     return paths
 
 
-def _samples_for(*settings: RunSettings) -> int:
+def samples_for(*settings: RunSettings) -> int:
     """Samples a buffer needs for these runs: enough for a device that trains twice the
     mean batch every round (the controller gives fast devices more)."""
     return 1000 + sum(
@@ -477,17 +480,17 @@ def run(quick: bool = False, progress: Callable[[str], None] = print) -> Result:
         tmp = Path(name)
         idle = [_settings(devices, rounds, tmp / f"idle-{k}") for k in range(repetitions)]
         agent = [_settings(devices, rounds, tmp / f"agent-{k}") for k in range(repetitions)]
-        buffers = _fill_buffers(tmp / "buffers", devices, _samples_for(*idle, *agent))
+        buffers = fill_buffers(tmp / "buffers", devices, samples_for(*idle, *agent))
         for k in range(repetitions):
             progress(f" repetition {k + 1} of {repetitions}")
-            with _deployment(tmp / f"flwr-{k}", buffers) as flower:
+            with standing_deployment(tmp / f"flwr-{k}", buffers) as flower:
                 timed("Flower's do-nothing app", functools.partial(_noop, flower, tmp, rounds), k)
                 for pull in (0.0, PULL_INTERVAL_S):
                     plain = functools.partial(_plain, flower, tmp, rounds, "functional", pull)
                     timed(f"plain (functional, pulls {pull or 3:g} s)", plain, k)
                 run_idle = functools.partial(_idle, flower, "fedstream-idle", idle[k])
                 timed("fedstream-idle", run_idle, k)
-            with _deployment(tmp / f"flwr-agent-{k}", buffers, agents=True) as flower:
+            with standing_deployment(tmp / f"flwr-agent-{k}", buffers, agents=True) as flower:
                 run_agent = functools.partial(_idle, flower, "fedstream-idle-agent", agent[k])
                 timed("fedstream-idle-agent", run_agent, k)
             for with_agent in (False, True):
@@ -543,9 +546,9 @@ def _controllers(
         for seed in ((0,) if quick else CONTROLLER_SEEDS)
         for name in ("fixed", "dynamic")
     ]
-    needed = _samples_for(*(settings for _, _, settings in plans))
-    buffers = _fill_buffers(tmp / "controller-buffers", devices, needed)
-    with _deployment(tmp / "flwr-controller", buffers, slowdowns, agents=True) as flower:
+    needed = samples_for(*(settings for _, _, settings in plans))
+    buffers = fill_buffers(tmp / "controller-buffers", devices, needed)
+    with standing_deployment(tmp / "flwr-controller", buffers, slowdowns, agents=True) as flower:
         for label, seed, settings in plans:
             run_it = functools.partial(_idle, flower, label, settings)
             timed(f"{label} (seed {seed})", run_it).extra["seed"] = seed
@@ -611,10 +614,10 @@ def _soak(tmp: Path, messages: int, every: int, progress: Callable[[str], None])
     run of that many rounds of 2 steps of :data:`BATCH` samples): its resident memory after
     the first round and every ``every`` rounds (flat when nothing leaks)."""
     settings = _settings(1, messages, tmp / "soak-out", local_steps=2)
-    buffers = _fill_buffers(tmp / "soak", 1, messages * BATCH * 2 + 1000)
+    buffers = fill_buffers(tmp / "soak", 1, messages * BATCH * 2 + 1000)
     metrics = Path(settings.out_dir) / "metrics.jsonl"
     rss: list[list[int]] = []
-    with _deployment(tmp / "flwr-soak", buffers, agents=True) as flower:
+    with standing_deployment(tmp / "flwr-soak", buffers, agents=True) as flower:
         pid = flower.group.procs["agent-dev-0"].pid
         stop = threading.Event()
 

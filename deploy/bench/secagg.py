@@ -47,11 +47,11 @@ from deploy.bench.common import (
     verdict,
 )
 from deploy.bench.deployment import (
-    _deployment,
-    _fill_buffers,
     _idle,
-    _samples_for,
     _settings,
+    fill_buffers,
+    samples_for,
+    standing_deployment,
 )
 from deploy.bench.simulation import simulate
 from edge_client.wire.mapping import kebab
@@ -176,8 +176,8 @@ def _deployed(quick: bool, progress: Callable[[str], None]) -> dict[str, Any]:
             for rep in range(repetitions)
             for name, keys in ARMS.items()
         }
-        buffers = _fill_buffers(tmp / "buffers", DEPLOYMENT_DEVICES, _samples_for(*plans.values()))
-        with _deployment(tmp / "flwr", buffers) as flower:
+        buffers = fill_buffers(tmp / "buffers", DEPLOYMENT_DEVICES, samples_for(*plans.values()))
+        with standing_deployment(tmp / "flwr", buffers) as flower:
             for label, settings in plans.items():
                 name = label.rsplit("-", 1)[0]
                 progress(f"  deployment: {label}, {DEPLOYMENT_DEVICES} SuperNodes")

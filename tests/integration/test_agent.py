@@ -201,6 +201,22 @@ def test_an_agent_killed_mid_round_costs_that_round_only_and_loses_no_sample(
     held.close()
 
 
+def test_starting_an_agent_where_another_listener_holds_its_socket_fails_saying_so(
+    tmp_path: Path, procs: ProcessGroup
+) -> None:
+    # Prepare: something already listening on the device's socket (an agent that outlived
+    # its kill, a second copy), bound before the new agent starts.
+    buffer = tmp_path / "buffers" / "dev-0.sqlite"
+    with agent_sockets() as sockets, sk.socket(sk.AF_UNIX, sk.SOCK_STREAM) as held:
+        assert sockets is not None
+        held.bind(str(sockets / "dev-0.sock"))
+        held.listen(8)
+        # Execute / Assert: the old listener answering is not taken for the new agent, which
+        # refuses to take its socket over and exits; the error says why.
+        with pytest.raises(RuntimeError, match="already listens"):
+            start_agents(procs, {"dev-0": buffer}, sockets, logs=tmp_path / "logs")
+
+
 def test_a_missing_agent_a_stale_version_and_a_garbled_frame_get_clear_errors(
     tmp_path: Path,
 ) -> None:
