@@ -67,4 +67,7 @@ def test_a_secure_run_survives_a_broker_crash_and_resumes_after_an_aggregator_ki
     for dev in ("dev-0", "dev-1"):
         log = (run_dir / "logs" / f"ingest-{dev}.log").read_text()
         assert "(MQTT 5, session present: True)" in log, log[-2000:]
-    assert all(m.stream_rate > 50 for m in records[-1].devices.values())
+    # The broker is back 5 s after its crash (on its own timer, whatever the aggregator's
+    # restart takes) and the streams with it: the last round sees them at their rates again.
+    rates = {d: round(m.stream_rate) for d, m in records[-1].devices.items()}
+    assert all(rate > 50 for rate in rates.values()), (rates, out[-3000:])
