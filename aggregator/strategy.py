@@ -396,6 +396,7 @@ class StreamStrategy:
             local_steps=learning.local_steps,
             lr=learning.lr * current.plan.lr_scale * current.lr_factor,
             wait_policy=s.streams.wait_policy,
+            max_passes=s.streams.max_passes,
             b_min=s.b_min,
             deadline_s=s.exchange.round_timeout / 2,
             compress=current.mode,
@@ -457,15 +458,17 @@ class StreamStrategy:
 
     def _available(self) -> dict[str, float]:
         """ScaDLES cap, per step: what each device can have by the time it trains again (its
-        fill plus its rate times that horizon) over the ``K`` steps that share it. The
-        horizon is the device's own last cycle in asynchronous mode, else the last round's
-        duration. None when the run asks for conventional, stream-blind batches."""
-        if not self.settings.streams.availability_cap:
+        fill plus its rate times that horizon) over the ``K`` steps that share it, times
+        ``max-passes`` (the times it may train on each). The horizon is the device's own
+        last cycle in asynchronous mode, else the last round's duration. None when the run
+        asks for conventional, stream-blind batches."""
+        streams = self.settings.streams
+        if not streams.availability_cap:
             return {}
         horizon = self._round_s or self.settings.exchange.round_timeout / 2
-        steps = self.settings.learning.local_steps
+        per_step = streams.max_passes / self.settings.learning.local_steps
         return {
-            d: (m.buffer_fill + m.stream_rate * self._cycle_s.get(d, horizon)) / steps
+            d: (m.buffer_fill + m.stream_rate * self._cycle_s.get(d, horizon)) * per_step
             for d, m in self.fleet.last_replies.items()
         }
 

@@ -262,6 +262,7 @@ def _reply_metrics(
         bytes_up=len(coded.frame),
         compress_gap=coded.gap,
         inject_used=result.inject_used,
+        fresh_samples=result.fresh,
         inject_opt_in=int(node.inject),
         inject_bytes=coded.shared[0],
         inject_samples=coded.shared[1],

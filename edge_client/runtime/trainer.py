@@ -49,6 +49,7 @@ class TrainResult:
     train_loss: float
     lr: float = 0.0  # the learning rate it trained with
     inject_used: int = 0  # samples of num_examples that came from the injection pool
+    fresh: int = 0  # own samples trained on, each counted once (max-passes: fewer than b*K)
     taken: SampleBatch | None = field(default=None, repr=False)  # own samples consumed
     evaluated: Scores | None = None  # the received model on the own samples, before training
     eval_s: float = 0.0  # seconds that scoring took
@@ -201,18 +202,23 @@ def _gather(store: SampleBuffer, plan: RoundPlan) -> int:
     while fill < need and time.monotonic() < deadline:
         time.sleep(POLL_S)
         fill = store.fill
-    return min(plan.batch_size, fill // plan.local_steps)
+    return min(plan.batch_size, fill * plan.max_passes // plan.local_steps)
 
 
 @dataclass(frozen=True)
 class _Round:
-    """A round's samples, taken and prepared: own per step (``own``) and pooled (``mixed``)."""
+    """A round's samples, taken and prepared: own per step (``own``) and pooled (``mixed``).
+
+    ``own_x`` holds the K steps' own samples in training order: the fresh ones shuffled
+    (its first ``fresh``, each sample once), then, under ``max-passes``, more shuffled
+    passes over them until the K steps are filled."""
 
     data: SampleBatch  # the own samples taken from the buffer
     own: int
     mixed: int
     own_x: np.ndarray  # preprocessed
     own_y: np.ndarray
+    fresh: int  # the own samples trained on, each counted once (the first pass)
     pooled: SampleBatch | None
 
 
@@ -228,18 +234,30 @@ def _take(
     and apply the ``preprocessor`` on the own ones."""
     k_steps = plan.local_steps
     mixed = planned_mix(plan.inject_mix, batch, pool)
-    data = store.take((batch - mixed) * k_steps, hold=True)  # settled when the reply is ready
-    own = len(data) // k_steps
+    # Every own sample the steps can use; fewer when the stream brought fewer, but at least
+    # 1 / max-passes of them (the batch was sized so). Settled when the reply is ready.
+    data = store.take((batch - mixed) * k_steps, hold=True)
+    own = min(batch - mixed, len(data) * plan.max_passes // k_steps)
+    fresh = min(len(data), own * k_steps)
     pooled = draw_pooled(pool, mixed, k_steps, rng)
-    own_x, own_y = data.x[: own * k_steps], data.y[: own * k_steps]
-    # A local epoch over the round's samples, shuffled: a stream arrives in the order things
-    # happen (minutes of one activity), and K steps in that order would each see one class.
-    order = (rng or np.random.default_rng(plan.server_round)).permutation(len(own_y))
-    own_x, own_y = own_x[order], own_y[order]
+    # Local epochs over the round's samples, each shuffled: a stream arrives in the order
+    # things happen (minutes of one activity), and K steps in that order would each see
+    # one class. One epoch unless the stream brought fewer than b*K (max-passes > 1).
+    order = _epochs(rng or np.random.default_rng(plan.server_round), fresh, own * k_steps)
+    own_x, own_y = data.x[:fresh][order], data.y[:fresh][order]
     if preprocessor is not None:
-        preprocessor.update(own_x)
+        preprocessor.update(own_x[:fresh])  # the first epoch: each fresh sample once
         own_x = preprocessor(own_x)
-    return _Round(data, own, mixed, own_x, own_y, pooled)
+    return _Round(data, own, mixed, own_x, own_y, fresh, pooled)
+
+
+def _epochs(rng: np.random.Generator, fresh: int, total: int) -> np.ndarray:
+    """Indices of ``total`` training samples drawn from ``fresh`` ones: shuffled passes
+    over all of them, the last cut short (each sample at most once more than another)."""
+    if fresh == 0:
+        return np.zeros(0, dtype=np.int64)
+    passes = -(-total // fresh)
+    return np.concatenate([rng.permutation(fresh) for _ in range(passes)])[:total]
 
 
 def _tensors(
@@ -339,7 +357,11 @@ def train_local(
     """Take ``b * K`` samples from the buffer, score the received model on them
     (prequential evaluation), then train ``K`` SGD steps at batch ``b`` on ``task``'s loss
     (classification by default), over the taken samples in an order shuffled by ``rng``
-    (a stream's order is the order things happened: one class for minutes).
+    (a stream's order is the order things happened: one class for minutes). Under the
+    plan's ``max_passes`` P > 1, a stream that brought fewer than ``b * K`` samples (but at
+    least ``b * K / P``) is not waited for: the steps go over the samples there are in up
+    to P shuffled passes (local epochs over the round's window; each sample at most once
+    more than another), and the model is scored on each sample once.
 
     With ``wait`` the device blocks until ``b*K`` samples are buffered (up to the deadline);
     with ``adapt`` it trains on what is there, lowering its batch but never below ``b_min``
@@ -377,7 +399,10 @@ def train_local(
     k_steps = plan.local_steps
     taken = _take(store, plan, batch, pool, rng, preprocessor)
     t_eval = time.perf_counter()
-    evaluated = evaluate(task, model, taken.own_x, taken.own_y, device)  # test, then train
+    # test, then train: on the fresh samples, each once
+    evaluated = evaluate(
+        task, model, taken.own_x[: taken.fresh], taken.own_y[: taken.fresh], device
+    )
     t_train = time.perf_counter()  # batches, optimizer and the K steps
     batch = taken.own + taken.mixed
     # Linear scaling rule: a batch smaller than planned (a starved stream under `adapt`, or
@@ -406,6 +431,7 @@ def train_local(
         train_loss=train_loss,
         lr=lr,
         inject_used=taken.mixed * k_steps,
+        fresh=taken.fresh,
         taken=taken.data,
         evaluated=evaluated,
         eval_s=t_train - t_eval,

@@ -175,6 +175,11 @@ class RoundPlan(_Record):
     wait_policy : {"wait", "adapt"}
         ``wait``: until ``batch_size * local_steps`` samples are buffered, up to the
         deadline; ``adapt``: train on what is there, never below ``b_min`` per step.
+    max_passes : int
+        The most times one fresh sample is trained on in the round: the ``K`` steps need
+        at least ``ceil(batch_size * local_steps / max_passes)`` fresh samples, and go over
+        them more than once only when fewer than ``batch_size * local_steps`` are there
+        (1: each once).
     b_min : int
         The smallest batch worth a step.
     deadline_s : float
@@ -220,6 +225,7 @@ class RoundPlan(_Record):
     lr: float
     server_round: int = 0
     wait_policy: str = default("wait_policy")
+    max_passes: int = default("max_passes")
     b_min: int = default("b_min")
     deadline_s: float = 60.0
     proximal_mu: float = 0.0  # off
@@ -244,6 +250,7 @@ class RoundPlan(_Record):
         "local_steps",
         "lr",
         "wait_policy",
+        "max_passes",
         "b_min",
         "proximal_mu",
         "compress_ratio",
@@ -283,13 +290,14 @@ class RoundPlan(_Record):
         """How many buffered samples the device waits for before it trains (the wait rule).
 
         ``wait``: the whole plan, ``batch_size * local_steps``; ``adapt``: the least worth
-        training, ``min(b_min, batch_size) * local_steps``. The device waits at most
+        training, ``min(b_min, batch_size) * local_steps``; either over ``max_passes`` (each
+        fresh sample trained on up to that many times), rounded up. The device waits at most
         ``deadline_s`` and trains on what it has then.
         """
         per_step = (
             self.batch_size if self.wait_policy == "wait" else min(self.b_min, self.batch_size)
         )
-        return per_step * self.local_steps
+        return -(-per_step * self.local_steps // self.max_passes)  # rounded up
 
     def to_record(self) -> ConfigRecord:
         """The ``config`` record that carries the plan (a fresh one each call)."""
@@ -303,7 +311,13 @@ class ReplyMetrics(_Record):
     Attributes
     ----------
     num_examples : int
-        Samples trained on (0: the device trained nothing this round).
+        Samples trained on, a sample trained twice counted twice (0: the device trained
+        nothing this round).
+    fresh_samples : int
+        Own samples it took from its buffer and trained on, each counted once: below
+        ``num_examples`` less ``inject_used`` when its stream brought fewer than the plan
+        and it trained over them more than once (``max-passes``); 0 from a device before
+        fedstream reported it.
     batch_size, local_steps : int
         The batch and the steps it actually trained.
     step_s : float
@@ -399,6 +413,7 @@ class ReplyMetrics(_Record):
     bytes_up: int = 0
     compress_gap: float | None = None
     inject_used: int = 0
+    fresh_samples: int = 0
     inject_opt_in: int = 0
     inject_bytes: int = 0
     inject_samples: int = 0

@@ -133,6 +133,7 @@ class RunSettings(ControllerSettings):
         # streams: StreamSettings
         wait_policy: str
         availability_cap: bool
+        max_passes: int
         # exchange: ExchangeSettings
         round_timeout: float
         superlink_timeout: float

@@ -277,6 +277,15 @@ class StreamSettings:
         choices=WAIT_POLICIES,
     )
     availability_cap: bool = knob(True, "ScaDLES: cap batches at fill + rate * round time")
+    max_passes: int = knob(
+        1,
+        "most times a device trains on one sample within a round: a device whose stream "
+        "brings fewer than b*K samples trains its K steps over the fresh ones it has, each "
+        "at most this many times (local epochs over the round's window), and the "
+        "availability cap grows as much; 1: every sample once",
+        ge=1,
+        le=64,
+    )
 
     def __post_init__(self) -> None:
         check_knobs(self)
