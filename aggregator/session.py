@@ -277,7 +277,7 @@ class RunSession:
             return ""
         if not report.replies and not report.diverged:
             return "no-replies"
-        if report.num_examples < self.settings.rounds.min_fresh_samples:
+        if report.fresh_samples < self.settings.rounds.min_fresh_samples:
             return DIVERGED if report.diverged else "too-few-fresh-samples"
         return ""
 

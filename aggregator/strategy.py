@@ -107,7 +107,10 @@ class RoundReport:
     diverged : list of str
         Devices whose training diverged (refused as ``diverged`` or ``non-finite``).
     num_examples : int
-        Samples behind the new model.
+        Samples behind the new model (a sample trained twice counted twice).
+    fresh_samples : int
+        The devices' own samples behind it, each counted once (``fresh-samples``; a device
+        that does not report it: its ``num-examples``).
     train_loss : float
         Their sample-weighted training loss (NaN without any).
     eval_count : int
@@ -143,6 +146,7 @@ class RoundReport:
     refused: dict[str, str] = field(default_factory=dict)
     diverged: list[str] = field(default_factory=list)
     num_examples: int = 0
+    fresh_samples: int = 0
     train_loss: float = math.nan
     eval_count: int = 0
     eval_metric: float = math.nan
@@ -171,6 +175,8 @@ class RoundReport:
             self._sums[1] += metrics.eval_loss * metrics.eval_count
         if metrics.num_examples > 0 and not metrics.train_diverged:
             self.num_examples += metrics.num_examples
+            fresh = metrics.fresh_samples
+            self.fresh_samples += metrics.num_examples if fresh is None else fresh
             self._sums[2] += metrics.train_loss * metrics.num_examples
 
     def close(self) -> None:

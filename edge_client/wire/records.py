@@ -313,11 +313,11 @@ class ReplyMetrics(_Record):
     num_examples : int
         Samples trained on, a sample trained twice counted twice (0: the device trained
         nothing this round).
-    fresh_samples : int
+    fresh_samples : int, optional
         Own samples it took from its buffer and trained on, each counted once: below
         ``num_examples`` less ``inject_used`` when its stream brought fewer than the plan
-        and it trained over them more than once (``max-passes``); 0 from a device before
-        fedstream reported it.
+        and it trained over them more than once (``max-passes``); None from a device of a
+        fedstream before it was reported.
     batch_size, local_steps : int
         The batch and the steps it actually trained.
     step_s : float
@@ -413,7 +413,7 @@ class ReplyMetrics(_Record):
     bytes_up: int = 0
     compress_gap: float | None = None
     inject_used: int = 0
-    fresh_samples: int = 0
+    fresh_samples: int | None = None
     inject_opt_in: int = 0
     inject_bytes: int = 0
     inject_samples: int = 0

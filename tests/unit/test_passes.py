@@ -4,13 +4,14 @@ than ``b * K`` samples trains its steps over the ones it has, each at most P tim
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 from torch import nn
 
-from aggregator.round_log import rounds_only
+from aggregator.round_log import RoundRecord, rounds_only
 from aggregator.server_app import run_rounds
 from deploy.inprocess import InProcessGrid
 from edge_client.runtime.buffer import BufferStore
@@ -99,6 +100,36 @@ def test_max_passes_raises_the_availability_cap_and_the_devices_reuse_their_samp
             can = prev.devices[d].buffer_fill + 50 * prev.virtual_s
             assert b * k <= max(4 * can, settings.b_min * k) + k, (now.round, d)
         for m in now.devices.values():
+            assert m.fresh_samples is not None
             assert 0 < m.fresh_samples <= m.num_examples <= 4 * m.fresh_samples + k
             reused += m.fresh_samples < m.num_examples
     assert reused > 0
+
+
+def test_min_fresh_samples_counts_a_sample_trained_twice_once(
+    tmp_path: Path, fast: Fast, fleet: Fleet
+) -> None:
+    # Prepare: the starved fleet of the test above; its rounds train about twice as many
+    # samples as they take fresh, and the run asks for a number of fresh samples between.
+    settings = fast(num_rounds=4, wait_policy="adapt", max_passes=4)
+
+    def run(name: str, min_fresh: int) -> list[RoundRecord]:
+        devices = fleet(1, 1, rate=50, initial=100)
+        grid = InProcessGrid(devices, tmp_path / name, step_time=step_time)
+        return rounds_only(run_rounds(grid, replace(settings, min_fresh_samples=min_fresh)))
+
+    def fresh(r: RoundRecord) -> int:
+        return sum(m.fresh_samples or 0 for m in r.devices.values())
+
+    second = run("a", 1)[1]  # round 2: trained on a capped plan
+    trained = sum(m.num_examples for m in second.devices.values())
+    threshold = (fresh(second) + trained) // 2
+    assert fresh(second) < threshold <= trained
+    # Execute
+    records = run("b", threshold)
+    # Assert: a round is skipped exactly when its fresh samples fall short, though the
+    # samples it trained (repeats counted) would have been enough.
+    assert [r.skipped == "too-few-fresh-samples" for r in records] == [
+        fresh(r) < threshold for r in records
+    ]
+    assert records[1].skipped == "too-few-fresh-samples"
