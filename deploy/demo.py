@@ -184,7 +184,9 @@ def run_demo(config: DemoConfig, console: Console) -> bool:
         start_ingest(group, config, streams, paths, run_dir)
         for i, dev in enumerate(devices):  # streaming until training ends
             start_publisher(group, config, streams, i, dev, run_dir, DEMO_PUBLISH_FOREVER_S)
-        flower = FlowerDeployment(group, run_dir / "flwr", secrets=secrets)
+        # Only a SuperLink that is to be killed and started again needs its state on disk.
+        durable = config.kill_aggregator is not None
+        flower = FlowerDeployment(group, run_dir / "flwr", secrets=secrets, durable=durable)
         node_configs = _start_flower(flower, config, paths, secrets, console, agent_dir)
         settings = _run_settings(config, run_dir)
         flwr_run = flower.submit(APP_DIR, settings.to_run_config())

@@ -34,6 +34,7 @@ from edge_client.wire.mapping import kebab
 from edge_client.wire.run_config import RunSettings, upgrade_saved
 
 __all__ = [
+    "STATE_DATABASE",
     "FlowerDeployment",
     "FlowerError",
     "app_run_config",
@@ -48,6 +49,8 @@ __all__ = [
 CONNECTION = "fedstream-local"
 DEFAULT_FEDERATION = "@none/default"
 CLI_TIMEOUT_S = 60.0
+#: A durable SuperLink's database file, in the deployment's home.
+STATE_DATABASE = "state.db"
 
 
 #: The components of fedstream's own Flower app (in the installed package).
@@ -381,6 +384,15 @@ class FlowerDeployment:
         If > 0, a SuperLink in simulation mode with this many virtual SuperNodes.
     secrets : RunSecrets, optional
         TLS and SuperNode authentication (see :mod:`deploy.secure`).
+    durable : bool
+        Keep the SuperLink's state in a database file (``home/state.db``), as the deployment
+        guide's service does, so that a SuperLink started again (:meth:`start_superlink`
+        after :meth:`kill_superlink`) still knows the SuperNodes, their keys and the runs.
+        Otherwise the SuperLink keeps it in memory, Flower's default: its SQL state runs
+        several statements for every request a SuperNode or the ServerApp makes (the
+        run's abort check, the node's authentication, expired tokens), CPU that a host
+        shared with the devices takes from their training (``fedstream demo``: median round
+        2.1-2.5 s in memory, 2.6-4.2 s with the file, on this 2-core machine).
     """
 
     def __init__(
@@ -389,10 +401,12 @@ class FlowerDeployment:
         home: Path,
         simulated_nodes: int = 0,
         secrets: RunSecrets | None = None,
+        durable: bool = False,
     ) -> None:
         self.group = group
         self.home = home
         self.secrets = secrets
+        self.durable = durable
         self.port = free_port()
         self.env = {
             "FLWR_HOME": str(home),
@@ -433,8 +447,7 @@ class FlowerDeployment:
                 "127.0.0.1",
                 "--port",
                 str(self.port),
-                "--database",
-                str(self.home / "state.db"),
+                *(["--database", str(self.home / STATE_DATABASE)] if self.durable else []),
                 "--isolation",
                 "subprocess",
                 "--disable-runtime-dependency-installation",

@@ -17,7 +17,7 @@ from aggregator.round_log import RoundRecord, read_metrics, rounds_only
 from deploy.bench.deployment import ProcessSampler
 from deploy.bench.forecast import DATA as CO2
 from deploy.demo import APP_DIR
-from deploy.flower import FlowerDeployment
+from deploy.flower import STATE_DATABASE, FlowerDeployment
 from deploy.local import ProcessGroup
 from deploy.probes import buffer_stats
 from edge_client.wire.artifact import list_versions
@@ -92,6 +92,9 @@ def test_demo_on_a_users_recording_learns_and_the_slower_device_gets_the_smaller
     roles = processes.by_role()
     assert "clientapp" not in roles and "superexec" not in roles, roles
     assert roles["agent"]["processes"] == 2 == roles["supernode"]["processes"]
+    # A SuperLink that is not to be restarted keeps its state in memory (Flower's default):
+    # no database file, whose SQL state costs the shared host CPU on every request.
+    assert not (run_dir / "flwr" / STATE_DATABASE).exists()
 
 
 def simulate(tmp_path: Path, config: dict[str, object]) -> list[RoundRecord]:
@@ -195,6 +198,8 @@ def test_async_demo_does_not_wait_for_a_slow_supernode_and_resumes_its_version(
     assert all(u.base_version < r.round for r in records for u in r.updates)
     assert "resumed from the checkpoint of round" in out
     assert "version 6/6" in out and "stale" in out  # the live table: version, staleness
+    # The restarted SuperLink found its SuperNodes in the state it kept on disk.
+    assert (next(tmp_path.glob("run-*")) / "flwr" / STATE_DATABASE).exists()
 
 
 def test_flwr_run_in_the_simulation_engine_trains_asynchronously(tmp_path: Path) -> None:
