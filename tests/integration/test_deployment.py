@@ -75,9 +75,9 @@ def test_demo_on_a_users_recording_learns_and_the_slower_device_gets_the_smaller
     assert probe.round == 0 and [r.round for r in records] == [1, 2, 3]
     last = records[-1].devices
     assert summary["evaluated_samples"][-1] == sum(m.fresh_samples or 0 for m in last.values())
+    passes = DEMO_SETTINGS["max_passes"]
     for dev, m in last.items():
         assert m.num_examples == summary["devices"][dev]["batch_size"][-1] * 40
-        passes = DEMO_SETTINGS["max_passes"]
         assert m.fresh_samples is not None and m.num_examples / passes <= m.fresh_samples
     # The probe's query went through the real SuperNodes, so the 4x slower device is already
     # planned the smaller batch in round 1: about a fifth of the global batch (87-98 of 512
