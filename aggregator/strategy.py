@@ -655,8 +655,8 @@ class StreamStrategy:
         metrics = replace(reply.metrics, bytes_up=len(reply.frame))  # as received
         self.fleet.record_reply(device, metrics)
         report.add_reply(device, metrics, planned)
-        for batch, step_s in metrics.timings():  # a spread round's two sizes: the slope
-            self.controller.observe(device, batch, step_s)
+        for batch, step_s in metrics.costs():  # a spread round's two sizes: the slope
+            self.controller.observe(device, batch, step_s)  # its samples' scoring included
         if delta is None:  # its scores of the model it received count, its training not
             self.refuse(report, device, DIVERGED)
             return None

@@ -577,7 +577,8 @@ class InProcessGrid(LocalGrid):
         self, reply: records.DeviceReply, dev: VirtualDevice, wait_s: float
     ) -> records.ReplyMetrics:
         """The reply's timings on the virtual clock: compute (the step-time model's, when
-        given) times the device's slowdown, and the virtual wait.
+        given) times the device's slowdown, the virtual wait, and no scoring (the clock
+        charges none, and the controller would take its wall seconds).
 
         With a step-time model each of the round's steps is drawn from it: the round costs
         their sum and the device reports their median past the first (as the trainer
@@ -608,6 +609,7 @@ class InProcessGrid(LocalGrid):
             step_s=step_s * dev.slowdown,
             compute_s=compute_s * dev.slowdown,
             wait_s=wait_s,
+            eval_s=0.0,
             step_times=[t * dev.slowdown for _, t in timings] or None,
         )
 

@@ -175,9 +175,11 @@ def _overlay_personal(
 
 
 def _charged(result: TrainResult, virtual: VirtualNodes, node: NodeConfig) -> TrainResult:
-    """A virtual device's round with its compute as the virtual clock charges it."""
+    """A virtual device's round with its compute as the virtual clock charges it; the
+    clock charges no scoring, so none is reported (the controller would take wall seconds
+    for it)."""
     if result.batch_size <= 0:
-        return result
+        return replace(result, eval_s=0.0)
     timings = tuple((b, virtual.step_s(node, b)) for b, _ in result.step_timings)
     step_s = (
         sum(t for _, t in timings) / len(timings)
@@ -185,7 +187,11 @@ def _charged(result: TrainResult, virtual: VirtualNodes, node: NodeConfig) -> Tr
         else virtual.step_s(node, result.batch_size)
     )
     return replace(
-        result, step_s=step_s, compute_s=step_s * result.local_steps, step_timings=timings
+        result,
+        step_s=step_s,
+        compute_s=step_s * result.local_steps,
+        step_timings=timings,
+        eval_s=0.0,
     )
 
 

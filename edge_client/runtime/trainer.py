@@ -17,7 +17,7 @@ from torch.optim.sgd import sgd
 
 from edge_client.runtime.buffer import BufferStore, SampleBuffer
 from edge_client.runtime.injection.mixing import draw_pooled, mix_into, planned_mix
-from edge_client.task.interface import Classification, Scores, Task, evaluate
+from edge_client.task.interface import EVAL_CHUNK, Classification, Scores, Task, evaluate
 from edge_client.task.preprocess import Preprocessor
 from edge_client.wire.constants import DIVERGED_LOSS_RATIO
 from edge_client.wire.frames import SampleBatch
@@ -164,14 +164,16 @@ def probe_step_times(
     slowdown: float = 1.0,
     device: torch.device | None = None,
 ) -> list[float]:
-    """Median seconds of one SGD step of ``model`` at each batch (the controller's first
-    timings, before any round has been trained).
+    """Median seconds of one SGD step of ``model`` at each batch, with the prequential
+    scoring of its samples (the controller's first timings, before any round has been
+    trained: what a round's reply gives it, :meth:`~edge_client.wire.records.ReplyMetrics.costs`).
 
     Inputs are random samples of ``shape`` with random labels below ``num_classes``, made
     into inputs and targets by ``task`` (classification by default): the step's cost does
     not depend on the values.
     The model is trained on them, so pass a copy that is thrown away afterwards. One extra
-    step per batch warms up and is not counted.
+    step per batch warms up and is not counted; the scoring is timed on one chunk of
+    :data:`~edge_client.task.interface.EVAL_CHUNK` samples, after an untimed one.
     """
     task = task or Classification()
     device = device or torch.device("cpu")
@@ -190,7 +192,29 @@ def probe_step_times(
             for _ in range(steps + 1)
         ]
         medians.append(float(np.median(times[1:])))  # the first warmed up
-    return medians
+    per_sample = _scoring_s(model, shape, num_classes, task, device, gen) / EVAL_CHUNK
+    return [t + per_sample * b for t, b in zip(medians, batches, strict=True)]
+
+
+def _scoring_s(
+    model: nn.Module,
+    shape: tuple[int, ...],
+    num_classes: int,
+    task: Task,
+    device: torch.device,
+    gen: torch.Generator,
+) -> float:
+    """Seconds :func:`evaluate` takes over one chunk of random samples (the mean of two
+    timed passes after an untimed one); the model is left in train mode."""
+    x = torch.randn(EVAL_CHUNK, *shape, generator=gen).numpy()
+    y = torch.randint(0, num_classes, (EVAL_CHUNK,), generator=gen).numpy()
+    times = []
+    for _ in range(3):
+        began = time.perf_counter()
+        evaluate(task, model, x, y, device)
+        times.append(time.perf_counter() - began)
+    model.train()
+    return float(np.mean(times[1:]))
 
 
 def _gather(store: SampleBuffer, plan: RoundPlan) -> int:

@@ -446,6 +446,23 @@ class ReplyMetrics(_Record):
             return list(zip(self.step_batches, self.step_times, strict=True))
         return [(self.batch_size, self.step_s)] if self.num_examples > 0 else []
 
+    def costs(self) -> list[tuple[int, float]]:
+        """The controller's ``(batch, seconds per step)`` pairs: :meth:`timings`, each with
+        the prequential evaluation's cost of its samples (``eval_s / eval_count`` a sample,
+        ``batch`` samples a step) added.
+
+        Every sample a step trains on is scored once before training, so a device's round
+        costs its steps and the scoring of their samples, both in proportion to the batch;
+        balancing the steps alone leaves the devices with the largest batches (the fastest)
+        scoring while the others wait. Under ``max-passes`` > 1 a starved stream's samples
+        are scored once and trained up to P times, so this overstates its scoring (it is
+        capped by its stream then anyway).
+        """
+        per_sample = self.eval_s / self.eval_count if self.eval_count > 0 else 0.0
+        if not (math.isfinite(per_sample) and per_sample > 0):
+            per_sample = 0.0
+        return [(b, t + per_sample * b) for b, t in self.timings()]
+
     def to_record(self) -> MetricRecord:
         """The ``metrics`` record (an unknown gap is left out)."""
         return MetricRecord(to_mapping(self))

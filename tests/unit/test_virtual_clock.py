@@ -51,6 +51,9 @@ def test_the_records_of_a_probed_run_sum_to_the_grid_clock(
     assert sum(r.virtual_s for r in records) == pytest.approx(grid.clock, rel=0.01)
     assert read_metrics(tmp_path / "out" / "metrics.jsonl")[0].round == PROBE_ROUND
     assert grid.server_s > 0
+    # the clock charges no scoring: no device reports wall seconds of it to the controller
+    replies = [m for r in rounds_only(records) for m in r.devices.values()]
+    assert replies and all(m.eval_s == 0.0 and m.eval_count > 0 for m in replies)
 
 
 def test_the_probe_costs_its_slowest_device_steps_warm_up_included(
