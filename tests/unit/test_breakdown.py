@@ -46,10 +46,13 @@ def test_the_aggregators_parts_and_the_devices_parts_add_up(
         assert r.timing.total == pytest.approx(r.wall_s, abs=0.01)
         assert set(r.latency) == set(r.devices)
         assert max(r.latency.values()) <= r.timing.replies_s + 1e-3
-        for m in r.devices.values():  # the handler's parts: within 5 % or 20 ms
+        for m in r.devices.values():  # the handler's parts: within 5 % or 50 ms
+            # The virtual clock charges no scoring, so a virtual device reports none: its
+            # wall seconds (a few ms for these samples) are in the handler, in no part.
+            assert m.eval_s == 0.0 and m.eval_count > 0
             parts = m.setup_s + m.wait_s + m.take_s + m.eval_s + m.train_s + m.encode_s
             assert parts <= m.handler_s
-            assert m.handler_s - parts <= max(0.02, 0.05 * m.handler_s)
+            assert m.handler_s - parts <= max(0.05, 0.05 * m.handler_s)
             assert m.train_s > 0 and m.cpu_s > 0 and m.peak_rss > 0
 
 
