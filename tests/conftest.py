@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import itertools
 import os
 import signal
 import sys
@@ -56,6 +57,9 @@ FAST: dict[str, Any] = {
 
 #: Seconds a test's leftover processes get to end by themselves before they are stopped.
 LEFTOVER_GRACE_S = 3.0
+#: Tests whose stated timeout is at least this many seconds are the suite's long ones (each
+#: one to six minutes): they are spread among pytest-xdist's workers first (see below).
+LONG_TEST_TIMEOUT_S = 300.0
 PR_SET_CHILD_SUBREAPER = 36  # prctl(2)
 #: Processes pytest's own interpreter keeps for its lifetime, whichever test started them.
 INTERPRETER_HELPERS = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
@@ -70,6 +74,9 @@ def pytest_configure(config: pytest.Config) -> None:
     children run), so that the leftover check below finds them."""
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    workerinput = getattr(config, "workerinput", None)  # set in a pytest-xdist worker
+    if workerinput is not None and workerinput["workercount"] > 1:
+        config.pluginmanager.register(_LongTestsSpread(workerinput["workercount"]))
 
 
 def _reap(me: int, keep: set[int]) -> None:
@@ -132,6 +139,51 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(
                 pytest.mark.skip(reason="mosquitto is not installed (apt-get install -y mosquitto)")
             )
+
+
+class _LongTestsSpread:
+    """Orders a pytest-xdist worker's tests (:func:`_spread_long_tests`) once ``-m`` and
+    ``-k`` have deselected theirs (hence last): xdist splits what is left."""
+
+    def __init__(self, workers: int) -> None:
+        self.workers = workers
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        _spread_long_tests(items, self.workers)
+
+
+def _timeout_s(item: pytest.Item) -> float:
+    marker = item.get_closest_marker("timeout")
+    return float(marker.args[0]) if marker is not None and marker.args else 0.0
+
+
+def _spread_long_tests(items: list[pytest.Item], workers: int) -> None:
+    """Order ``items`` so that pytest-xdist's workers finish together.
+
+    Its ``worksteal`` scheduler (the process tiers', ``dev/test.sh``) first hands each worker
+    a contiguous share of the list (the k-th of ``workers`` near-equal slices), then moves
+    tests from the end of a busy worker's queue to an idle one; a long test left near the end
+    makes one worker run minutes alone. (``load`` takes from the front: long ones first suit
+    it too.)
+    So the long tests (a timeout of :data:`LONG_TEST_TIMEOUT_S` or more; the timeout stands in
+    for the duration) go to the fronts of the shares, longest first, each to the share with
+    the least so far, and the rest follow in their collected order. Every worker computes the
+    same order (xdist checks that their collections agree).
+    """
+    sizes = [len(items) // workers + (k < len(items) % workers) for k in range(workers)]
+    sizes.reverse()  # xdist's first shares are the floors: len // workers, then the rest
+    long = [i for i in items if _timeout_s(i) >= LONG_TEST_TIMEOUT_S]
+    shares: list[list[pytest.Item]] = [[] for _ in range(workers)]
+    load = [0.0] * workers
+    for item in sorted(long, key=_timeout_s, reverse=True):  # ties keep their order
+        k = min((k for k in range(workers) if len(shares[k]) < sizes[k]), key=load.__getitem__)
+        shares[k].append(item)
+        load[k] += _timeout_s(item)
+    rest = iter([i for i in items if _timeout_s(i) < LONG_TEST_TIMEOUT_S])
+    for k in range(workers):
+        shares[k].extend(itertools.islice(rest, sizes[k] - len(shares[k])))
+    items[:] = [item for share in shares for item in share]
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""A device's SuperNode is killed mid-run and comes back: real processes (about 2 minutes)."""
+"""A device's SuperNode is killed mid-run and comes back: real processes (1-2 minutes)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def test_a_killed_supernode_rejoins_and_keeps_its_state_by_device_id(tmp_path: P
     rc, out, summary = demo(
         tmp_path,
         "--devices", "3", "--rounds", "5", "--local-steps", "5", "--slowdowns", "1,1,2",
-        "--kill", "dev-2@1", "--restart", "dev-2@1", "--round-timeout", "25",
+        "--kill", "dev-2@1", "--restart", "dev-2@1", "--round-timeout", "15",
     )  # fmt: skip
 
     # Assert: the run completes, dev-2 is back under its device id, and the failed message

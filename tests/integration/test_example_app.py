@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from aggregator.round_log import HOME_ENV, METRICS_FILE, read_metrics, rounds_only
 from deploy.agents import agent_sockets, start_devices
@@ -43,6 +44,7 @@ def fill_buffer(path: Path, x: np.ndarray, y: np.ndarray) -> None:
         store.append([SampleBatch(x, y, np.full(len(y), time.time()))], rate=100.0)
 
 
+@pytest.mark.timeout(300)  # a secure run of a user app to its end: 1-2 minutes
 def test_a_user_app_trains_its_own_model_securely_aggregated_through_flwr_run(
     tmp_path: Path,
 ) -> None:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
+import pytest
+
 from aggregator.checkpoint import read_state
 from aggregator.round_log import read_metrics, rounds_only
 from deploy.demo import APP_DIR
@@ -15,6 +17,7 @@ from deploy.local import ProcessGroup, fedstream_command, wait_until
 from edge_client.wire.artifact import list_versions
 
 
+@pytest.mark.timeout(300)  # two serves, each starting Ray: 1-2 minutes
 def test_serve_stops_a_continuous_run_on_sigterm_and_the_next_start_resumes_it(
     tmp_path: Path,
 ) -> None:
@@ -37,9 +40,9 @@ def test_serve_stops_a_continuous_run_on_sigterm_and_the_next_start_resumes_it(
         def rounds() -> list[int]:
             return [r.round for r in rounds_only(read_metrics(metrics))]
 
-        # Execute 1: serve until 2 rounds are in, then SIGTERM (systemctl stop).
+        # Execute 1: serve until a round is in, then SIGTERM (systemctl stop).
         first = group.start("serve", cmd, log_path=log, env=flower.env)
-        assert wait_until(lambda: len(rounds()) >= 2 or first.poll() is not None, 300), (
+        assert wait_until(lambda: len(rounds()) >= 1 or first.poll() is not None, 300), (
             log.read_text()
         )
         first.send_signal(signal.SIGTERM)
