@@ -82,12 +82,13 @@ class _SlowScoring(nn.Module):
 
 
 def test_the_probe_times_a_step_with_the_scoring_of_its_samples() -> None:
-    # Prepare: scoring a chunk takes 50 ms; the steps themselves take well under a ms
-    model = _SlowScoring(0.05)
+    # Prepare: scoring a chunk takes 100 ms; the steps themselves take well under a ms
+    model = _SlowScoring(0.1)
     batches = [EVAL_CHUNK, 4 * EVAL_CHUNK]
     # Execute
     times = probe_step_times(model, (8,), 3, batches, 1)
-    # Assert: each batch's time holds its samples' scoring (50 ms, then 200 ms)
-    assert times[0] == pytest.approx(0.05, abs=0.02)
-    assert times[1] == pytest.approx(0.20, abs=0.05)
+    # Assert: each batch's time holds its samples' scoring once (100 ms, then 400 ms): at
+    # least that, and short of twice that (a starved machine adds its wake-ups: +40 ms seen)
+    assert 0.1 <= times[0] < 0.19
+    assert 0.4 <= times[1] < 0.75
     assert model.training  # the probe leaves the model as it found it
