@@ -2,14 +2,14 @@
 
 One bullet per benchmark, each made by a function named for it (:func:`hetero`,
 :func:`streams`, ...; the wall-clock benchmarks' in ``dev/bench_results_wall.py``) from that
-benchmark's JSON document alone, so that every figure on the page can be traced to the key it
-is formatted from; a key a function needs and the JSON lacks raises (``KeyError``), nothing is
-made up. The papers' headline figures beside ours (OmniLearn's 14-85 %, ScaDLES' 3.29x and
-848-9429x, FedBuff's 3.3x, DGC's 270-600x, top-k's 60-78x) are citations, typed here as text;
-goals' thresholds come from the scenario modules of :mod:`deploy.bench` (settings, not
-results), or are named beside the bullets where the scenario keeps none
-(``bench_results_wall.ROUND_GOAL``, ``PI_FREE_GOAL``). How figures are written:
-``dev/bench_format.py``.
+benchmark's JSON document (and any other that :data:`BULLETS` names beside it), so that
+every figure on the page can be traced to the key it is formatted from; a key a function
+needs and the JSON lacks raises (``KeyError``), nothing is made up. The papers' headline
+figures beside ours (OmniLearn's 14-85 %, ScaDLES' 3.29x and 848-9429x, FedBuff's 3.3x,
+DGC's 270-600x, top-k's 60-78x) are citations, typed here as text; goals' thresholds come
+from the scenario modules of :mod:`deploy.bench` (settings, not results), or are named
+beside the bullets where the scenario keeps none (``bench_results_wall.ROUND_GOAL``,
+``PI_FREE_GOAL``). How figures are written: ``dev/bench_format.py``.
 
 :func:`render` reads the folder and joins the bullets; ``dev/bench_tables.py`` puts them
 between ``<!-- bench:results -->`` and ``<!-- /bench:results -->``.
@@ -266,11 +266,43 @@ def buffers(doc: Doc) -> str:
     )
 
 
-def controller_defaults(doc: Doc) -> str:
-    """What chose the controller's and the aggregation's defaults (``defaults.json``).
+def _room(doc: Doc, transfer_s: float) -> str:
+    """The best split's cut of the slowest device's round (``Achievable``) on ``doc``'s
+    ``step-cost`` line, with ``transfer_s`` of model transfers a round: what the global batch
+    and the batch bounds leave the controller, the reason for their defaults."""
+    from deploy.bench.common import StepCost
+    from deploy.bench.hetero import Achievable, slowdowns
+    from edge_client.wire.run_config import RunSettings
+
+    line = doc["step-cost"]
+    cost = StepCost(line["a"], line["c"], {}, line["sigma"])
+
+    def cut(scenario: str, **keys: int) -> str:
+        room = Achievable(slowdowns(scenario), cost, RunSettings(**keys), transfer_s)
+        return f"{100 * room.reduction:.0f} %"
+
+    batches = ", ".join(
+        f"B = {b} {cut('HL4', global_batch=b)} / {cut('HL8', global_batch=b)}"
+        for b in (128, 256, 512)
+    )
+    return (
+        f"The room the step-time line leaves (the best split's cut of the slowest device's "
+        f"round: {line['a'] * 1e3:.3f} ms + {line['c'] * 1e6:.1f} us x b a step, and "
+        f"{transfer_s * 1e3:.0f} ms of model transfers a round, as `bench hetero` charged "
+        f"them), HL4 / HL8: {batches}; at B = 512, b-min 4 {cut('HL8', b_min=4)} at HL8 and "
+        f"{cut('straggler', b_min=4)} with the straggler (b-min 8: "
+        f"{cut('straggler')}), b-min 16 {cut('HL8', b_min=16)} at HL8, b-max 256 "
+        f"{cut('HL8', b_max=256)} at HL8."
+    )
+
+
+def controller_defaults(doc: Doc, hetero_doc: Doc) -> str:
+    """What chose the controller's and the aggregation's defaults (``defaults.json``, and
+    ``hetero.json``'s ``transfer_s`` for the room the line leaves).
 
     Reads, per scenario, the entries' ``reduction_per_seed``, ``ttt_per_seed``, ``reached``,
-    ``steady_per_seed``, ``final_per_seed`` and ``target``; ``old-defaults`` and ``seeds``.
+    ``steady_per_seed``, ``final_per_seed`` and ``target``; ``old-defaults``, ``step-cost``
+    and ``seeds``.
     """
     from deploy.bench.defaults import IID_SCENARIOS
 
@@ -287,7 +319,8 @@ def controller_defaults(doc: Doc) -> str:
         return f"`{arm}` {e['reached']} of {len(e['seeds'])}"
 
     def stream_time(arm: str) -> str:
-        return fmt_spread(one_entry(entries, scenario="streams-S2", arm=arm)["ttt_per_seed"])
+        text = fmt_spread(one_entry(entries, scenario="streams-S2", arm=arm)["ttt_per_seed"])
+        return text if text.startswith("none") else f"{text} s"  # "none of 3 seeds"
 
     def versus(arm: str, ref: str) -> str:
         """``arm``'s time to the target against ``ref``'s, per seed, as a cut."""
@@ -320,9 +353,9 @@ def controller_defaults(doc: Doc) -> str:
         less time. One label per device at HL8, target {skew_target:g} held:
         {held("dynamic")} (`adaptive`), {held("fednova")}, {held("fedavg")}, {held("fixed")}
         seeds, and at lr 0.1 {held("lr 0.1")}. On S2 streams that cap the batches, time to
-        0.85: {stream_time("dynamic")} s at the defaults, {stream_time("lr-batch 0")} s with
-        the rate scaled by sum(b) / B, {stream_time("old dynamic")} s at the previous
-        defaults. `fedstream bench defaults`."""
+        0.85: {stream_time("dynamic")} at the defaults, {stream_time("lr-batch 0")} with
+        the rate scaled by sum(b) / B, {stream_time("old dynamic")} at the previous
+        defaults. {_room(doc, hetero_doc["transfer_s"])} `fedstream bench defaults`."""
     )
 
 
@@ -827,7 +860,7 @@ BULLETS: list[tuple[Callable[..., str], tuple[str, ...]]] = [
     (streams, ("streams",)),
     (buffers, ("streams",)),
     (label_skew, ("hetero",)),
-    (controller_defaults, ("defaults",)),
+    (controller_defaults, ("defaults", "hetero")),
     (noniid, ("noniid",)),
     (compression, ("compression",)),
     (forecast, ("forecast",)),

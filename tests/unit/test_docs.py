@@ -271,6 +271,25 @@ def test_the_training_page_names_the_defaults_the_run_config_has() -> None:
     assert {k: str(declared[k]["default"]) for k in named} == named
 
 
+def test_the_room_the_defaults_bullet_gives_is_the_best_split_on_its_line() -> None:
+    # Prepare: a step-time line with no fixed part and no transfers, where the best split
+    # is worked out by hand: each device takes T / slowdown samples, and the cut of the
+    # slowest device's round is 1 - T / (its slowdown x the equal share).
+    results = bench_tables().bench_results
+    doc = {"step-cost": {"a": 0.0, "c": 1e-5, "sigma": 0.0}}
+
+    # Execute
+    text = " ".join(results._room(doc, transfer_s=0.0).split())
+
+    # Assert: HL4 (8/3, 8/3, 4, 1): T = B / 2, cut 1 - (B / 2) / (4 B / 4) = 50 % at any B;
+    # HL8 (16/3, 16/3, 8, 1): T = B / 1.5, cut 1 - 1 / 1.5 = 67 %; b-max 256 caps the fast
+    # device at half of 512, T = 512, cut 50 %; the straggler (1, 1, 1, 10): T = 512 / 3.1,
+    # cut 1 - T / 1280 = 87 %; b-min 4 and 16 bind nobody on this line.
+    assert "B = 128 50 % / 67 %, B = 256 50 % / 67 %, B = 512 50 % / 67 %" in text
+    assert "b-min 4 67 % at HL8 and 87 % with the straggler (b-min 8: 87 %)" in text
+    assert "b-min 16 67 % at HL8, b-max 256 50 % at HL8" in text
+
+
 def _git(repo: Path, *args: str) -> str:
     done = subprocess.run(
         ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
