@@ -319,8 +319,9 @@ def controller_defaults(doc: Doc, hetero_doc: Doc) -> str:
         return f"`{arm}` {e['reached']} of {len(e['seeds'])}"
 
     def stream_time(arm: str) -> str:
-        text = fmt_spread(one_entry(entries, scenario="streams-S2", arm=arm)["ttt_per_seed"])
-        return text if text.startswith("none") else f"{text} s"  # "none of 3 seeds"
+        times = one_entry(entries, scenario="streams-S2", arm=arm)["ttt_per_seed"]
+        text = fmt_spread(times)
+        return text if all(t is None for t in times) else f"{text} s"  # "none of 3 seeds"
 
     def versus(arm: str, ref: str) -> str:
         """``arm``'s time to the target against ``ref``'s, per seed, as a cut."""
